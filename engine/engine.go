@@ -1,0 +1,327 @@
+// Package engine is strictrate's sliding-window-log rate limiter on Valkey.
+//
+// Every admitted event is a member of the key's sorted set, scored by its time in integer
+// microseconds. A request for n events is admitted when the events in the trailing window plus
+// n are at most the limit's Max. In Atomic mode (the default) one Lua script trims, counts,
+// adds only when admitted and sets the expiry in a single EVALSHA, so the count is exact under
+// any concurrency. Pipelined mode is the common non-atomic design, kept for comparison.
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
+	"github.com/strictrate/strictrate/scripts"
+)
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the request was admitted (Allow, AllowN) or would be (Peek).
+	Allowed bool
+	// Remaining is how many events would still be admitted now, after this decision.
+	Remaining int
+	// RetryAfter is, when denied, how long to wait until the same request is admitted if
+	// nobody else takes the room; 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the log holds no event; 0 when it is empty.
+	ResetAfter time.Duration
+}
+
+// Limiter is the interface of the classic sliding-window-log article, so code written against
+// it can switch to Engine. Check and Record return ErrRateLimitExceeded (as a *DeniedError)
+// when denied.
+type Limiter interface {
+	Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error
+	Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error
+	Clear(ctx context.Context, key string) error
+}
+
+var _ Limiter = (*Engine)(nil)
+
+// Engine takes rate-limit decisions against one Valkey deployment (standalone or cluster).
+// It is safe for concurrent use; share one per client.
+type Engine struct {
+	client valkey.Client
+	mode   Mode
+	prefix string
+	clock  func() time.Time // nil: the server's clock (Atomic) or time.Now (Pipelined)
+
+	decide *loader.Script
+	peek   *loader.Script
+
+	// Pipelined mode makes its members on the client: an id random per engine, then a counter.
+	memberID [8]byte
+	seq      atomic.Uint64
+}
+
+// New returns an engine that uses client. Unless WithPreload(false) is given it loads the
+// scripts on every node first, so a server without working scripting fails here.
+func New(client valkey.Client, opts ...Option) (*Engine, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.mode != Atomic && o.mode != Pipelined {
+		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidArgument, int(o.mode))
+	}
+	e := &Engine{
+		client: client,
+		mode:   o.mode,
+		prefix: o.prefix,
+		clock:  o.clock,
+		decide: loader.New("sliding_window", scripts.SlidingWindow()),
+		peek:   loader.NewReadOnly("sliding_window_peek", scripts.SlidingWindowPeek()),
+	}
+	id := uuid.New()
+	copy(e.memberID[:], id[:8])
+	if o.preload {
+		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
+		defer cancel()
+		if err := loader.Preload(ctx, client, e.decide, e.peek); err != nil {
+			return nil, classify("strictrate: new engine", err)
+		}
+	}
+	return e, nil
+}
+
+// Mode returns the engine's mode.
+func (e *Engine) Mode() Mode { return e.mode }
+
+// Allow records one event for key if l admits it now.
+func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error) {
+	return e.AllowN(ctx, key, l, 1)
+}
+
+// AllowN records n events for key if l admits all n now, and none otherwise.
+func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result, error) {
+	now, err := e.now()
+	if err != nil {
+		return Result{}, err
+	}
+	return e.allowAt(ctx, key, l, n, now)
+}
+
+// Peek returns the decision Allow would take for key now, and records nothing. It runs as a
+// read-only script, so it may be served where only reads are allowed.
+func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) {
+	now, err := e.now()
+	if err != nil {
+		return Result{}, err
+	}
+	return e.peekAt(ctx, key, l, 1, now)
+}
+
+// Reset deletes key's log: every event recorded for it is forgotten.
+func (e *Engine) Reset(ctx context.Context, key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	}
+	full := e.prefix + key
+	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
+		return classify("strictrate: reset "+strconv.Quote(key), err)
+	}
+	return nil
+}
+
+// Check reports whether one more event for key would be admitted at now, recording nothing:
+// nil when it would, a *DeniedError (ErrRateLimitExceeded) when not.
+func (e *Engine) Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
+	r, err := e.peekAt(ctx, key, Limit{Max: limit, Window: window}, 1, clockReading{t: now, set: true})
+	return deniedOrErr(key, r, err)
+}
+
+// Record records one event for key at now if the limit admits it: nil when admitted, a
+// *DeniedError (ErrRateLimitExceeded) when not.
+func (e *Engine) Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
+	r, err := e.allowAt(ctx, key, Limit{Max: limit, Window: window}, 1, clockReading{t: now, set: true})
+	return deniedOrErr(key, r, err)
+}
+
+// Clear forgets every event of key; it is Reset.
+func (e *Engine) Clear(ctx context.Context, key string) error { return e.Reset(ctx, key) }
+
+func deniedOrErr(key string, r Result, err error) error {
+	if err != nil {
+		return err
+	}
+	if !r.Allowed {
+		return &DeniedError{Key: key, Result: r}
+	}
+	return nil
+}
+
+// clockReading is the time a decision is taken at; set is false when the server's clock is used.
+type clockReading struct {
+	t   time.Time
+	set bool
+}
+
+// Caller-supplied times must stay exact as float64 scores after the window is subtracted.
+const maxAbsMicros = 1 << 52
+
+func (c clockReading) micros() (int64, error) {
+	us := c.t.UnixMicro()
+	if us <= -maxAbsMicros || us >= maxAbsMicros {
+		return 0, fmt.Errorf("%w: time %s is outside the years 1827 to 2112", ErrInvalidArgument, c.t.Format(time.RFC3339Nano))
+	}
+	return us, nil
+}
+
+func (e *Engine) now() (clockReading, error) {
+	switch {
+	case e.clock != nil:
+		return clockReading{t: e.clock(), set: true}, nil
+	case e.mode == Pipelined:
+		return clockReading{t: time.Now(), set: true}, nil
+	}
+	return clockReading{}, nil
+}
+
+func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
+	if e.mode == Pipelined {
+		return e.allowPipelined(ctx, key, l, n, at)
+	}
+	return e.runScript(ctx, e.decide, "allow", key, l, n, at)
+}
+
+func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
+	return e.runScript(ctx, e.peek, "peek", key, l, n, at)
+}
+
+func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string, l Limit, n int, at clockReading) (Result, error) {
+	if err := validate(key, l, n); err != nil {
+		return Result{}, err
+	}
+	nowArg := ""
+	if at.set {
+		us, err := at.micros()
+		if err != nil {
+			return Result{}, err
+		}
+		nowArg = strconv.FormatInt(us, 10)
+	}
+	args := []string{nowArg, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
+	reply := s.Exec(ctx, e.client, []string{e.prefix + key}, args)
+	if err := reply.Error(); err != nil {
+		return Result{}, classify("strictrate: "+op+" "+strconv.Quote(key), err)
+	}
+	r, _, err := parseReply(reply)
+	if err != nil {
+		return Result{}, fmt.Errorf("strictrate: %s %q: %w", op, key, err)
+	}
+	return r, nil
+}
+
+// parseReply reads the scripts' reply: allowed, remaining, retry_after µs, reset_after µs, now µs.
+func parseReply(reply valkey.ValkeyResult) (Result, int64, error) {
+	vals, err := reply.ToArray()
+	if err != nil {
+		return Result{}, 0, err
+	}
+	if len(vals) != 5 {
+		return Result{}, 0, fmt.Errorf("script reply has %d values, want 5", len(vals))
+	}
+	var v [5]int64
+	for i := range vals {
+		if v[i], err = vals[i].AsInt64(); err != nil {
+			return Result{}, 0, fmt.Errorf("script reply value %d: %w", i+1, err)
+		}
+	}
+	return Result{
+		Allowed:    v[0] == 1,
+		Remaining:  int(v[1]),
+		RetryAfter: time.Duration(v[2]) * time.Microsecond,
+		ResetAfter: time.Duration(v[3]) * time.Microsecond,
+	}, v[4], nil
+}
+
+// allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
+// when the count after the add is at most Max. It is not atomic, and a denied request stays in
+// the log. RetryAfter and ResetAfter cannot be known without more reads: both are the window.
+func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
+	if err := validate(key, l, n); err != nil {
+		return Result{}, err
+	}
+	now, err := at.micros()
+	if err != nil {
+		return Result{}, err
+	}
+	full := e.prefix + key
+	window := l.windowMicros()
+	score := float64(now)
+	b := e.client.B()
+	add := b.Zadd().Key(full).ScoreMember()
+	for i := 0; i < n; i++ {
+		add = add.ScoreMember(score, e.nextMember())
+	}
+	pttl := (window + 999) / 1000
+	replies := e.client.DoMulti(ctx,
+		b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
+		add.Build(),
+		b.Zcard().Key(full).Build(),
+		b.Pexpire().Key(full).Milliseconds(pttl).Build(),
+	)
+	for _, r := range replies {
+		if err := r.Error(); err != nil {
+			return Result{}, classify("strictrate: allow "+strconv.Quote(key), err)
+		}
+	}
+	count, err := replies[2].AsInt64()
+	if err != nil {
+		return Result{}, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err)
+	}
+	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window}
+	if remaining := int64(l.Max) - count; remaining > 0 {
+		res.Remaining = int(remaining)
+	}
+	if !res.Allowed {
+		res.RetryAfter = l.Window
+	}
+	return res, nil
+}
+
+// nextMember returns a member unique across engines: the engine's random id, then a counter.
+func (e *Engine) nextMember() string {
+	var buf [8 + binary.MaxVarintLen64]byte
+	copy(buf[:], e.memberID[:])
+	k := binary.PutUvarint(buf[8:], e.seq.Add(1))
+	return string(buf[:8+k])
+}
+
+func validate(key string, l Limit, n int) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	}
+	return l.validate(n)
+}
+
+// classify wraps err with what was being done, and with ErrUnavailable when the server was
+// not reached or could not answer (a connection error, LOADING, CLUSTERDOWN, TRYAGAIN,
+// MASTERDOWN, BUSY, READONLY). A context's error and other server errors are wrapped as they are.
+func classify(what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	var verr *valkey.ValkeyError
+	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) {
+		msg := verr.Error()
+		if !verr.IsLoading() && !verr.IsClusterDown() && !verr.IsTryAgain() &&
+			!strings.HasPrefix(msg, "MASTERDOWN") && !strings.HasPrefix(msg, "BUSY ") && !strings.HasPrefix(msg, "READONLY") {
+			return fmt.Errorf("%s: server error: %w", what, err)
+		}
+	}
+	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
+}

@@ -1,0 +1,38 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrRateLimitExceeded is returned by Check and Record when the request is denied. The
+	// error is a *DeniedError, which carries the full Result.
+	ErrRateLimitExceeded = errors.New("strictrate: rate limit exceeded")
+
+	// ErrInvalidArgument is wrapped by every validation error: an empty key, a Limit out of
+	// range, a cost out of range, a nil client, an unknown Mode or an unusable clock. Nothing is
+	// sent to the server when it is returned.
+	ErrInvalidArgument = errors.New("strictrate: invalid argument")
+
+	// ErrUnavailable is wrapped by errors that mean the server could not be reached or did not
+	// answer: connection refused or lost, client closed. The decision was not taken, or its
+	// outcome is unknown; the error also wraps the client's own error.
+	ErrUnavailable = errors.New("strictrate: server unavailable")
+)
+
+// DeniedError is the error Check and Record return when denied. It matches
+// ErrRateLimitExceeded with errors.Is and gives the decision with errors.As.
+type DeniedError struct {
+	Key    string
+	Result Result
+}
+
+// Error says which key was denied and when to retry.
+func (e *DeniedError) Error() string {
+	return fmt.Sprintf("%s: key %q: retry after %s", ErrRateLimitExceeded, e.Key, e.Result.RetryAfter.Round(time.Microsecond))
+}
+
+// Unwrap makes errors.Is(err, ErrRateLimitExceeded) true.
+func (e *DeniedError) Unwrap() error { return ErrRateLimitExceeded }

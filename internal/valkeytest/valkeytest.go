@@ -1,0 +1,341 @@
+// Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks.
+//
+// Start finds a server in this order: the address in VALKEY_ADDR; else a valkey-server (or
+// redis-server) binary on PATH, started on a free loopback port in a temporary directory with
+// persistence off; else a valkey/valkey:8 container through a local Docker engine. Whatever it
+// starts, Close stops; New ties that to the test's cleanup, so it runs when a test fails too.
+package valkeytest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ory/dockertest/v3"
+	dc "github.com/ory/dockertest/v3/docker"
+	"github.com/valkey-io/valkey-go"
+)
+
+// EnvAddr names the environment variable that points the tests at an existing server.
+const EnvAddr = "VALKEY_ADDR"
+
+// ErrNoServer is returned by Start when no way to get a server worked.
+var ErrNoServer = errors.New("no Valkey server for the tests: set VALKEY_ADDR=host:port, " +
+	"put valkey-server on PATH (Debian: apt-get install -t bookworm-backports valkey-server), " +
+	"or start a Docker engine")
+
+// Server is a Valkey server the tests may use. Addr is its host:port.
+type Server struct {
+	// Addr is the server's address, host:port.
+	Addr string
+	// Source says where the server came from: "env", the binary's name, or "docker".
+	Source string
+
+	proc  *process       // set when Start launched a binary
+	close func() error // stops what Start started; nil for VALKEY_ADDR
+}
+
+// Option adjusts Start.
+type Option func(*config)
+
+type config struct {
+	allowExternal bool
+}
+
+// OwnServer makes Start launch a server of its own even when VALKEY_ADDR is set: for tests
+// that stop, restart or reconfigure the server, which they must never do to a shared one.
+func OwnServer() Option { return func(c *config) { c.allowExternal = false } }
+
+// Start provisions a server as the package comment describes. The caller must Close it.
+func Start(ctx context.Context, opts ...Option) (*Server, error) {
+	cfg := config{allowExternal: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if addr := os.Getenv(EnvAddr); addr != "" && cfg.allowExternal {
+		if err := ping(ctx, addr); err != nil {
+			return nil, fmt.Errorf("valkeytest: %s=%s does not answer PING: %w", EnvAddr, addr, err)
+		}
+		return &Server{Addr: addr, Source: "env"}, nil
+	}
+	if bin := FindBinary(); bin != "" {
+		return startBinary(ctx, bin)
+	}
+	s, dockerErr := startDocker(ctx)
+	if dockerErr == nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("valkeytest: %w (docker: %v)", ErrNoServer, dockerErr)
+}
+
+// New starts a server for a test or benchmark and stops it in tb's cleanup. It fails tb with
+// ErrNoServer's advice when no server can be had.
+func New(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Errorf("valkeytest: stop server: %v", err)
+		}
+	})
+	return s
+}
+
+// Client returns a valkey-go client for the server, closed in tb's cleanup.
+func (s *Server) Client(tb testing.TB) valkey.Client {
+	tb.Helper()
+	return NewClient(tb, s.Addr)
+}
+
+// NewClient connects a valkey-go client to the given addresses and closes it in tb's cleanup.
+func NewClient(tb testing.TB, addrs ...string) valkey.Client {
+	tb.Helper()
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: addrs})
+	if err != nil {
+		tb.Fatalf("valkeytest: connect to %v: %v", addrs, err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// Close stops the server if Start launched it, and removes its files. It is safe to call twice.
+func (s *Server) Close() error {
+	if s.close == nil {
+		return nil
+	}
+	err := s.close()
+	s.close = nil
+	return err
+}
+
+// FindBinary returns the path of valkey-server, or else redis-server, on PATH; "" if neither.
+func FindBinary() string {
+	for _, name := range []string{"valkey-server", "redis-server"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// FindTool returns the path of the first of the given names found on PATH; "" if none is.
+func FindTool(names ...string) string {
+	for _, name := range names {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// process is a server binary Start launched.
+type process struct {
+	bin  string
+	dir  string
+	port string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+func startBinary(ctx context.Context, bin string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "strictrate-valkey-")
+	if err != nil {
+		return nil, fmt.Errorf("valkeytest: temp dir: %w", err)
+	}
+	p := &process{bin: bin, dir: dir}
+	var lastErr error
+	// A free port can be taken by someone else between the probe and the bind: try a few.
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		p.port = port
+		if lastErr = p.start(ctx); lastErr == nil {
+			name := filepath.Base(bin)
+			return &Server{Addr: p.addr(), Source: name, proc: p, close: p.stopAndClean}, nil
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, fmt.Errorf("valkeytest: start %s: %w", bin, lastErr)
+}
+
+func (p *process) addr() string { return net.JoinHostPort("127.0.0.1", p.port) }
+
+// start launches the binary on p.port and waits until it answers PING.
+func (p *process) start(ctx context.Context) error {
+	logFile := filepath.Join(p.dir, "server.log")
+	p.cmd = exec.Command(p.bin,
+		"--port", p.port,
+		"--bind", "127.0.0.1",
+		"--dir", p.dir,
+		"--logfile", logFile,
+		"--save", "",
+		"--appendonly", "no",
+		"--daemonize", "no",
+		"--enable-debug-command", "local",
+	)
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	dieWithParent(p.cmd.SysProcAttr)
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	p.done = done
+	go func() { _ = p.cmd.Wait(); close(done) }()
+
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		select {
+		case <-done:
+			return fmt.Errorf("server exited at start: %s", tail(logFile))
+		case <-ctx.Done():
+			p.kill()
+			return ctx.Err()
+		default:
+		}
+		if err := ping(ctx, p.addr()); err == nil {
+			return nil
+		} else if time.Now().After(deadline) {
+			p.kill()
+			return fmt.Errorf("server did not answer PING within 15s: %w; log: %s", err, tail(logFile))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill stops the process: SIGTERM, then SIGKILL after five seconds; it waits for the exit.
+func (p *process) kill() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *process) stopAndClean() error {
+	p.kill()
+	return os.RemoveAll(p.dir)
+}
+
+// Stop stops a server that Start launched from a binary, keeping its address, so that Restart
+// can bring it back: data and loaded scripts are gone, as after a real restart without
+// persistence. It fails for a server Start did not launch.
+func (s *Server) Stop() error {
+	if s.proc == nil {
+		return errors.New("valkeytest: Stop needs a server launched by Start (use OwnServer)")
+	}
+	s.proc.kill()
+	return nil
+}
+
+// Restart starts a stopped server again on the same address.
+func (s *Server) Restart(ctx context.Context) error {
+	if s.proc == nil {
+		return errors.New("valkeytest: Restart needs a server launched by Start (use OwnServer)")
+	}
+	s.proc.kill()
+	return s.proc.start(ctx)
+}
+
+func startDocker(ctx context.Context) (*Server, error) {
+	pool, err := dockertest.NewPool("")
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Client.Ping(); err != nil {
+		return nil, fmt.Errorf("no Docker engine: %w", err)
+	}
+	res, err := pool.RunWithOptions(&dockertest.RunOptions{
+		Repository: "valkey/valkey",
+		Tag:        "8",
+		Cmd:        []string{"valkey-server", "--save", "", "--appendonly", "no"},
+		PortBindings: map[dc.Port][]dc.PortBinding{
+			"6379/tcp": {{HostIP: "127.0.0.1", HostPort: ""}},
+		},
+	}, func(hc *dc.HostConfig) {
+		hc.AutoRemove = true
+		hc.RestartPolicy = dc.RestartPolicy{Name: "no"}
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = res.Expire(600) // a crashed test run must not leave the container behind for long
+	addr := net.JoinHostPort("127.0.0.1", res.GetPort("6379/tcp"))
+	pool.MaxWait = time.Minute
+	if err := pool.Retry(func() error { return ping(ctx, addr) }); err != nil {
+		_ = pool.Purge(res)
+		return nil, fmt.Errorf("container did not answer PING: %w", err)
+	}
+	return &Server{Addr: addr, Source: "docker", close: func() error { return pool.Purge(res) }}, nil
+}
+
+// ping sends one inline PING and expects +PONG.
+func ping(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: time.Second}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	return port, err
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log)"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}

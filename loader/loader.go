@@ -1,0 +1,94 @@
+// Package loader turns Lua sources into handles that run through valkey-go's script cache.
+//
+// A Script runs as EVALSHA (or EVALSHA_RO for read-only scripts) and sends the source with EVAL
+// only when the server answers NOSCRIPT, after a restart or a SCRIPT FLUSH. Preload puts the
+// scripts on every node up front, so a server whose scripting is disabled or broken fails when
+// the program starts, not on its first request.
+package loader
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// ErrPreload is wrapped by every error Preload returns, so callers can tell a script that
+// could not be loaded from other start-up failures.
+var ErrPreload = errors.New("loader: script preload failed")
+
+// Script is a Lua script bound to valkey-go's script cache. It is safe for concurrent use.
+type Script struct {
+	name     string
+	source   string
+	sha1     string
+	readOnly bool
+	lua      *valkey.Lua
+}
+
+// New returns a handle for a script that may write: it runs as EVALSHA, falling back to EVAL
+// on NOSCRIPT. valkey-go never retries it on its own, so a decision is never applied twice.
+// The name appears in errors.
+func New(name, source string) *Script {
+	return newScript(name, source, false, valkey.NewLuaScript(source))
+}
+
+// NewReadOnly returns a handle for a script that only reads: it runs as EVALSHA_RO (falling back
+// to EVAL_RO), which replicas may serve and valkey-go may retry.
+func NewReadOnly(name, source string) *Script {
+	return newScript(name, source, true, valkey.NewLuaScriptReadOnly(source))
+}
+
+func newScript(name, source string, readOnly bool, lua *valkey.Lua) *Script {
+	sum := sha1.Sum([]byte(source))
+	return &Script{name: name, source: source, sha1: hex.EncodeToString(sum[:]), readOnly: readOnly, lua: lua}
+}
+
+// Name returns the name given to New or NewReadOnly.
+func (s *Script) Name() string { return s.name }
+
+// SHA1 returns the hex SHA-1 digest of the source: the name EVALSHA calls the script by.
+func (s *Script) SHA1() string { return s.sha1 }
+
+// ReadOnly reports whether the script runs as EVALSHA_RO.
+func (s *Script) ReadOnly() bool { return s.readOnly }
+
+// Exec runs the script with the given keys and arguments as one EVALSHA, or EVAL after NOSCRIPT.
+// The result is valkey-go's, unwrapped, so the caller reads the reply without another copy.
+func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []string) valkey.ValkeyResult {
+	return s.lua.Exec(ctx, client, keys, args)
+}
+
+// Preload runs SCRIPT LOAD for every script on every node the client knows (client.Nodes():
+// one for a standalone server, every primary and replica of a cluster). It returns an error
+// wrapping ErrPreload and the server's error, naming the script and the node, when any load
+// fails or a node reports a digest other than the script's.
+func Preload(ctx context.Context, client valkey.Client, scripts ...*Script) error {
+	if client == nil {
+		return fmt.Errorf("%w: nil client", ErrPreload)
+	}
+	nodes := client.Nodes()
+	addrs := make([]string, 0, len(nodes))
+	for addr := range nodes {
+		addrs = append(addrs, addr)
+	}
+	sort.Strings(addrs) // the first failure reported is the same on every run
+	var errs []error
+	for _, addr := range addrs {
+		node := nodes[addr]
+		for _, s := range scripts {
+			got, err := node.Do(ctx, node.B().ScriptLoad().Script(s.source).Build()).ToString()
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("%w: SCRIPT LOAD %s on %s: %w", ErrPreload, s.name, addr, err))
+			case got != s.sha1:
+				errs = append(errs, fmt.Errorf("%w: SCRIPT LOAD %s on %s returned digest %s, want %s", ErrPreload, s.name, addr, got, s.sha1))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,88 @@
+-- sliding_window.lua: one atomic sliding-window-log decision for one key.
+--
+-- Trims the events that left the window, counts the rest, adds n events only when they fit,
+-- and sets the key's expiry. Runs as EVALSHA; nothing can interleave, so the count is exact.
+--
+-- KEYS[1]  the key's sorted set: one member per admitted event, scored by the event's time in
+--          integer microseconds since the Unix epoch
+-- ARGV[1]  now in integer microseconds, or "" to read the server's clock (TIME)
+-- ARGV[2]  window in integer microseconds (>= 1000)
+-- ARGV[3]  max: events admitted in any trailing window (>= 1)
+-- ARGV[4]  n: events this request asks for, all or nothing (1 <= n <= max)
+--
+-- Reply: an array of five integers
+--   [1] allowed: 1 when admitted (n events added), 0 when denied (nothing added)
+--   [2] remaining: events that would still be admitted now, after this decision (>= 0)
+--   [3] retry_after in microseconds: 0 when admitted; when denied, the wait until the oldest
+--       event that must leave for n to fit stops counting
+--   [4] reset_after in microseconds: the wait until the log holds no event; 0 when empty
+--   [5] now in microseconds: the instant the decision was taken at
+--
+-- An event at t counts at now when now - window < t. Events later than now (possible only when
+-- callers' clocks disagree) count too: that can deny early, never admit too many.
+--
+-- Members are made here, unique within the key: the bare timestamp for the first event of a
+-- microsecond (a decimal integer, which a listpack stores in 9 bytes), "<now>:<seq>" for the
+-- rest. ZADD NX reports how many were new, so a taken member is retried, never overwritten.
+
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+local server_clock = now == nil
+if server_clock then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local window = tonumber(ARGV[2])
+local max = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+local count = redis.call('ZCARD', key)
+
+if count + n > max then
+  -- Denied: the (count + n - max)-th oldest event must leave before n fit again.
+  local leave = count + n - max
+  local oldest = redis.call('ZRANGE', key, leave - 1, leave - 1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local remaining = max - count
+  if remaining < 0 then remaining = 0 end
+  return {0, remaining, tonumber(oldest[2]) + window - now, tonumber(newest[2]) + window - now, now}
+end
+
+-- The log empties window after its newest event. With the server's clock that is the event
+-- added now; a caller's clock may lag an event another caller recorded, so look.
+local reset_after = window
+if not server_clock and count > 0 then
+  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  if newest > now then
+    reset_after = newest + window - now
+  end
+end
+
+local stamp = string.format('%d', now)
+local seq = count
+local added = 0
+local bare = true
+while added < n do
+  -- At most 1000 members per ZADD keeps the argument list well inside Lua's stack.
+  local batch = n - added
+  if batch > 1000 then batch = 1000 end
+  local cmd = {'ZADD', key, 'NX'}
+  for _ = 1, batch do
+    local member
+    if bare then
+      member = stamp
+      bare = false
+    else
+      seq = seq + 1
+      member = stamp .. ':' .. seq
+    end
+    cmd[#cmd + 1] = now
+    cmd[#cmd + 1] = member
+  end
+  added = added + redis.call(unpack(cmd))
+end
+
+-- PEXPIRE takes whole milliseconds: round up so the key never outlives its newest event early.
+redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
+return {1, max - count - n, 0, reset_after, now}
