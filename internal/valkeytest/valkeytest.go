@@ -40,7 +40,7 @@ type Server struct {
 	// Source says where the server came from: "env", the binary's name, or "docker".
 	Source string
 
-	proc  *process       // set when Start launched a binary
+	proc  *process     // set when Start launched a binary
 	close func() error // stops what Start started; nil for VALKEY_ADDR
 }
 

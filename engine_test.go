@@ -1,0 +1,764 @@
+package strictrate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/loader"
+)
+
+// server is the one Valkey every test in this file shares; tests keep apart by key.
+var server *valkeytest.Server
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := valkeytest.Start(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	server = s
+	code := m.Run()
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop server:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+const prefix = "strictrate:"
+
+// newKey returns a key no other test or run uses.
+func newKey(t *testing.T) string { return t.Name() + ":" + uuid.NewString() }
+
+func newEngine(t *testing.T, client valkey.Client, opts ...engine.Option) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(client, opts...)
+	if err != nil {
+		t.Fatalf("engine.New: %v", err)
+	}
+	return e
+}
+
+// fixedClock is a caller's clock the test moves by hand.
+type fixedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fixedClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fixedClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func mustAllowN(t *testing.T, e *engine.Engine, key string, l engine.Limit, n int) engine.Result {
+	t.Helper()
+	r, err := e.AllowN(context.Background(), key, l, n)
+	if err != nil {
+		t.Fatalf("AllowN(%d): %v", n, err)
+	}
+	return r
+}
+
+func mustPeek(t *testing.T, e *engine.Engine, key string, l engine.Limit) engine.Result {
+	t.Helper()
+	r, err := e.Peek(context.Background(), key, l)
+	if err != nil {
+		t.Fatalf("Peek: %v", err)
+	}
+	return r
+}
+
+func zcard(t *testing.T, c valkey.Client, key string) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Zcard().Key(prefix+key).Build()).AsInt64()
+	if err != nil {
+		t.Fatalf("ZCARD: %v", err)
+	}
+	return n
+}
+
+func pttl(t *testing.T, c valkey.Client, key string) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Pttl().Key(prefix+key).Build()).AsInt64()
+	if err != nil {
+		t.Fatalf("PTTL: %v", err)
+	}
+	return n
+}
+
+func zrange(t *testing.T, c valkey.Client, key string) []valkey.ZScore {
+	t.Helper()
+	z, err := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Withscores().Build()).AsZScores()
+	if err != nil {
+		t.Fatalf("ZRANGE: %v", err)
+	}
+	return z
+}
+
+func want(t *testing.T, what string, got, wantV any) {
+	t.Helper()
+	if got != wantV {
+		t.Fatalf("%s = %v, want %v", what, got, wantV)
+	}
+}
+
+// The worked example of the sliding-window-log article: limit 3 per second, events A, B, C.
+// A request just as A leaves the window is admitted; the next one is denied.
+func TestArticleWorkedExample(t *testing.T) {
+	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
+		t.Run(mode.String(), func(t *testing.T) {
+			clock := &fixedClock{}
+			e := newEngine(t, server.Client(t), engine.WithMode(mode), engine.WithClock(clock.Now))
+			key, l := newKey(t), engine.PerSecond(3)
+
+			for i, at := range []time.Duration{0, 200 * time.Millisecond, 400 * time.Millisecond} {
+				clock.Set(t0.Add(at))
+				r := mustAllowN(t, e, key, l, 1)
+				want(t, fmt.Sprintf("event %c allowed", 'A'+i), r.Allowed, true)
+				want(t, fmt.Sprintf("event %c remaining", 'A'+i), r.Remaining, 2-i)
+			}
+			clock.Set(t0.Add(999 * time.Millisecond))
+			want(t, "request 1µs before A leaves: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+			if mode == engine.Pipelined {
+				return // its log now holds the rejected attempt, which changes the rest of the story
+			}
+			clock.Set(t0.Add(time.Second))
+			r := mustAllowN(t, e, key, l, 1)
+			want(t, "request as A leaves: allowed", r.Allowed, true)
+			want(t, "request as A leaves: remaining", r.Remaining, 0)
+			r = mustAllowN(t, e, key, l, 1)
+			want(t, "next request: allowed", r.Allowed, false)
+			want(t, "next request: retry after (B leaves)", r.RetryAfter, 200*time.Millisecond)
+		})
+	}
+}
+
+// The same story through the article's Limiter interface.
+func TestLimiterInterface(t *testing.T) {
+	var lim engine.Limiter = newEngine(t, server.Client(t))
+	ctx, key := context.Background(), newKey(t)
+	for i := 0; i < 3; i++ {
+		if err := lim.Check(ctx, key, 3, time.Second, t0); err != nil {
+			t.Fatalf("Check %d: %v", i, err)
+		}
+		if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Duration(i)*100*time.Millisecond)); err != nil {
+			t.Fatalf("Record %d: %v", i, err)
+		}
+	}
+	at := t0.Add(500 * time.Millisecond)
+	for name, err := range map[string]error{
+		"Check":  lim.Check(ctx, key, 3, time.Second, at),
+		"Record": lim.Record(ctx, key, 3, time.Second, at),
+	} {
+		if !errors.Is(err, engine.ErrRateLimitExceeded) {
+			t.Fatalf("%s when full: %v, want ErrRateLimitExceeded", name, err)
+		}
+		var denied *engine.DeniedError
+		if !errors.As(err, &denied) || denied.Result.RetryAfter != 500*time.Millisecond {
+			t.Fatalf("%s when full: %#v, want a DeniedError with RetryAfter 500ms", name, err)
+		}
+	}
+	if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Second)); err != nil {
+		t.Fatalf("Record after the first event left: %v", err)
+	}
+	if err := lim.Clear(ctx, key); err != nil {
+		t.Fatalf("Clear: %v", err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Second)); err != nil {
+			t.Fatalf("Record %d after Clear: %v", i, err)
+		}
+	}
+}
+
+// An event exactly one window old no longer counts; one microsecond younger still does.
+func TestWindowBoundary(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key, l := newKey(t), engine.Limit{Max: 1, Window: 250 * time.Millisecond}
+
+	want(t, "first", mustAllowN(t, e, key, l, 1).Allowed, true)
+	clock.Set(t0.Add(l.Window - time.Microsecond))
+	r := mustAllowN(t, e, key, l, 1)
+	want(t, "one µs before the window ends: allowed", r.Allowed, false)
+	want(t, "one µs before the window ends: retry after", r.RetryAfter, time.Microsecond)
+	want(t, "peek one µs before: allowed", mustPeek(t, e, key, l).Allowed, false)
+
+	clock.Set(t0.Add(l.Window))
+	want(t, "peek at the window's end: allowed", mustPeek(t, e, key, l).Allowed, true)
+	want(t, "at the window's end: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
+	want(t, "log size (the old event trimmed)", zcard(t, c, key), int64(1))
+}
+
+// runConcurrently fires requests from goroutines spread over clients, and returns every result.
+func runConcurrently(t *testing.T, engines []*engine.Engine, goroutines, requests int, do func(e *engine.Engine) (engine.Result, error)) []engine.Result {
+	t.Helper()
+	var (
+		next    atomic.Int64
+		mu      sync.Mutex
+		results []engine.Result
+		wg      sync.WaitGroup
+		errs    = make(chan error, goroutines)
+		start   = make(chan struct{})
+	)
+	for g := 0; g < goroutines; g++ {
+		e := engines[g%len(engines)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for next.Add(1) <= int64(requests) {
+				r, err := do(e)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return results
+}
+
+// engines returns one engine per valkey-go client, each client with its own connections.
+func engines(t *testing.T, clients int, opts ...engine.Option) ([]*engine.Engine, valkey.Client) {
+	t.Helper()
+	var es []*engine.Engine
+	var first valkey.Client
+	for i := 0; i < clients; i++ {
+		c := server.Client(t)
+		if first == nil {
+			first = c
+		}
+		es = append(es, newEngine(t, c, opts...))
+	}
+	return es, first
+}
+
+// 64 goroutines over 4 clients race for one key: exactly Max are admitted, each admitted
+// request sees a different count, and the log holds exactly Max events.
+func TestAtomicExactUnderConcurrency(t *testing.T) {
+	es, c := engines(t, 4)
+	key, l := newKey(t), engine.PerHour(100)
+	results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+		return e.Allow(context.Background(), key, l)
+	})
+
+	var admitted []int
+	for _, r := range results {
+		if r.Remaining < 0 {
+			t.Fatalf("Remaining %d is negative", r.Remaining)
+		}
+		if r.Allowed {
+			admitted = append(admitted, r.Remaining)
+		} else if r.Remaining != 0 || r.RetryAfter <= 0 || r.RetryAfter > l.Window {
+			t.Fatalf("denied result %+v: want Remaining 0 and 0 < RetryAfter <= window", r)
+		}
+	}
+	want(t, "requests answered", len(results), 800)
+	want(t, "admitted", len(admitted), l.Max)
+	want(t, "log size", zcard(t, c, key), int64(l.Max))
+	sort.Ints(admitted)
+	for i, rem := range admitted {
+		if rem != i {
+			t.Fatalf("admitted Remaining values %v: want each of 0..%d once", admitted, l.Max-1)
+		}
+	}
+}
+
+// Requests of cost 1 to 3 race for one key: the admitted costs add up to the log's size, never
+// above Max; what is left is exactly what Peek reports, and single events then fill it to Max.
+func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
+	es, c := engines(t, 4)
+	key, l := newKey(t), engine.PerHour(100)
+	var cost atomic.Int64
+	var admittedCost atomic.Int64
+	runConcurrently(t, es, 64, 600, func(e *engine.Engine) (engine.Result, error) {
+		n := int(cost.Add(1)%3) + 1
+		r, err := e.AllowN(context.Background(), key, l, n)
+		if err == nil && r.Allowed {
+			admittedCost.Add(int64(n))
+		}
+		if err == nil && !r.Allowed && r.Remaining >= n {
+			err = fmt.Errorf("cost %d denied with %d remaining", n, r.Remaining)
+		}
+		return r, err
+	})
+	got := admittedCost.Load()
+	if got > int64(l.Max) || got < int64(l.Max)-2 {
+		t.Fatalf("admitted cost %d, want %d-2 to %d", got, l.Max, l.Max)
+	}
+	want(t, "log size", zcard(t, c, key), got)
+	want(t, "peek remaining", mustPeek(t, es[0], key, l).Remaining, l.Max-int(got))
+	for i := got; i < int64(l.Max); i++ {
+		want(t, "filling single event", mustAllowN(t, es[0], key, l, 1).Allowed, true)
+	}
+	want(t, "one more", mustAllowN(t, es[0], key, l, 1).Allowed, false)
+}
+
+func TestAllowNAllOrNothing(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	key, l := newKey(t), engine.PerMinute(5)
+
+	r := mustAllowN(t, e, key, l, 3)
+	want(t, "3 of 5: allowed", r.Allowed, true)
+	want(t, "3 of 5: remaining", r.Remaining, 2)
+	r = mustAllowN(t, e, key, l, 3)
+	want(t, "3 more: allowed", r.Allowed, false)
+	want(t, "3 more: remaining", r.Remaining, 2)
+	want(t, "log size after the denial", zcard(t, c, key), int64(3))
+	r = mustAllowN(t, e, key, l, 2)
+	want(t, "2 more: allowed", r.Allowed, true)
+	want(t, "2 more: remaining", r.Remaining, 0)
+	want(t, "log size", zcard(t, c, key), int64(5))
+}
+
+// A denied request waits exactly RetryAfter, to the microsecond, and is then admitted.
+func TestRetryAfterExact(t *testing.T) {
+	clock := &fixedClock{}
+	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	key, l := newKey(t), engine.Limit{Max: 3, Window: 100 * time.Millisecond}
+	for _, at := range []time.Duration{0, 10 * time.Millisecond, 20*time.Millisecond + 7*time.Microsecond} {
+		clock.Set(t0.Add(at))
+		mustAllowN(t, e, key, l, 1)
+	}
+	deniedAt := t0.Add(30*time.Millisecond + 3*time.Microsecond)
+
+	for _, tc := range []struct {
+		n     int
+		retry time.Duration // the (n)-th oldest event leaves at its time + window
+	}{
+		{1, 100*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond},
+		{2, 110*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond},
+		{3, 120*time.Millisecond + 7*time.Microsecond - 30*time.Millisecond - 3*time.Microsecond},
+	} {
+		clock.Set(deniedAt)
+		r := mustAllowN(t, e, key, l, tc.n)
+		want(t, fmt.Sprintf("n=%d at denial: allowed", tc.n), r.Allowed, false)
+		want(t, fmt.Sprintf("n=%d retry after", tc.n), r.RetryAfter, tc.retry)
+		clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
+		if p, _ := e.Peek(context.Background(), key, engine.Limit{Max: l.Max, Window: l.Window}); tc.n == 1 && p.Allowed {
+			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
+		}
+		want(t, fmt.Sprintf("n=%d 1µs early", tc.n), mustAllowN(t, e, key, l, tc.n).Allowed, false)
+	}
+	clock.Set(deniedAt.Add(100*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond))
+	want(t, "n=1 at RetryAfter", mustAllowN(t, e, key, l, 1).Allowed, true)
+}
+
+// ResetAfter is the wait until the newest event leaves; 0 for an empty log.
+func TestResetAfter(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key, l := newKey(t), engine.Limit{Max: 10, Window: time.Second}
+
+	r := mustPeek(t, e, key, l)
+	want(t, "empty: reset after", r.ResetAfter, time.Duration(0))
+	want(t, "empty: remaining", r.Remaining, 10)
+	want(t, "first event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
+	clock.Set(t0.Add(300 * time.Millisecond))
+	want(t, "peek 300ms later: reset after", mustPeek(t, e, key, l).ResetAfter, 700*time.Millisecond)
+	want(t, "second event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
+	clock.Set(t0.Add(1200 * time.Millisecond))
+	r = mustAllowN(t, e, key, l, 9)
+	want(t, "9 more after the first left: allowed", r.Allowed, true)
+	want(t, "9 more: remaining", r.Remaining, 0)
+	r = mustAllowN(t, e, key, l, 1)
+	want(t, "full: reset after", r.ResetAfter, time.Second)
+	want(t, "full: retry after (the 300ms event leaves)", r.RetryAfter, 100*time.Millisecond)
+}
+
+// A caller whose clock runs behind another's still counts the other's later events, and the
+// key lives until the latest of them leaves.
+func TestCallersClocksDisagree(t *testing.T) {
+	ahead, behind := &fixedClock{t: t0.Add(time.Second)}, &fixedClock{t: t0}
+	c := server.Client(t)
+	ea := newEngine(t, c, engine.WithClock(ahead.Now))
+	eb := newEngine(t, c, engine.WithClock(behind.Now))
+	key, l := newKey(t), engine.Limit{Max: 2, Window: 10 * time.Second}
+
+	mustAllowN(t, ea, key, l, 1)
+	r := mustAllowN(t, eb, key, l, 1)
+	want(t, "behind: allowed", r.Allowed, true)
+	want(t, "behind: reset after counts the later event", r.ResetAfter, 11*time.Second)
+	if ttl := pttl(t, c, key); ttl <= 10_000 || ttl > 11_000 {
+		t.Fatalf("PTTL %d ms, want (10000, 11000]", ttl)
+	}
+	r = mustAllowN(t, eb, key, l, 1)
+	want(t, "behind, full: allowed", r.Allowed, false)
+	want(t, "behind, full: retry after", r.RetryAfter, 10*time.Second)
+}
+
+// The key's expiry is set in milliseconds, rounded up, and is relative: a caller's clock far
+// from the server's still gets a key that lives one window.
+func TestExpiry(t *testing.T) {
+	c := server.Client(t)
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		skew   time.Duration
+		maxTTL int64
+	}{
+		{"500ms", 500 * time.Millisecond, 0, 500},
+		{"1.5ms rounds up to 2ms", 1500 * time.Microsecond, 0, 2},
+		{"10s+1µs rounds up", 10*time.Second + time.Microsecond, 0, 10_001},
+		{"clock an hour ahead", 3 * time.Second, time.Hour, 3000},
+		{"clock an hour behind", 3 * time.Second, -time.Hour, 3000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			skew := tc.skew
+			e := newEngine(t, c, engine.WithClock(func() time.Time { return time.Now().Add(skew) }))
+			key := newKey(t)
+			mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
+			ttl := pttl(t, c, key)
+			if tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1 {
+				t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
+			}
+		})
+	}
+}
+
+// Sub-second windows on the server's clock: the limit holds, PTTL is at most the window, and
+// after RetryAfter the key admits again.
+func TestSubSecondWindowServerClock(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	l := engine.Limit{Max: 5, Window: 50 * time.Millisecond}
+	for attempt := 1; ; attempt++ {
+		key := newKey(t)
+		start := time.Now()
+		r := mustAllowN(t, e, key, l, 5)
+		want(t, "5 at once: allowed", r.Allowed, true)
+		denied := mustAllowN(t, e, key, l, 1)
+		ttl := pttl(t, c, key)
+		if elapsed := time.Since(start); elapsed >= l.Window {
+			// The machine stalled longer than the window: nothing can be concluded; try again.
+			if attempt == 5 {
+				t.Fatalf("five attempts each took over %s", l.Window)
+			}
+			continue
+		}
+		want(t, "6th within the window: allowed", denied.Allowed, false)
+		if denied.RetryAfter <= 0 || denied.RetryAfter > l.Window {
+			t.Fatalf("RetryAfter %s, want (0, %s]", denied.RetryAfter, l.Window)
+		}
+		if ttl <= 0 || ttl > 50 {
+			t.Fatalf("PTTL %d ms, want (0, 50]", ttl)
+		}
+		time.Sleep(denied.RetryAfter)
+		want(t, "after RetryAfter: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
+		time.Sleep(l.Window + 5*time.Millisecond)
+		r = mustPeek(t, e, key, l)
+		want(t, "after a quiet window: remaining", r.Remaining, 5)
+		return
+	}
+}
+
+// Many events in the same microsecond (a caller's clock fixed at one instant) are all kept:
+// no member collides with another.
+func TestSameMicrosecondBurst(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	es, c := engines(t, 4, engine.WithClock(clock.Now))
+	l := engine.PerMinute(200)
+
+	key := newKey(t)
+	results := runConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
+		return e.Allow(context.Background(), key, l)
+	})
+	admitted := 0
+	for _, r := range results {
+		if r.Allowed {
+			admitted++
+		}
+	}
+	want(t, "admitted at one instant", admitted, l.Max)
+	want(t, "log size", zcard(t, c, key), int64(l.Max))
+	for _, z := range zrange(t, c, key) {
+		if z.Score != float64(t0.UnixMicro()) {
+			t.Fatalf("member %q has score %v, want %d", z.Member, z.Score, t0.UnixMicro())
+		}
+	}
+
+	// One AllowN larger than a script's batch of members, then singles at the same instant.
+	key = newKey(t)
+	big := engine.PerMinute(3000)
+	want(t, "AllowN(2500)", mustAllowN(t, es[0], key, big, 2500).Allowed, true)
+	for i := 0; i < 10; i++ {
+		mustAllowN(t, es[1], key, big, 1)
+	}
+	want(t, "log size after 2510 events", zcard(t, c, key), int64(2510))
+}
+
+func TestReset(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	key, l := newKey(t), engine.PerMinute(2)
+	mustAllowN(t, e, key, l, 2)
+	want(t, "full", mustAllowN(t, e, key, l, 1).Allowed, false)
+	if err := e.Reset(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "log size after Reset", zcard(t, c, key), int64(0))
+	r := mustAllowN(t, e, key, l, 1)
+	want(t, "after Reset: allowed", r.Allowed, true)
+	want(t, "after Reset: remaining", r.Remaining, 1)
+}
+
+func TestPrefix(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithPrefix("other:"))
+	key := newKey(t)
+	mustAllowN(t, e, key, engine.PerMinute(1), 1)
+	for k, n := range map[string]int64{"other:" + key: 1, prefix + key: 0} {
+		got, err := c.Do(context.Background(), c.B().Exists().Key(k).Build()).AsInt64()
+		if err != nil || got != n {
+			t.Fatalf("EXISTS %s = %d, %v; want %d", k, got, err, n)
+		}
+	}
+}
+
+// Every invalid input is refused with ErrInvalidArgument before anything is sent: an absent
+// key stays absent, and an existing key keeps its events and its expiry.
+func TestInvalidArgumentsWriteNothing(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	good := engine.PerMinute(3)
+	e := newEngine(t, c)
+	zero := newEngine(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
+	far := newEngine(t, c, engine.WithClock(func() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }))
+
+	calls := []struct {
+		name string
+		call func(key string) error
+	}{
+		{"Allow empty key", func(string) error { _, err := e.Allow(ctx, "", good); return err }},
+		{"Peek empty key", func(string) error { _, err := e.Peek(ctx, "", good); return err }},
+		{"Reset empty key", func(string) error { return e.Reset(ctx, "") }},
+		{"Max 0", func(k string) error { _, err := e.Allow(ctx, k, engine.Limit{Max: 0, Window: time.Second}); return err }},
+		{"Max -1", func(k string) error {
+			_, err := e.Allow(ctx, k, engine.Limit{Max: -1, Window: time.Second})
+			return err
+		}},
+		{"Max above MaxEvents", func(k string) error {
+			_, err := e.Allow(ctx, k, engine.Limit{Max: engine.MaxEvents + 1, Window: time.Second})
+			return err
+		}},
+		{"Window 0", func(k string) error { _, err := e.Allow(ctx, k, engine.Limit{Max: 3}); return err }},
+		{"Window 999µs", func(k string) error {
+			_, err := e.Allow(ctx, k, engine.Limit{Max: 3, Window: 999 * time.Microsecond})
+			return err
+		}},
+		{"Window negative", func(k string) error {
+			_, err := e.Allow(ctx, k, engine.Limit{Max: 3, Window: -time.Second})
+			return err
+		}},
+		{"Window above MaxWindow", func(k string) error {
+			_, err := e.Allow(ctx, k, engine.Limit{Max: 3, Window: engine.MaxWindow + time.Microsecond})
+			return err
+		}},
+		{"n 0", func(k string) error { _, err := e.AllowN(ctx, k, good, 0); return err }},
+		{"n -2", func(k string) error { _, err := e.AllowN(ctx, k, good, -2); return err }},
+		{"n above Max", func(k string) error { _, err := e.AllowN(ctx, k, good, 4); return err }},
+		{"Peek Max 0", func(k string) error { _, err := e.Peek(ctx, k, engine.Limit{Window: time.Second}); return err }},
+		{"Record limit 0", func(k string) error { return e.Record(ctx, k, 0, time.Second, time.Now()) }},
+		{"Check window 0", func(k string) error { return e.Check(ctx, k, 3, 0, time.Now()) }},
+		{"Record zero time", func(k string) error { return e.Record(ctx, k, 3, time.Second, time.Time{}) }},
+		{"clock returns zero time", func(k string) error { _, err := zero.Allow(ctx, k, good); return err }},
+		{"clock in 2200", func(k string) error { _, err := far.Allow(ctx, k, good); return err }},
+	}
+	for _, existing := range []bool{false, true} {
+		for _, tc := range calls {
+			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
+				key := newKey(t)
+				var before []valkey.ZScore
+				if existing {
+					mustAllowN(t, e, key, good, 2)
+					before = zrange(t, c, key)
+				}
+				err := tc.call(key)
+				if !errors.Is(err, engine.ErrInvalidArgument) {
+					t.Fatalf("err = %v, want ErrInvalidArgument", err)
+				}
+				after := zrange(t, c, key)
+				if fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Fatalf("log changed from %v to %v", before, after)
+				}
+				if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
+					t.Fatalf("PTTL %d after a refused call", ttl)
+				}
+			})
+		}
+	}
+
+	if _, err := engine.New(nil); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("New(nil) = %v, want ErrInvalidArgument", err)
+	}
+	if _, err := engine.New(c, engine.WithMode(engine.Mode(9))); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("New with Mode(9) = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// After SCRIPT FLUSH the next call still succeeds: EVALSHA answers NOSCRIPT and the source
+// goes with EVAL, once.
+func TestScriptFlushFallsBackToEval(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	key, l := newKey(t), engine.PerMinute(3)
+	ctx := context.Background()
+	mustAllowN(t, e, key, l, 1)
+	for i := 0; i < 2; i++ {
+		if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		r := mustAllowN(t, e, key, l, 1)
+		want(t, fmt.Sprintf("allow after flush %d", i+1), r.Remaining, 1-i)
+		want(t, fmt.Sprintf("peek after flush %d", i+1), mustPeek(t, e, key, l).Remaining, 1-i)
+	}
+	want(t, "log size", zcard(t, c, key), int64(3))
+}
+
+// A server that is down gives ErrUnavailable, writes nothing in the engine's name, and the
+// same engine serves again once the server is back.
+func TestServerDownAndBack(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	e := newEngine(t, c)
+	key, l := newKey(t), engine.PerMinute(3)
+	mustAllowN(t, e, key, l, 1)
+
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.Allow(ctx, key, l); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("Allow with the server down: %v, want ErrUnavailable", err)
+	}
+	if err := e.Reset(ctx, key); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("Reset with the server down: %v, want ErrUnavailable", err)
+	}
+	if err := own.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted server has neither the data (no persistence) nor the scripts.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := e.Allow(ctx, key, l)
+		if err == nil {
+			want(t, "first decision after restart: remaining", r.Remaining, 2)
+			break
+		}
+		if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("Allow after restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Pipelined mode behaves like the article one request at a time: three admitted, the
+// fourth denied.
+func TestPipelinedSequential(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithMode(engine.Pipelined))
+	key, l := newKey(t), engine.PerMinute(3)
+	for i := 0; i < 3; i++ {
+		r := mustAllowN(t, e, key, l, 1)
+		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		want(t, fmt.Sprintf("request %d: remaining", i+1), r.Remaining, 2-i)
+	}
+	want(t, "request 4: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+}
+
+// Pipelined mode's weakness: every attempt stays in the log, denied or not. Under a burst the
+// log holds every attempt (far more than Max) and never more than Max are admitted, often
+// fewer; and retries that were denied keep denying after every admitted event has left.
+func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
+	es, c := engines(t, 4, engine.WithMode(engine.Pipelined))
+	key, l := newKey(t), engine.PerHour(100)
+	results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+		return e.Allow(context.Background(), key, l)
+	})
+	admitted := 0
+	for _, r := range results {
+		if r.Allowed {
+			admitted++
+		}
+	}
+	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, zcard(t, c, key))
+	if admitted > l.Max {
+		t.Fatalf("admitted %d, more than Max %d", admitted, l.Max)
+	}
+	want(t, "log size (every attempt)", zcard(t, c, key), int64(800))
+
+	// False denial, deterministic: 3 admitted at t0, 3 denied retries at t0+0.5s. At t0+1s no
+	// admitted event is in the window, yet the request is denied: the retries fill the log.
+	clock := &fixedClock{t: t0}
+	p := newEngine(t, c, engine.WithMode(engine.Pipelined), engine.WithClock(clock.Now))
+	a := newEngine(t, c, engine.WithClock(clock.Now))
+	l = engine.PerSecond(3)
+	pk, ak := newKey(t), newKey(t)
+	for _, eng := range []struct {
+		e   *engine.Engine
+		key string
+	}{{p, pk}, {a, ak}} {
+		clock.Set(t0)
+		mustAllowN(t, eng.e, eng.key, l, 3)
+		clock.Set(t0.Add(500 * time.Millisecond))
+		for i := 0; i < 3; i++ {
+			want(t, "retry in a full window: allowed", mustAllowN(t, eng.e, eng.key, l, 1).Allowed, false)
+		}
+		clock.Set(t0.Add(time.Second))
+	}
+	want(t, "pipelined, window free of admitted events: allowed", mustAllowN(t, p, pk, l, 1).Allowed, false)
+	want(t, "atomic, window free of admitted events: allowed", mustAllowN(t, a, ak, l, 1).Allowed, true)
+}
+
+// A server that refuses scripting fails engine.New, not the first request, and the error says
+// why; WithPreload(false) defers the failure to the first decision.
+func TestNewFailsWhenScriptingIsRefused(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	admin := own.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "+@all", "-@scripting").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, Username: "noscripts", Password: "secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = engine.New(c)
+	if !errors.Is(err, loader.ErrPreload) || errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("New without scripting: %v, want a preload error that is not ErrUnavailable", err)
+	}
+	e := newEngine(t, c, engine.WithPreload(false))
+	if _, err := e.Allow(ctx, newKey(t), engine.PerMinute(1)); err == nil || errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("Allow without scripting: %v, want the server's refusal", err)
+	}
+}

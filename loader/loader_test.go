@@ -1,0 +1,119 @@
+package loader_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/loader"
+	"github.com/strictrate/strictrate/scripts"
+)
+
+// commandCalls reads INFO commandstats: calls per command name, e.g. "evalsha".
+func commandCalls(t *testing.T, c valkey.Client) map[string]int {
+	t.Helper()
+	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return calls
+}
+
+func do(t *testing.T, c valkey.Client, cmd valkey.Completed) {
+	t.Helper()
+	if err := c.Do(context.Background(), cmd).Error(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPreloadLoadsEveryScript(t *testing.T) {
+	c := valkeytest.New(t).Client(t)
+	ctx := context.Background()
+	a := loader.New("decide", scripts.SlidingWindow())
+	b := loader.NewReadOnly("peek", scripts.SlidingWindowPeek())
+	do(t, c, c.B().ScriptFlush().Build())
+
+	if err := loader.Preload(ctx, c, a, b); err != nil {
+		t.Fatalf("Preload: %v", err)
+	}
+	exists, err := c.Do(ctx, c.B().ScriptExists().Sha1(a.SHA1(), b.SHA1()).Build()).AsIntSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exists) != 2 || exists[0] != 1 || exists[1] != 1 {
+		t.Fatalf("SCRIPT EXISTS after Preload = %v, want [1 1]", exists)
+	}
+	if a.ReadOnly() || !b.ReadOnly() || a.Name() != "decide" {
+		t.Fatalf("handles: %s read-only %v, %s read-only %v", a.Name(), a.ReadOnly(), b.Name(), b.ReadOnly())
+	}
+}
+
+// EVALSHA runs on the hot path; EVAL goes out only after NOSCRIPT, once per flush.
+func TestExecUsesEvalshaAndEvalOnlyAfterNoscript(t *testing.T) {
+	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
+	ctx := context.Background()
+	s := loader.New("echo", "return tonumber(ARGV[1]) + 1")
+	ro := loader.NewReadOnly("echo_ro", "return tonumber(ARGV[1]) + 2")
+	if err := loader.Preload(ctx, c, s, ro); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(script *loader.Script, arg, want int64) {
+		t.Helper()
+		got, err := script.Exec(ctx, c, nil, []string{strconv.FormatInt(arg, 10)}).AsInt64()
+		if err != nil || got != want {
+			t.Fatalf("%s(%d) = %d, %v; want %d", script.Name(), arg, got, err, want)
+		}
+	}
+	do(t, c, c.B().ConfigResetstat().Build())
+
+	exec(s, 1, 2)
+	exec(ro, 1, 3)
+	calls := commandCalls(t, c)
+	if calls["evalsha"] != 1 || calls["evalsha_ro"] != 1 || calls["eval"] != 0 || calls["eval_ro"] != 0 {
+		t.Fatalf("preloaded: command calls %v, want one evalsha, one evalsha_ro, no eval", calls)
+	}
+
+	do(t, c, c.B().ScriptFlush().Build())
+	exec(s, 5, 6)
+	exec(ro, 5, 7)
+	exec(s, 7, 8)
+	exec(ro, 7, 9)
+	calls = commandCalls(t, c)
+	if calls["evalsha"] != 3 || calls["eval"] != 1 || calls["evalsha_ro"] != 3 || calls["eval_ro"] != 1 {
+		t.Fatalf("after SCRIPT FLUSH: command calls %v, want evalsha 3, eval 1, evalsha_ro 3, eval_ro 1", calls)
+	}
+}
+
+// A server that refuses scripting fails Preload with ErrPreload and the server's reason.
+func TestPreloadFailsWhenScriptingIsRefused(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	admin := srv.Client(t)
+	do(t, admin, admin.B().Arbitrary("ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "+@all", "-@scripting").Build())
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: "noscripts", Password: "secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	err = loader.Preload(context.Background(), c, loader.New("decide", scripts.SlidingWindow()))
+	if !errors.Is(err, loader.ErrPreload) || !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "decide") {
+		t.Fatalf("Preload without scripting permission: %v, want ErrPreload naming the script and NOPERM", err)
+	}
+	if err := loader.Preload(context.Background(), nil); !errors.Is(err, loader.ErrPreload) {
+		t.Fatalf("Preload(nil client) = %v, want ErrPreload", err)
+	}
+}
