@@ -360,6 +360,9 @@ func TestRetryAfterExact(t *testing.T) {
 		r := mustAllowN(t, e, key, l, tc.n)
 		want(t, fmt.Sprintf("n=%d at denial: allowed", tc.n), r.Allowed, false)
 		want(t, fmt.Sprintf("n=%d retry after", tc.n), r.RetryAfter, tc.retry)
+		if !r.At.Equal(deniedAt) {
+			t.Fatalf("At = %s, want the caller's clock %s", r.At, deniedAt)
+		}
 		clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
 		if p, _ := e.Peek(context.Background(), key, engine.Limit{Max: l.Max, Window: l.Window}); tc.n == 1 && p.Allowed {
 			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
@@ -454,6 +457,9 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 		start := time.Now()
 		r := mustAllowN(t, e, key, l, 5)
 		want(t, "5 at once: allowed", r.Allowed, true)
+		if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
+			t.Fatalf("At %s is far from this machine's clock %s: not the server's TIME", r.At, start)
+		}
 		denied := mustAllowN(t, e, key, l, 1)
 		ttl := pttl(t, c, key)
 		if elapsed := time.Since(start); elapsed >= l.Window {

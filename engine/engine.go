@@ -35,6 +35,9 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the log holds no event; 0 when it is empty.
 	ResetAfter time.Duration
+	// At is the instant the decision was taken at, to the microsecond, on the clock that took
+	// it: the server's by default, else the caller's. An admitted event is recorded at At.
+	At time.Time
 }
 
 // Limiter is the interface of the classic sliding-window-log article, so code written against
@@ -213,39 +216,42 @@ func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string
 		}
 		nowArg = strconv.FormatInt(us, 10)
 	}
-	args := []string{nowArg, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
+	window := l.windowMicros()
+	args := []string{nowArg, strconv.FormatInt(window, 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
 	reply := s.Exec(ctx, e.client, []string{e.prefix + key}, args)
 	if err := reply.Error(); err != nil {
 		return Result{}, classify("strictrate: "+op+" "+strconv.Quote(key), err)
 	}
-	r, _, err := parseReply(reply)
+	r, err := parseReply(reply, window)
 	if err != nil {
 		return Result{}, fmt.Errorf("strictrate: %s %q: %w", op, key, err)
 	}
 	return r, nil
 }
 
-// parseReply reads the scripts' reply: allowed, remaining, retry_after µs, reset_after µs, now µs.
-func parseReply(reply valkey.ValkeyResult) (Result, int64, error) {
+// parseReply reads the scripts' reply: remaining, now µs, then retry_after µs (default 0:
+// admitted) and reset_after µs (default: one window). A denial always has retry_after > 0.
+func parseReply(reply valkey.ValkeyResult, windowMicros int64) (Result, error) {
 	vals, err := reply.ToArray()
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, err
 	}
-	if len(vals) != 5 {
-		return Result{}, 0, fmt.Errorf("script reply has %d values, want 5", len(vals))
+	if len(vals) < 2 || len(vals) > 4 {
+		return Result{}, fmt.Errorf("script reply has %d values, want 2 to 4", len(vals))
 	}
-	var v [5]int64
+	v := [4]int64{2: 0, 3: windowMicros}
 	for i := range vals {
 		if v[i], err = vals[i].AsInt64(); err != nil {
-			return Result{}, 0, fmt.Errorf("script reply value %d: %w", i+1, err)
+			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
 		}
 	}
 	return Result{
-		Allowed:    v[0] == 1,
-		Remaining:  int(v[1]),
+		Allowed:    v[2] == 0,
+		Remaining:  int(v[0]),
 		RetryAfter: time.Duration(v[2]) * time.Microsecond,
 		ResetAfter: time.Duration(v[3]) * time.Microsecond,
-	}, v[4], nil
+		At:         time.UnixMicro(v[1]),
+	}, nil
 }
 
 // allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
@@ -283,7 +289,7 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	if err != nil {
 		return Result{}, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err)
 	}
-	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window}
+	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, At: time.UnixMicro(now)}
 	if remaining := int64(l.Max) - count; remaining > 0 {
 		res.Remaining = int(remaining)
 	}

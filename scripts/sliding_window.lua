@@ -10,13 +10,12 @@
 -- ARGV[3]  max: events admitted in any trailing window (>= 1)
 -- ARGV[4]  n: events this request asks for, all or nothing (1 <= n <= max)
 --
--- Reply: an array of five integers
---   [1] allowed: 1 when admitted (n events added), 0 when denied (nothing added)
---   [2] remaining: events that would still be admitted now, after this decision (>= 0)
---   [3] retry_after in microseconds: 0 when admitted; when denied, the wait until the oldest
---       event that must leave for n to fit stops counting
---   [4] reset_after in microseconds: the wait until the log holds no event; 0 when empty
---   [5] now in microseconds: the instant the decision was taken at
+-- Reply: an array of 2 to 4 integers; a missing trailing value takes its default
+--   [1] remaining: events that would still be admitted now, after this decision (>= 0)
+--   [2] now in microseconds: the instant the decision was taken at
+--   [3] retry_after in microseconds: 0 (the default) when admitted; when denied (always > 0),
+--       the wait until the oldest event that must leave for n to fit stops counting
+--   [4] reset_after in microseconds: the wait until the log holds no event; default: the window
 --
 -- An event at t counts at now when now - window < t. Events later than now (possible only when
 -- callers' clocks disagree) count too: that can deny early, never admit too many.
@@ -24,13 +23,17 @@
 -- Members are made here, unique within the key: the bare timestamp for the first event of a
 -- microsecond (a decimal integer, which a listpack stores in 9 bytes), "<now>:<seq>" for the
 -- rest. ZADD NX reports how many were new, so a taken member is retried, never overwritten.
+--
+-- The common path (n = 1, a free microsecond) makes five server calls (TIME, ZREMRANGEBYSCORE,
+-- ZCARD, ZADD, PEXPIRE), builds no string in Lua and replies with two integers: every
+-- redis.call, argument and reply element costs the server's single thread measurably.
 
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local server_clock = now == nil
 if server_clock then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 local window = tonumber(ARGV[2])
 local max = tonumber(ARGV[3])
@@ -46,43 +49,50 @@ if count + n > max then
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local remaining = max - count
   if remaining < 0 then remaining = 0 end
-  return {0, remaining, tonumber(oldest[2]) + window - now, tonumber(newest[2]) + window - now, now}
+  return {remaining, now, oldest[2] + window - now, newest[2] + window - now}
 end
 
--- The log empties window after its newest event. With the server's clock that is the event
+-- The log empties one window after its newest event. With the server's clock that is the event
 -- added now; a caller's clock may lag an event another caller recorded, so look.
 local reset_after = window
 if not server_clock and count > 0 then
-  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] + 0
   if newest > now then
     reset_after = newest + window - now
   end
 end
 
-local stamp = string.format('%d', now)
-local seq = count
-local added = 0
-local bare = true
-while added < n do
-  -- At most 1000 members per ZADD keeps the argument list well inside Lua's stack.
-  local batch = n - added
-  if batch > 1000 then batch = 1000 end
-  local cmd = {'ZADD', key, 'NX'}
-  for _ = 1, batch do
-    local member
-    if bare then
-      member = stamp
-      bare = false
-    else
-      seq = seq + 1
-      member = stamp .. ':' .. seq
+-- A number argument reaches the server as its exact integer digits (Lua's own tostring would
+-- round it to 14 digits, so the rare path formats with %d).
+if n > 1 or redis.call('ZADD', key, 'NX', now, now) == 0 then
+  local stamp = string.format('%d', now)
+  local seq = count
+  local added = 0
+  local bare = n > 1 -- with n = 1 the bare timestamp was just found taken
+  while added < n do
+    -- At most 1000 members per ZADD keeps the argument list well inside Lua's stack.
+    local batch = n - added
+    if batch > 1000 then batch = 1000 end
+    local cmd = {'ZADD', key, 'NX'}
+    for _ = 1, batch do
+      local member
+      if bare then
+        member = stamp
+        bare = false
+      else
+        seq = seq + 1
+        member = stamp .. ':' .. seq
+      end
+      cmd[#cmd + 1] = now
+      cmd[#cmd + 1] = member
     end
-    cmd[#cmd + 1] = now
-    cmd[#cmd + 1] = member
+    added = added + redis.call(unpack(cmd))
   end
-  added = added + redis.call(unpack(cmd))
 end
 
--- PEXPIRE takes whole milliseconds: round up so the key never outlives its newest event early.
+-- PEXPIRE takes whole milliseconds: round up so the key never goes before its newest event.
 redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
-return {1, max - count - n, 0, reset_after, now}
+if reset_after == window then
+  return {max - count - n, now}
+end
+return {max - count - n, now, 0, reset_after}

@@ -1,0 +1,164 @@
+// Command bench compares strictrate's Atomic and Pipelined modes side by side on one Valkey
+// server, and measures how close the engine gets to the server's own ceiling.
+//
+//	go run ./bench                  # every scenario, both modes, a throwaway server
+//	go run ./bench -scenario memory # one scenario
+//	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
+//
+// Without -addr (or VALKEY_ADDR) it provisions a server as the tests do: valkey-server on
+// PATH on a free loopback port, else Docker. Progress goes to stderr, Markdown tables to stdout.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// config holds the command line.
+type config struct {
+	Addr        string        `json:"-"`
+	Duration    time.Duration `json:"duration_per_mode_ns"`
+	Concurrency int           `json:"concurrency_goroutines"`
+	Clients     int           `json:"valkey_clients"`
+	Keys        int           `json:"keys"`
+	Limit       int           `json:"limit_max"`
+	Window      time.Duration `json:"window_ns"`
+	Scenario    string        `json:"scenario"`
+	JSONPath    string        `json:"-"`
+}
+
+var scenarios = []string{"exactness", "throughput", "memory", "ceiling"}
+
+func main() {
+	var cfg config
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs.StringVar(&cfg.Addr, "addr", os.Getenv(valkeytest.EnvAddr), "Valkey address host:port (default: $VALKEY_ADDR, else a throwaway server)")
+	fs.DurationVar(&cfg.Duration, "duration", 5*time.Second, "measured time per scenario and mode")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 64, "goroutines issuing requests")
+	fs.IntVar(&cfg.Clients, "clients", 4, "valkey-go clients the goroutines are spread over")
+	fs.IntVar(&cfg.Keys, "keys", 10_000, "keys in the throughput and ceiling scenarios")
+	fs.IntVar(&cfg.Limit, "limit", 100, "the limit's Max")
+	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
+	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
+	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
+	_ = fs.Parse(os.Args[1:])
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config, out, progress io.Writer) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	srv, err := provision(ctx, cfg.Addr)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	b, err := newBencher(ctx, cfg, srv, progress)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	report, err := b.runAll(ctx)
+	if err != nil {
+		return err
+	}
+	writeMarkdown(out, report)
+	if cfg.JSONPath != "" {
+		data, err := json.MarshalIndent(report, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.JSONPath, append(data, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", cfg.JSONPath, err)
+		}
+		fmt.Fprintf(progress, "wrote %s\n", cfg.JSONPath)
+	}
+	return nil
+}
+
+func (c config) validate() error {
+	switch {
+	case c.Duration <= 0:
+		return fmt.Errorf("-duration must be positive")
+	case c.Concurrency < 1 || c.Clients < 1 || c.Keys < 1 || c.Limit < 1:
+		return fmt.Errorf("-concurrency, -clients, -keys and -limit must be at least 1")
+	case c.Window < time.Millisecond:
+		return fmt.Errorf("-window must be at least 1ms")
+	}
+	if c.Scenario == "all" {
+		return nil
+	}
+	for _, s := range scenarios {
+		if s == c.Scenario {
+			return nil
+		}
+	}
+	return fmt.Errorf("-scenario %q: want one of %s, or all", c.Scenario, strings.Join(scenarios, ", "))
+}
+
+// provision uses addr when given, else starts a throwaway server like the tests do.
+func provision(ctx context.Context, addr string) (*valkeytest.Server, error) {
+	if addr != "" {
+		os.Setenv(valkeytest.EnvAddr, addr) // Start checks it answers and uses it as is
+	}
+	return valkeytest.Start(ctx)
+}
+
+// Settings records what the run ran on.
+type Settings struct {
+	Config        config `json:"config"`
+	ServerVersion string `json:"server_version"`
+	ServerSource  string `json:"server_source"`
+	GoVersion     string `json:"go_version"`
+	GOMAXPROCS    int    `json:"gomaxprocs"`
+	NumCPU        int    `json:"num_cpu"`
+	OS            string `json:"os_arch"`
+	Started       string `json:"started"`
+}
+
+func serverVersion(ctx context.Context, c valkey.Client) string {
+	info, err := c.Do(ctx, c.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return "unknown"
+	}
+	for _, field := range []string{"valkey_version:", "redis_version:"} {
+		if i := strings.Index(info, field); i >= 0 {
+			v := info[i+len(field):]
+			return "Valkey " + strings.TrimSpace(v[:strings.IndexAny(v, "\r\n")])
+		}
+	}
+	return "unknown"
+}
+
+func currentSettings(ctx context.Context, cfg config, srv *valkeytest.Server, c valkey.Client) Settings {
+	return Settings{
+		Config:        cfg,
+		ServerVersion: serverVersion(ctx, c),
+		ServerSource:  srv.Source,
+		GoVersion:     runtime.Version(),
+		GOMAXPROCS:    runtime.GOMAXPROCS(0),
+		NumCPU:        runtime.NumCPU(),
+		OS:            runtime.GOOS + "/" + runtime.GOARCH,
+		Started:       time.Now().UTC().Format(time.RFC3339),
+	}
+}

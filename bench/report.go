@@ -1,0 +1,76 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// writeMarkdown prints the report as Markdown tables.
+func writeMarkdown(w io.Writer, r *Report) {
+	s := r.Settings
+	fmt.Fprintf(w, "## strictrate bench\n\n%s (%s), %s, GOMAXPROCS %d of %d CPUs; %d goroutines over %d clients; limit %d per %s; %s per scenario and mode.\n",
+		s.ServerVersion, s.ServerSource, s.GoVersion, s.GOMAXPROCS, s.NumCPU, s.Config.Concurrency, s.Config.Clients,
+		s.Config.Limit, s.Config.Window, s.Config.Duration)
+
+	if len(r.Exactness) > 0 {
+		fmt.Fprintf(w, "\n### Exactness under contention (one key, every goroutine)\n\n")
+		table(w, []string{"mode", "requests/s", "admitted", "full windows", "admitted per window min / mean / max", "limit",
+			"max in any window", "overshoot", "false denials", "log entries at end", "timestamps"})
+		for _, e := range r.Exactness {
+			row(w, e.Mode, f0(e.OfferedPS), d(e.Admitted), d(e.FullWindows),
+				fmt.Sprintf("%d / %.1f / %d", e.PerWindowMin, e.PerWindowMean, e.PerWindowMax), d(e.Limit),
+				d(e.MaxInAnyWindow), d(e.Overshoot), d(e.FalseDenials), d(int(e.LogEntries)), e.Clock)
+		}
+	}
+	if len(r.Throughput) > 0 {
+		fmt.Fprintf(w, "\n### Throughput and latency (%d keys)\n\n", r.Throughput[0].Keys)
+		table(w, []string{"mode", "decisions/s", "p50 µs", "p99 µs", "p99.9 µs", "allocs/decision", "heap B/decision",
+			"server µs/decision", "server cores busy", "admitted"})
+		for _, t := range r.Throughput {
+			row(w, t.Mode, f0(t.DecisionsPerSec), f0(t.P50us), f0(t.P99us), f0(t.P999us), f1(t.AllocsPerOp),
+				f0(t.BytesPerOp), f1(t.ServerUSPerOp), fmt.Sprintf("%.2f", t.ServerCPU), pct(t.AdmittedShare))
+		}
+		if len(r.Throughput) == 2 && r.Throughput[1].DecisionsPerSec > 0 {
+			fmt.Fprintf(w, "\natomic / pipelined decisions/s, same run: %.2f\n", r.Throughput[0].DecisionsPerSec/r.Throughput[1].DecisionsPerSec)
+		}
+	}
+	if len(r.Memory) > 0 {
+		fmt.Fprintf(w, "\n### Memory per key (MEMORY USAGE)\n\n")
+		table(w, []string{"mode", "limit", "attempts", "log entries", "bytes", "bytes/entry", "encoding"})
+		for _, m := range r.Memory {
+			row(w, m.Mode, d(m.Limit), d(m.Attempts), d(int(m.Entries)), d(int(m.Bytes)), f1(m.BytesPerEntry), m.Encoding)
+		}
+	}
+	if len(r.Ceiling) > 0 {
+		fmt.Fprintf(w, "\n### Ceiling: the atomic script driven by %s\n\n", r.Ceiling[0].Tool)
+		table(w, []string{"connections × pipeline", "requests/s", "p50 ms", "p99 ms", "server µs/call", "engine atomic / ceiling"})
+		for _, c := range r.Ceiling {
+			ratio := "n/a"
+			if c.EngineRatio > 0 {
+				ratio = fmt.Sprintf("%.2f", c.EngineRatio)
+			}
+			row(w, fmt.Sprintf("%d × %d", c.Connections, c.Pipeline), f0(c.RequestsPerSec), fmt.Sprintf("%.3f", c.P50ms),
+				fmt.Sprintf("%.3f", c.P99ms), f1(c.ServerUSPerCall), ratio)
+		}
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "\n%s\n", n)
+	}
+}
+
+func table(w io.Writer, header []string) {
+	row(w, header...)
+	seps := make([]string, len(header))
+	for i := range seps {
+		seps[i] = "---"
+	}
+	row(w, seps...)
+}
+
+func row(w io.Writer, cells ...string) { fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | ")) }
+
+func d(n int) string       { return fmt.Sprintf("%d", n) }
+func f0(x float64) string  { return fmt.Sprintf("%.0f", x) }
+func f1(x float64) string  { return fmt.Sprintf("%.1f", x) }
+func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
+	"github.com/strictrate/strictrate/scripts"
+)
+
+// serverStats is a reading of INFO commandstats and INFO cpu, to diff around a measurement.
+type serverStats struct {
+	usecByCommand map[string]float64 // total microseconds spent per command
+	cpuSeconds    float64            // used_cpu_user + used_cpu_sys
+}
+
+func (s serverStats) usec(commands []string) float64 {
+	var total float64
+	for _, c := range commands {
+		total += s.usecByCommand[c]
+	}
+	return total
+}
+
+func readServerStats(ctx context.Context, c valkey.Client) (serverStats, error) {
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		return serverStats{}, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	cpu, err := c.Do(ctx, c.B().Info().Section("cpu").Build()).ToString()
+	if err != nil {
+		return serverStats{}, fmt.Errorf("INFO cpu: %w", err)
+	}
+	return parseServerStats(info, cpu), nil
+}
+
+// parseServerStats reads lines like "cmdstat_evalsha:calls=10,usec=123,..." and
+// "used_cpu_sys:1.5".
+func parseServerStats(commandstats, cpu string) serverStats {
+	s := serverStats{usecByCommand: map[string]float64{}}
+	for _, line := range strings.Split(commandstats, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for _, f := range strings.Split(fields, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				s.usecByCommand[strings.TrimPrefix(name, "cmdstat_")] = n
+			}
+		}
+	}
+	for _, line := range strings.Split(cpu, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			n, _ := strconv.ParseFloat(v, 64)
+			s.cpuSeconds += n
+		}
+	}
+	return s
+}
+
+// decideSHA1 is the digest EVALSHA calls the atomic decision script by.
+func decideSHA1() string { return loader.New("sliding_window", scripts.SlidingWindow()).SHA1() }
+
+func splitHostPort(addr string) (string, string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", "", fmt.Errorf("server address %q: %w", addr, err)
+	}
+	return host, port, nil
+}
+
+// toolResult is one line of valkey-benchmark --csv output.
+type toolResult struct {
+	rps, p50ms, p99ms float64
+}
+
+func runBenchmarkTool(ctx context.Context, tool string, args []string) (toolResult, error) {
+	cmd := exec.CommandContext(ctx, tool, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return toolResult{}, fmt.Errorf("%s: %w: %s", tool, err, strings.TrimSpace(stderr.String()))
+	}
+	return parseToolCSV(out)
+}
+
+// parseToolCSV reads the header and the one result line of valkey-benchmark --csv.
+func parseToolCSV(out []byte) (toolResult, error) {
+	records, err := csv.NewReader(bytes.NewReader(out)).ReadAll()
+	if err != nil {
+		return toolResult{}, fmt.Errorf("benchmark tool output: %w", err)
+	}
+	if len(records) < 2 {
+		return toolResult{}, fmt.Errorf("benchmark tool printed no result: %q", out)
+	}
+	col := map[string]int{}
+	for i, name := range records[0] {
+		col[name] = i
+	}
+	row := records[len(records)-1]
+	get := func(name string) (float64, error) {
+		i, ok := col[name]
+		if !ok || i >= len(row) {
+			return 0, fmt.Errorf("benchmark tool output has no %q column", name)
+		}
+		return strconv.ParseFloat(row[i], 64)
+	}
+	var r toolResult
+	if r.rps, err = get("rps"); err != nil {
+		return r, err
+	}
+	if r.p50ms, err = get("p50_latency_ms"); err != nil {
+		return r, err
+	}
+	r.p99ms, err = get("p99_latency_ms")
+	return r, err
+}
