@@ -57,10 +57,10 @@ func (b *bencher) logf(format string, args ...any) {
 }
 
 // engines returns one engine per client, all in the given mode and under the run's prefix.
-func (b *bencher) engines(mode engine.Mode) ([]*engine.Engine, error) {
+func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range b.clients {
-		e, err := engine.New(c, engine.WithMode(mode), engine.WithPrefix(b.prefix))
+		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix)}, opts...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -95,10 +95,10 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 		}
 	}
 	if b.wants("throughput") {
-		for _, m := range modes {
-			row, err := b.throughput(ctx, m)
+		for _, v := range throughputVariants {
+			row, err := b.throughput(ctx, v)
 			if err != nil {
-				return nil, fmt.Errorf("throughput/%s: %w", m, err)
+				return nil, fmt.Errorf("throughput/%s: %w", v.name, err)
 			}
 			r.Throughput = append(r.Throughput, row)
 		}
@@ -113,7 +113,7 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 	if b.wants("ceiling") {
 		var atomicRate float64
 		for _, t := range r.Throughput {
-			if t.Mode == engine.Atomic.String() {
+			if t.Mode == engine.Atomic.String() && t.Clock == "server" {
 				atomicRate = t.DecisionsPerSec
 			}
 		}
@@ -181,9 +181,25 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 	return row, nil
 }
 
+// throughputVariant is one row of scenario 2: a mode, and for Atomic, which clock.
+type throughputVariant struct {
+	name  string
+	mode  engine.Mode
+	opts  []engine.Option
+	clock string
+}
+
+// The caller's-clock row shows what reading the server's clock (TIME) costs the server.
+var throughputVariants = []throughputVariant{
+	{name: "atomic", mode: engine.Atomic, clock: "server"},
+	{name: "atomic", mode: engine.Atomic, opts: []engine.Option{engine.WithClock(time.Now)}, clock: "caller"},
+	{name: "pipelined", mode: engine.Pipelined, clock: "caller"},
+}
+
 // ThroughputRow is scenario 2 for one mode: every goroutine on random keys out of many.
 type ThroughputRow struct {
 	Mode            string  `json:"mode"`
+	Clock           string  `json:"clock"`
 	Keys            int     `json:"keys"`
 	Decisions       int     `json:"decisions"`
 	AdmittedShare   float64 `json:"admitted_fraction"`
@@ -193,18 +209,21 @@ type ThroughputRow struct {
 	P999us          float64 `json:"latency_p999_us"`
 	AllocsPerOp     float64 `json:"allocs_per_decision"`
 	BytesPerOp      float64 `json:"heap_bytes_per_decision"`
-	ServerUSPerOp   float64 `json:"server_cpu_us_per_decision"`
+	ServerUSPerOp   float64 `json:"server_command_us_per_decision"`
+	ServerCPUPerOp  float64 `json:"server_cpu_us_per_decision"`
 	ServerCPU       float64 `json:"server_cpu_cores_busy"`
+	ClientCPUPerOp  float64 `json:"client_cpu_us_per_decision"`
 }
 
-func (b *bencher) throughput(ctx context.Context, mode engine.Mode) (ThroughputRow, error) {
-	es, err := b.engines(mode)
+func (b *bencher) throughput(ctx context.Context, v throughputVariant) (ThroughputRow, error) {
+	mode := v.mode
+	es, err := b.engines(mode, v.opts...)
 	if err != nil {
 		return ThroughputRow{}, err
 	}
 	keys := make([]string, b.cfg.Keys)
 	for i := range keys {
-		keys[i] = "tp:" + mode.String() + ":" + strconv.Itoa(i)
+		keys[i] = "tp:" + v.name + ":" + v.clock + ":" + strconv.Itoa(i)
 	}
 	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
 	rngs := make([]*rand.Rand, b.cfg.Concurrency)
@@ -240,11 +259,13 @@ func (b *bencher) throughput(ctx context.Context, mode engine.Mode) (ThroughputR
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
+	cpu0 := processCPU()
 	began := time.Now()
 	if err := b.drive(ctx, b.cfg.Duration, op, es); err != nil {
 		return ThroughputRow{}, err
 	}
 	elapsed := time.Since(began)
+	cpu1 := processCPU()
 	runtime.ReadMemStats(&m1)
 	after, err := readServerStats(ctx, b.clients[0])
 	if err != nil {
@@ -259,8 +280,9 @@ func (b *bencher) throughput(ctx context.Context, mode engine.Mode) (ThroughputR
 		total += a
 	}
 	serverUS := after.usec(dataCommands(mode)) - before.usec(dataCommands(mode))
+	serverCPU := after.cpuSeconds - before.cpuSeconds
 	row := ThroughputRow{
-		Mode: mode.String(), Keys: len(keys), Decisions: n,
+		Mode: v.name, Clock: v.clock, Keys: len(keys), Decisions: n,
 		AdmittedShare:   float64(total) / float64(n),
 		DecisionsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:           us(percentile(all, 50)),
@@ -269,10 +291,12 @@ func (b *bencher) throughput(ctx context.Context, mode engine.Mode) (ThroughputR
 		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / float64(n),
 		BytesPerOp:      float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
 		ServerUSPerOp:   serverUS / float64(n),
-		ServerCPU:       (after.cpuSeconds - before.cpuSeconds) / elapsed.Seconds(),
+		ServerCPUPerOp:  serverCPU * 1e6 / float64(n),
+		ServerCPU:       serverCPU / elapsed.Seconds(),
+		ClientCPUPerOp:  (cpu1 - cpu0).Seconds() * 1e6 / float64(n),
 	}
-	b.logf("throughput/%s: %s, %.0f decisions/s, p50 %.0fµs p99 %.0fµs, server %.1fµs/decision at %.0f%% of a core",
-		mode, elapsed.Round(time.Millisecond), row.DecisionsPerSec, row.P50us, row.P99us, row.ServerUSPerOp, 100*row.ServerCPU)
+	b.logf("throughput/%s (%s clock): %s, %.0f decisions/s, p50 %.0fµs p99 %.0fµs, CPU per decision: server %.1fµs, client %.1fµs",
+		v.name, v.clock, elapsed.Round(time.Millisecond), row.DecisionsPerSec, row.P50us, row.P99us, row.ServerCPUPerOp, row.ClientCPUPerOp)
 	return row, nil
 }
 

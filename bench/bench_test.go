@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// benchGoroutines is the request concurrency of every benchmark here, as in `go run ./bench`:
+// RunParallel starts GOMAXPROCS × parallelism goroutines.
+const benchGoroutines = 64
+
+const benchClients = 4
+
+// BenchmarkAllow measures Allow in both modes on one hot key (far more requests than the
+// limit) and on 10,000 keys (a limit that admits nearly all). Custom metrics: decisions/s and,
+// for the hot key, admitted/limit: admitted events over what the limit allows in the time
+// run (1 is exact; below 1, false denials).
+func BenchmarkAllow(b *testing.B) {
+	srv := valkeytest.New(b)
+	clients := make([]valkey.Client, benchClients)
+	for i := range clients {
+		clients[i] = srv.Client(b)
+	}
+	prefix := "strictrate-gobench:" + uuid.NewString()[:8] + ":"
+	for _, mode := range modes {
+		var es []*engine.Engine
+		for _, c := range clients {
+			e, err := engine.New(c, engine.WithMode(mode), engine.WithPrefix(prefix))
+			if err != nil {
+				b.Fatal(err)
+			}
+			es = append(es, e)
+		}
+		b.Run(mode.String()+"/hotkey", func(b *testing.B) {
+			benchHotKey(b, es, "hot:"+mode.String()+":"+strconv.Itoa(b.N))
+		})
+		b.Run(mode.String()+"/manykeys", func(b *testing.B) {
+			benchManyKeys(b, es, mode.String())
+		})
+	}
+}
+
+func benchHotKey(b *testing.B, es []*engine.Engine, key string) {
+	limit := engine.Limit{Max: 100, Window: 100 * time.Millisecond}
+	var admitted, next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(parallelism())
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		e := es[int(next.Add(1))%len(es)]
+		ctx := context.Background()
+		for pb.Next() {
+			r, err := e.Allow(ctx, key, limit)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if r.Allowed {
+				admitted.Add(1)
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	// From the first admission, the limit allows Max events per window begun.
+	allowed := float64(limit.Max) * float64(elapsed/limit.Window+1)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(float64(admitted.Load())/allowed, "admitted/limit")
+}
+
+func benchManyKeys(b *testing.B, es []*engine.Engine, name string) {
+	keys := manyKeys("many:" + name)
+	limit := engine.Limit{Max: 100, Window: time.Second}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(parallelism())
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		g := next.Add(1)
+		e := es[int(g)%len(es)]
+		rng := rand.New(rand.NewPCG(uint64(g), 7))
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := e.Allow(ctx, keys[rng.IntN(len(keys))], limit); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+}
+
+// BenchmarkBareEvalsha is the floor: valkey-go sending the same script with EVALSHA and
+// reading its reply array, with no engine around it. Compare allocs/op with BenchmarkAllow.
+func BenchmarkBareEvalsha(b *testing.B) {
+	srv := valkeytest.New(b)
+	var clients []valkey.Client
+	for i := 0; i < benchClients; i++ {
+		clients = append(clients, srv.Client(b))
+	}
+	// engine.New loads the script, so EVALSHA finds it.
+	if _, err := engine.New(clients[0]); err != nil {
+		b.Fatal(err)
+	}
+	sha := decideSHA1()
+	keys := manyKeys("strictrate-gobench:" + uuid.NewString()[:8] + ":bare")
+	window := strconv.FormatInt(time.Second.Microseconds(), 10)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(parallelism())
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		g := next.Add(1)
+		c := clients[int(g)%len(clients)]
+		rng := rand.New(rand.NewPCG(uint64(g), 9))
+		ctx := context.Background()
+		for pb.Next() {
+			cmd := c.B().Evalsha().Sha1(sha).Numkeys(1).Key(keys[rng.IntN(len(keys))]).Arg("", window, "100", "1").Build()
+			if _, err := c.Do(ctx, cmd).ToArray(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+}
+
+func manyKeys(prefix string) []string {
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = prefix + ":" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// parallelism makes RunParallel start benchGoroutines goroutines in all.
+func parallelism() int {
+	return max(1, benchGoroutines/testingProcs())
+}

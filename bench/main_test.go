@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// The whole program, small and short, against a real server: its figures must say what the
+// modes do. Atomic is exact; pipelined logs every attempt.
+func TestRunReportsEveryScenario(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
+		Window: 100 * time.Millisecond, Scenario: "all", JSONPath: jsonPath}
+	var out, progress bytes.Buffer
+	if err := run(context.Background(), cfg, &out, &progress); err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "| atomic |", "| pipelined |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("Markdown output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(progress.String(), "exactness/atomic") {
+		t.Errorf("no progress line for exactness/atomic:\n%s", progress.String())
+	}
+
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	if !strings.HasPrefix(r.Settings.ServerVersion, "Valkey") && !strings.HasPrefix(r.Settings.ServerVersion, "Redis") {
+		t.Errorf("server version %q", r.Settings.ServerVersion)
+	}
+	if r.Settings.Config.Limit != 20 || r.Settings.GOMAXPROCS < 1 {
+		t.Errorf("settings not recorded: %+v", r.Settings)
+	}
+
+	if len(r.Exactness) != 2 {
+		t.Fatalf("exactness rows: %d, want 2", len(r.Exactness))
+	}
+	at, pl := r.Exactness[0], r.Exactness[1]
+	if at.Mode != "atomic" || at.Overshoot != 0 || at.FalseDenials != 0 || at.MaxInAnyWindow > cfg.Limit ||
+		at.LogEntries > int64(cfg.Limit) || at.Admitted < cfg.Limit {
+		t.Errorf("atomic exactness: %+v", at)
+	}
+	if pl.Mode != "pipelined" || pl.LogEntries <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
+		t.Errorf("pipelined exactness: %+v (its log should hold more than the limit)", pl)
+	}
+
+	if len(r.Throughput) != 3 {
+		t.Fatalf("throughput rows: %d, want 3", len(r.Throughput))
+	}
+	for _, tp := range r.Throughput {
+		if tp.DecisionsPerSec <= 0 || tp.P50us > tp.P99us || tp.P99us > tp.P999us || tp.Decisions == 0 {
+			t.Errorf("throughput row %+v", tp)
+		}
+	}
+
+	wantEntries := map[[2]int]bool{}
+	for _, m := range r.Memory {
+		if m.Bytes <= 0 || m.Entries != int64(m.Attempts) || (m.Mode == "atomic" && m.Attempts != m.Limit) {
+			t.Errorf("memory row %+v", m)
+		}
+		wantEntries[[2]int{m.Limit, m.Attempts}] = true
+	}
+	for _, k := range [][2]int{{10, 10}, {100, 100}, {1000, 1000}, {10, 100}, {100, 1000}, {1000, 10000}} {
+		if !wantEntries[k] {
+			t.Errorf("no memory row for limit %d with %d attempts", k[0], k[1])
+		}
+	}
+
+	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
+		if len(r.Ceiling) != 2 {
+			t.Fatalf("ceiling rows: %d, want 2", len(r.Ceiling))
+		}
+		for _, c := range r.Ceiling {
+			if c.RequestsPerSec <= 0 || c.EngineRatio <= 0 {
+				t.Errorf("ceiling row %+v", c)
+			}
+		}
+	} else if len(r.Notes) == 0 {
+		t.Error("ceiling skipped without a note")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := config{Duration: time.Second, Concurrency: 1, Clients: 1, Keys: 1, Limit: 1, Window: time.Millisecond, Scenario: "all"}
+	if err := good.validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mutate := range map[string]func(*config){
+		"zero duration":    func(c *config) { c.Duration = 0 },
+		"no goroutines":    func(c *config) { c.Concurrency = 0 },
+		"short window":     func(c *config) { c.Window = time.Microsecond },
+		"unknown scenario": func(c *config) { c.Scenario = "nope" },
+	} {
+		c := good
+		mutate(&c)
+		if err := c.validate(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestParseToolCSV(t *testing.T) {
+	out := []byte(`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"EVALSHA abc 1 k  1000000 100 1","28661.51","2.044","0.544","2.015","2.775","3.327","6.751"
+`)
+	r, err := parseToolCSV(out)
+	if err != nil || r.rps != 28661.51 || r.p50ms != 2.015 || r.p99ms != 3.327 {
+		t.Fatalf("parseToolCSV = %+v, %v", r, err)
+	}
+	if _, err := parseToolCSV([]byte("\"test\",\"rps\"\n")); err == nil {
+		t.Fatal("no result line: no error")
+	}
+}
+
+func TestParseServerStats(t *testing.T) {
+	s := parseServerStats("# Commandstats\r\ncmdstat_evalsha:calls=10,usec=150,usec_per_call=15.00,rejected_calls=0,failed_calls=0\r\ncmdstat_zadd:calls=3,usec=9,usec_per_call=3.00\r\n",
+		"# CPU\r\nused_cpu_sys:1.25\r\nused_cpu_user:2.5\r\nused_cpu_sys_children:9\r\n")
+	if s.usec([]string{"evalsha", "zadd", "eval"}) != 159 || s.cpuSeconds != 3.75 {
+		t.Fatalf("parsed %+v", s)
+	}
+}
