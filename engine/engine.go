@@ -38,6 +38,10 @@ type Result struct {
 	// At is the instant the decision was taken at, to the microsecond, on the clock that took
 	// it: the server's by default, else the caller's. An admitted event is recorded at At.
 	At time.Time
+	// BackendErr is set only under WithFailOpen(true), when the server could not decide and
+	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,
+	// RetryAfter and ResetAfter are then 0, and At is the caller's clock.
+	BackendErr error
 }
 
 // Limiter is the interface of the classic sliding-window-log article, so code written against
@@ -61,6 +65,10 @@ type Engine struct {
 
 	decide *loader.Script
 	peek   *loader.Script
+
+	failOpen    bool
+	ackReplicas int
+	ackTimeout  time.Duration
 
 	// Pipelined mode makes its members on the client: an id random per engine, then a counter.
 	memberID [8]byte
@@ -87,14 +95,23 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		clock:  o.clock,
 		decide: loader.New("sliding_window", scripts.SlidingWindow()),
 		peek:   loader.NewReadOnly("sliding_window_peek", scripts.SlidingWindowPeek()),
+
+		failOpen:    o.failOpen,
+		ackReplicas: o.ackReplicas,
+		ackTimeout:  o.ackTimeout,
 	}
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
-	if o.preload {
+	if o.evictionCheck != EvictionIgnore || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
 		defer cancel()
-		if err := loader.Preload(ctx, client, e.decide, e.peek); err != nil {
-			return nil, classify("strictrate: new engine", err)
+		if err := checkEviction(ctx, client, o.evictionCheck, o.logger); err != nil {
+			return nil, err
+		}
+		if o.preload {
+			if err := loader.Preload(ctx, client, e.scripts()...); err != nil {
+				return nil, classify("strictrate: new engine", err)
+			}
 		}
 	}
 	return e, nil
@@ -218,15 +235,7 @@ func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string
 	}
 	window := l.windowMicros()
 	args := []string{nowArg, strconv.FormatInt(window, 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
-	reply := s.Exec(ctx, e.client, []string{e.prefix + key}, args)
-	if err := reply.Error(); err != nil {
-		return Result{}, classify("strictrate: "+op+" "+strconv.Quote(key), err)
-	}
-	r, err := parseReply(reply, window)
-	if err != nil {
-		return Result{}, fmt.Errorf("strictrate: %s %q: %w", op, key, err)
-	}
-	return r, nil
+	return e.runDecision(ctx, s, op, key, args, window)
 }
 
 // parseReply reads the scripts' reply: remaining, now µs, then retry_after µs (default 0:
@@ -282,12 +291,12 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	)
 	for _, r := range replies {
 		if err := r.Error(); err != nil {
-			return Result{}, classify("strictrate: allow "+strconv.Quote(key), err)
+			return e.backendFailure(ctx, classify("strictrate: allow "+strconv.Quote(key), err))
 		}
 	}
 	count, err := replies[2].AsInt64()
 	if err != nil {
-		return Result{}, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err)
+		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err))
 	}
 	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, At: time.UnixMicro(now)}
 	if remaining := int64(l.Max) - count; remaining > 0 {

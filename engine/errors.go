@@ -20,6 +20,10 @@ var (
 	// answer: connection refused or lost, client closed. The decision was not taken, or its
 	// outcome is unknown; the error also wraps the client's own error.
 	ErrUnavailable = errors.New("strictrate: server unavailable")
+
+	// ErrEvictionPolicy is returned by New when a node's maxmemory-policy may evict limiter
+	// keys (allkeys-*) and WithEvictionCheck is EvictionRefuse, the default.
+	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
 )
 
 // DeniedError is the error Check and Record return when denied. It matches

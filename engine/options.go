@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -38,10 +39,16 @@ type options struct {
 	clock          func() time.Time
 	preload        bool
 	preloadTimeout time.Duration
+	failOpen       bool
+	ackReplicas    int
+	ackTimeout     time.Duration
+	evictionCheck  EvictionCheck
+	logger         *slog.Logger
 }
 
 func defaultOptions() options {
-	return options{mode: Atomic, prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second}
+	return options{mode: Atomic, prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
+		evictionCheck: EvictionRefuse, logger: slog.Default()}
 }
 
 // WithMode selects Atomic (the default) or Pipelined.
@@ -57,9 +64,48 @@ func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = pre
 func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
 
 // WithPreload controls whether New loads the scripts on every node (default true), so that a
-// server without working scripting fails at start-up. Without it New sends nothing, and the
-// first decision loads the script instead.
+// server without working scripting fails at start-up. Without it the first decision loads
+// the script instead (New still reads maxmemory-policy unless WithEvictionCheck(EvictionIgnore)).
 func WithPreload(preload bool) Option { return func(o *options) { o.preload = preload } }
 
 // WithPreloadTimeout bounds how long New waits for the preload; the default is 10 seconds.
 func WithPreloadTimeout(d time.Duration) Option { return func(o *options) { o.preloadTimeout = d } }
+
+// WithFailOpen sets the policy for a decision the server could not take (unreachable, timed
+// out, an error reply). The default, fail-closed, returns the error and a Result that denies.
+// Fail-open admits instead: the Result has Allowed true and BackendErr set to the error, and
+// the call returns a nil error. Invalid arguments and a caller's cancelled context are
+// returned as errors either way. Fail-open trades the limit's promise for availability: use
+// it only where letting a request through unlimited is cheaper than refusing it.
+func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen = failOpen } }
+
+// WithReplicaAck makes every decision wait, in the same round trip, until at least replicas
+// replicas hold it (WAIT replicas timeout), so that an admitted event survives the primary's
+// failover. An admission that fewer replicas acknowledged within timeout returns an error
+// wrapping ErrUnavailable (the event stays recorded on the primary: the error can only
+// under-admit). Denials wait too but ignore the count. replicas < 1 turns it off (the
+// default); timeout is rounded up to whole milliseconds, and 0 means the WAIT may block
+// until the context ends.
+func WithReplicaAck(replicas int, timeout time.Duration) Option {
+	return func(o *options) { o.ackReplicas, o.ackTimeout = replicas, timeout }
+}
+
+// EvictionCheck is what New does when the server may evict any key (maxmemory-policy
+// allkeys-*): an evicted log forgets admitted events, and the limit admits them again.
+type EvictionCheck int
+
+const (
+	// EvictionRefuse makes New fail with ErrEvictionPolicy (the default).
+	EvictionRefuse EvictionCheck = iota
+	// EvictionWarn makes New log a warning through the engine's logger and go on.
+	EvictionWarn
+	// EvictionIgnore skips the check, and its CONFIG GET.
+	EvictionIgnore
+)
+
+// WithEvictionCheck sets what New does when a node's maxmemory-policy can evict limiter keys.
+// A server that refuses CONFIG GET (managed services often do) is not checked.
+func WithEvictionCheck(c EvictionCheck) Option { return func(o *options) { o.evictionCheck = c } }
+
+// WithLogger sets where the engine logs warnings; the default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }

@@ -63,6 +63,31 @@ func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []st
 	return s.lua.Exec(ctx, client, keys, args)
 }
 
+// ExecThen runs the script as Exec does and sends then right behind it in the same round trip,
+// on the same connection: for WAIT, which waits for the replication of that connection's
+// writes. After NOSCRIPT both are sent again, the script as EVAL. In a cluster, then must be
+// keyless or in the script's slot. It returns both replies.
+func (s *Script) ExecThen(ctx context.Context, client valkey.Client, keys, args []string, then func() valkey.Completed) (script, after valkey.ValkeyResult) {
+	b := client.B()
+	var first valkey.Completed
+	if s.readOnly {
+		first = b.EvalshaRo().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	} else {
+		first = b.Evalsha().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	replies := client.DoMulti(ctx, first, then())
+	if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
+		return replies[0], replies[1]
+	}
+	if s.readOnly {
+		first = b.EvalRo().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	} else {
+		first = b.Eval().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	}
+	replies = client.DoMulti(ctx, first, then())
+	return replies[0], replies[1]
+}
+
 // Preload runs SCRIPT LOAD for every script on every node the client knows (client.Nodes():
 // one for a standalone server, every primary and replica of a cluster). It returns an error
 // wrapping ErrPreload and the server's error, naming the script and the node, when any load

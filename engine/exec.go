@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
+)
+
+// scripts lists every script the engine runs, for Preload.
+func (e *Engine) scripts() []*loader.Script { return []*loader.Script{e.decide, e.peek} }
+
+// runDecision sends one decision script for key and turns its reply into a Result. Every
+// scripted decision goes through here, so the replica-ack and fail-open policies apply to all
+// of them. The reply is the shape sliding_window.lua documents; windowMicros is the default
+// for a missing reset_after.
+func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, args []string, windowMicros int64) (Result, error) {
+	what := "strictrate: " + op + " " + strconv.Quote(key)
+	keys := []string{e.prefix + key}
+	ack := e.ackReplicas > 0 && !s.ReadOnly()
+	var reply, waited valkey.ValkeyResult
+	if ack {
+		reply, waited = s.ExecThen(ctx, e.client, keys, args, e.waitCommand)
+	} else {
+		reply = s.Exec(ctx, e.client, keys, args)
+	}
+	if err := reply.Error(); err != nil {
+		return e.backendFailure(ctx, classify(what, err))
+	}
+	r, err := parseReply(reply, windowMicros)
+	if err != nil {
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what, err))
+	}
+	if ack && r.Allowed {
+		acked, err := waited.AsInt64()
+		if err != nil {
+			return e.backendFailure(ctx, classify(what+": WAIT", err))
+		}
+		if acked < int64(e.ackReplicas) {
+			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
+				what, ErrUnavailable, acked, e.ackReplicas, e.ackTimeout))
+		}
+	}
+	return r, nil
+}
+
+// waitCommand is WAIT for the configured replicas and timeout.
+func (e *Engine) waitCommand() valkey.Completed {
+	ms := int64(e.ackTimeout / time.Millisecond)
+	if e.ackTimeout%time.Millisecond != 0 {
+		ms++
+	}
+	return e.client.B().Wait().Numreplicas(int64(e.ackReplicas)).Timeout(ms).Build()
+}
+
+// backendFailure applies the fail-open policy to a decision the server could not take. Closed
+// (the default): a denying Result and the error. Open: an admitting Result that carries the
+// error, and no error; except when the caller cancelled, which is returned as it is.
+func (e *Engine) backendFailure(ctx context.Context, err error) (Result, error) {
+	if !e.failOpen || errors.Is(ctx.Err(), context.Canceled) {
+		return Result{}, err
+	}
+	return Result{Allowed: true, BackendErr: err, At: time.Now()}, nil
+}
