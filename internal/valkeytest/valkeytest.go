@@ -144,11 +144,12 @@ func FindTool(names ...string) string {
 
 // process is a server binary Start launched.
 type process struct {
-	bin  string
-	dir  string
-	port string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
+	bin   string
+	dir   string
+	port  string
+	extra []string // more server arguments, e.g. cluster mode
+	cmd   *exec.Cmd
+	done  chan struct{} // closed when the process has exited
 }
 
 func startBinary(ctx context.Context, bin string) (*Server, error) {
@@ -180,7 +181,7 @@ func (p *process) addr() string { return net.JoinHostPort("127.0.0.1", p.port) }
 // start launches the binary on p.port and waits until it answers PING.
 func (p *process) start(ctx context.Context) error {
 	logFile := filepath.Join(p.dir, "server.log")
-	p.cmd = exec.Command(p.bin,
+	args := append([]string{
 		"--port", p.port,
 		"--bind", "127.0.0.1",
 		"--dir", p.dir,
@@ -189,7 +190,8 @@ func (p *process) start(ctx context.Context) error {
 		"--appendonly", "no",
 		"--daemonize", "no",
 		"--enable-debug-command", "local",
-	)
+	}, p.extra...)
+	p.cmd = exec.Command(p.bin, args...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
 	dieWithParent(p.cmd.SysProcAttr)
 	if err := p.cmd.Start(); err != nil {
@@ -217,6 +219,20 @@ func (p *process) start(ctx context.Context) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// crash kills the process at once (SIGKILL), as a machine failure would, and waits for it.
+func (p *process) crash() {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 // kill stops the process: SIGTERM, then SIGKILL after five seconds; it waits for the exit.
