@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/strictrate/strictrate/loader"
+	"github.com/strictrate/strictrate/scripts"
+)
+
+// NEEDS: Engine.policy *loader.Script field, set in New and added to e.scripts() for Preload.
+
+// MaxPolicyLimits is the most limits a Policy may hold. Each limit costs the script one
+// ZCOUNT per decision; a handful covers every sensible stacking (per second, minute, hour, day).
+const MaxPolicyLimits = 16
+
+// Policy is a set of limits on one key that must all hold at once, such as "5 per second and
+// 100 per hour": a request is admitted only when every limit has room for it, and then it
+// counts against all of them. A sliding window log answers every window from the same events,
+// so a Policy costs one sorted set and one script call, however many limits it holds.
+//
+// A valid Policy has 1 to MaxPolicyLimits valid limits, no two with the same Window. The key's
+// log holds at most the Max of the longest window (a shorter window with a larger Max than a
+// longer one never binds, and is allowed).
+type Policy []Limit
+
+// Validate reports whether p is a valid Policy; the error wraps ErrInvalidArgument and names
+// the bad value. Use it to check a Policy once at start-up (the httplimit middleware does).
+func (p Policy) Validate() error {
+	return p.validate(1)
+}
+
+// validate checks the policy and the cost n of a request against every limit.
+func (p Policy) validate(n int) error {
+	switch {
+	case len(p) == 0:
+		return fmt.Errorf("%w: empty policy", ErrInvalidArgument)
+	case len(p) > MaxPolicyLimits:
+		return fmt.Errorf("%w: policy has %d limits, more than %d", ErrInvalidArgument, len(p), MaxPolicyLimits)
+	}
+	for i, l := range p {
+		if err := l.validate(n); err != nil {
+			return fmt.Errorf("policy limit %d (%s): %w", i, l, err)
+		}
+		for j := range i {
+			if p[j].windowMicros() == l.windowMicros() {
+				return fmt.Errorf("%w: policy limits %d (%s) and %d (%s) have the same window",
+					ErrInvalidArgument, j, p[j], i, l)
+			}
+		}
+	}
+	return nil
+}
+
+// String returns the limits joined by " and ", for logs and errors: "5/1s and 100/1h0m0s".
+func (p Policy) String() string {
+	parts := make([]string, len(p))
+	for i, l := range p {
+		parts[i] = l.String()
+	}
+	return strings.Join(parts, " and ")
+}
+
+// Longest returns the limit of p with the longest window; the zero Limit when p is empty.
+func (p Policy) Longest() Limit {
+	var longest Limit
+	for _, l := range p {
+		if l.Window > longest.Window {
+			longest = l
+		}
+	}
+	return longest
+}
+
+// AllowPolicy records n events for key if every limit of p admits all n now, and none
+// otherwise: the decision is one atomic script call, exact under any concurrency.
+//
+// The Result speaks for the tightest limit: Remaining is the least room left in any window
+// after this decision; when denied, RetryAfter is the wait until every limit has room for n
+// (if nobody else takes it); ResetAfter is the wait until the log holds no event, that is its
+// newest event plus the longest window. The key expires then.
+//
+// A Policy of one limit is exactly AllowN with that limit, in either Mode. A Policy of several
+// limits always runs the atomic script, also on an engine in Pipelined mode (the pipelined
+// design has no per-window count to offer): the engine's clock applies as usual (WithClock, or
+// time.Now in Pipelined mode).
+func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
+	if key == "" {
+		return Result{}, fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	}
+	if err := p.validate(n); err != nil {
+		return Result{}, err
+	}
+	now, err := e.now()
+	if err != nil {
+		return Result{}, err
+	}
+	if len(p) == 1 {
+		return e.allowAt(ctx, key, p[0], n, now)
+	}
+	nowArg := ""
+	if now.set {
+		us, err := now.micros()
+		if err != nil {
+			return Result{}, err
+		}
+		nowArg = strconv.FormatInt(us, 10)
+	}
+	// The script wants the windows ascending, so that the last is the longest.
+	sorted := slices.Clone(p)
+	slices.SortFunc(sorted, func(a, b Limit) int { return compareDurations(a.Window, b.Window) })
+	args := make([]string, 0, 2+2*len(sorted))
+	args = append(args, nowArg, strconv.Itoa(n))
+	for _, l := range sorted {
+		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
+	}
+	longest := sorted[len(sorted)-1].windowMicros()
+	return e.runDecision(ctx, e.policyScript(), "allow_policy", key, args, longest)
+}
+
+func compareDurations(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// policyScript returns the engine's handle for sliding_window_policy.lua.
+func (e *Engine) policyScript() *loader.Script {
+	return loader.New("sliding_window_policy", scripts.SlidingWindowPolicy()) // TEMP until the field exists
+}

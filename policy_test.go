@@ -1,0 +1,436 @@
+package strictrate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+func mustAllowPolicy(t *testing.T, e *engine.Engine, key string, p engine.Policy, n int) engine.Result {
+	t.Helper()
+	r, err := e.AllowPolicy(context.Background(), key, p, n)
+	if err != nil {
+		t.Fatalf("AllowPolicy(%s, %d): %v", p, n, err)
+	}
+	return r
+}
+
+// "3 per second and 5 per minute": the short window denies while the long one has room, then
+// the long one denies while the short one has room; each RetryAfter names the binding window.
+func TestPolicyStacking(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key := newKey(t)
+	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
+
+	for i := 0; i < 3; i++ {
+		r := mustAllowPolicy(t, e, key, p, 1)
+		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		want(t, fmt.Sprintf("request %d: remaining (the second's)", i+1), r.Remaining, 2-i)
+	}
+	r := mustAllowPolicy(t, e, key, p, 1)
+	want(t, "4th in the same second: allowed", r.Allowed, false)
+	want(t, "4th: remaining", r.Remaining, 0)
+	want(t, "4th: retry after (the second ends)", r.RetryAfter, time.Second)
+
+	clock.Set(t0.Add(time.Second))
+	r = mustAllowPolicy(t, e, key, p, 1)
+	want(t, "next second: allowed", r.Allowed, true)
+	want(t, "next second: remaining (the minute's: 5-3-1)", r.Remaining, 1)
+	want(t, "next second, 2nd: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, true)
+	r = mustAllowPolicy(t, e, key, p, 1)
+	want(t, "the minute is full while the second has room: allowed", r.Allowed, false)
+	want(t, "minute full: remaining", r.Remaining, 0)
+	want(t, "minute full: retry after (the first events leave the minute)", r.RetryAfter, 59*time.Second)
+	want(t, "minute full: reset after", r.ResetAfter, time.Minute)
+	want(t, "log size", zcard(t, c, key), int64(5))
+
+	clock.Set(t0.Add(time.Minute - time.Microsecond))
+	want(t, "1µs before the minute: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+	clock.Set(t0.Add(time.Minute))
+	r = mustAllowPolicy(t, e, key, p, 3)
+	want(t, "3 when the first three left the minute: allowed", r.Allowed, true)
+	want(t, "remaining", r.Remaining, 0)
+	want(t, "log size (trimmed to the minute)", zcard(t, c, key), int64(5))
+}
+
+// RetryAfter is exact to the microsecond whichever window binds: denied at t, still denied at
+// t+RetryAfter-1µs, admitted at t+RetryAfter.
+func TestPolicyRetryAfterExact(t *testing.T) {
+	p := engine.Policy{{Max: 2, Window: 100 * time.Millisecond}, {Max: 4, Window: time.Second}}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		events []time.Duration // one event each, admitted in order
+		burst  time.Duration   // an event of cost 2, when not zero
+		at     time.Duration
+		n      int
+		retry  time.Duration
+	}{
+		{"long window binds", []time.Duration{0, 10 * ms, 150 * ms, 160*ms + 7*time.Microsecond}, 0, 300 * ms, 1,
+			700 * ms},
+		{"short window binds", []time.Duration{0}, 500 * ms, 550 * ms, 1, 50 * ms},
+		{"both deny, the long waits longer", []time.Duration{0}, 500 * ms, 550*ms + 3*time.Microsecond, 2,
+			time.Second - 550*ms - 3*time.Microsecond},
+		{"both deny, the short waits longer", []time.Duration{0, 10 * ms, 950 * ms, 990 * ms}, 0, 995 * ms, 1,
+			55 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fixedClock{}
+			e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+			key := newKey(t)
+			for _, at := range tc.events {
+				clock.Set(t0.Add(at))
+				want(t, fmt.Sprintf("event at %s", at), mustAllowPolicy(t, e, key, p, 1).Allowed, true)
+			}
+			if tc.burst > 0 {
+				clock.Set(t0.Add(tc.burst))
+				want(t, "burst of 2", mustAllowPolicy(t, e, key, p, 2).Allowed, true)
+			}
+			deniedAt := t0.Add(tc.at)
+			clock.Set(deniedAt)
+			r := mustAllowPolicy(t, e, key, p, tc.n)
+			want(t, "at the denial: allowed", r.Allowed, false)
+			want(t, "retry after", r.RetryAfter, tc.retry)
+			if !r.At.Equal(deniedAt) {
+				t.Fatalf("At = %s, want %s", r.At, deniedAt)
+			}
+			clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
+			want(t, "1µs before RetryAfter: allowed", mustAllowPolicy(t, e, key, p, tc.n).Allowed, false)
+			clock.Set(deniedAt.Add(r.RetryAfter))
+			want(t, "at RetryAfter: allowed", mustAllowPolicy(t, e, key, p, tc.n).Allowed, true)
+		})
+	}
+}
+
+// ResetAfter is the newest event plus the longest window, and the key expires then.
+func TestPolicyResetAfter(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key := newKey(t)
+	p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 10, Window: 10 * time.Second}}
+
+	want(t, "first: reset after", mustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
+	if ttl := pttl(t, c, key); ttl <= 9_000 || ttl > 10_000 {
+		t.Fatalf("PTTL %d ms, want close to the longest window", ttl)
+	}
+	clock.Set(t0.Add(300 * time.Millisecond))
+	want(t, "second: reset after", mustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
+	clock.Set(t0.Add(700 * time.Millisecond))
+	r := mustAllowPolicy(t, e, key, p, 1)
+	want(t, "denied by the second: allowed", r.Allowed, false)
+	want(t, "denied: reset after (the 300ms event leaves the longest window)", r.ResetAfter, 9600*time.Millisecond)
+	want(t, "denied: retry after (the first event leaves the second)", r.RetryAfter, 300*time.Millisecond)
+}
+
+// All or nothing across windows: a request that one window refuses adds nothing to any.
+func TestPolicyAllowNAllOrNothing(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key := newKey(t)
+	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
+
+	r := mustAllowPolicy(t, e, key, p, 3)
+	want(t, "3: allowed", r.Allowed, true)
+	want(t, "3: remaining", r.Remaining, 0)
+	clock.Set(t0.Add(time.Second))
+	r = mustAllowPolicy(t, e, key, p, 3)
+	want(t, "3 more (the second has room, the minute has 2): allowed", r.Allowed, false)
+	want(t, "3 more: remaining", r.Remaining, 2)
+	want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
+	want(t, "log size after the denial", zcard(t, c, key), int64(3))
+	r = mustAllowPolicy(t, e, key, p, 2)
+	want(t, "2 more: allowed", r.Allowed, true)
+	want(t, "2 more: remaining", r.Remaining, 0)
+	want(t, "log size", zcard(t, c, key), int64(5))
+}
+
+// 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
+// admitted, each admitted request sees a different count, and the log holds exactly that many.
+func TestPolicyExactUnderConcurrency(t *testing.T) {
+	for _, p := range []engine.Policy{
+		{{Max: 100, Window: time.Hour}, {Max: 150, Window: 2 * time.Hour}},
+		{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}},
+	} {
+		t.Run(p.String(), func(t *testing.T) {
+			es, c := engines(t, 4)
+			key, binding := newKey(t), 100
+			results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+				return e.AllowPolicy(context.Background(), key, p, 1)
+			})
+			var admitted []int
+			for _, r := range results {
+				if r.Allowed {
+					admitted = append(admitted, r.Remaining)
+				} else if r.Remaining != 0 || r.RetryAfter <= 0 || r.RetryAfter > p.Longest().Window {
+					t.Fatalf("denied result %+v: want Remaining 0 and 0 < RetryAfter <= longest window", r)
+				}
+			}
+			want(t, "requests answered", len(results), 800)
+			want(t, "admitted", len(admitted), binding)
+			want(t, "log size", zcard(t, c, key), int64(binding))
+			sort.Ints(admitted)
+			for i, rem := range admitted {
+				if rem != i {
+					t.Fatalf("admitted Remaining values %v: want each of 0..%d once", admitted, binding-1)
+				}
+			}
+		})
+	}
+}
+
+// policyModel is the decision rule written out in Go, to check the script against.
+type policyModel struct{ events []int64 } // admitted events, µs, ascending
+
+func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
+	longest := p.Longest().Window.Microseconds()
+	m.events = slices.DeleteFunc(m.events, func(ev int64) bool { return ev <= now-longest })
+	remaining, retry := int64(1)<<62, int64(0)
+	for _, l := range p {
+		w := l.Window.Microseconds()
+		var in []int64
+		for _, ev := range m.events {
+			if ev > now-w {
+				in = append(in, ev)
+			}
+		}
+		remaining = min(remaining, int64(l.Max-len(in)))
+		if leave := len(in) + n - l.Max; leave > 0 {
+			retry = max(retry, in[leave-1]+w-now)
+		}
+	}
+	r := engine.Result{At: time.UnixMicro(now)}
+	if retry > 0 {
+		r.Remaining = int(max(remaining, 0))
+		r.RetryAfter = time.Duration(retry) * time.Microsecond
+		r.ResetAfter = time.Duration(m.events[len(m.events)-1]+longest-now) * time.Microsecond
+		return r
+	}
+	for range n {
+		m.events = append(m.events, now)
+	}
+	r.Allowed, r.Remaining = true, int(remaining)-n
+	r.ResetAfter = time.Duration(longest) * time.Microsecond
+	return r
+}
+
+// Random requests against three stacked limits, on a clock that moves forward by random steps:
+// every Result equals the model's, and the log never holds more than the longest window's Max.
+func TestPolicyMatchesModel(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(clock.Now))
+	key := newKey(t)
+	p := engine.Policy{{Max: 4, Window: 10 * time.Millisecond}, {Max: 20, Window: 200 * time.Millisecond}, {Max: 9, Window: 50 * time.Millisecond}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var m policyModel
+	now := t0
+	var denied int
+	for i := 0; i < 2000; i++ {
+		now = now.Add(time.Duration(rng.IntN(4000)) * time.Microsecond)
+		clock.Set(now)
+		n := 1 + rng.IntN(4)
+		got := mustAllowPolicy(t, e, key, p, n)
+		wantR := m.decide(now.UnixMicro(), p, n)
+		if got.Allowed != wantR.Allowed || got.Remaining != wantR.Remaining || got.RetryAfter != wantR.RetryAfter ||
+			got.ResetAfter != wantR.ResetAfter || !got.At.Equal(wantR.At) {
+			t.Fatalf("request %d (n=%d at +%s): got %+v, want %+v", i, n, now.Sub(t0), got, wantR)
+		}
+		if !got.Allowed {
+			denied++
+		}
+		if size := zcard(t, c, key); size > 20 || size != int64(len(m.events)) {
+			t.Fatalf("request %d: log size %d, model %d, bound 20", i, size, len(m.events))
+		}
+	}
+	if denied < 200 || denied > 1800 {
+		t.Fatalf("%d of 2000 denied: the walk should exercise both outcomes", denied)
+	}
+}
+
+// The server's clock: the limits hold and the decision is taken at the server's time.
+func TestPolicyServerClock(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	key := newKey(t)
+	p := engine.Policy{{Max: 3, Window: time.Hour}, {Max: 10, Window: 24 * time.Hour}}
+	start := time.Now()
+	for i := 0; i < 3; i++ {
+		r := mustAllowPolicy(t, e, key, p, 1)
+		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		want(t, fmt.Sprintf("request %d: reset after", i+1), r.ResetAfter, 24*time.Hour)
+	}
+	r := mustAllowPolicy(t, e, key, p, 1)
+	want(t, "4th: allowed", r.Allowed, false)
+	if r.RetryAfter <= 59*time.Minute || r.RetryAfter > time.Hour {
+		t.Fatalf("RetryAfter %s, want just under an hour", r.RetryAfter)
+	}
+	if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
+		t.Fatalf("At %s is far from the local clock %s", r.At, start)
+	}
+	if ttl := pttl(t, c, key); ttl <= 24*3600_000-60_000 || ttl > 24*3600_000 {
+		t.Fatalf("PTTL %d ms, want about a day", ttl)
+	}
+}
+
+// A caller whose clock lags another's counts the other's later events in every window, and the
+// key lives until the latest of them leaves the longest window.
+func TestPolicyCallersClocksDisagree(t *testing.T) {
+	ahead, behind := &fixedClock{t: t0.Add(time.Second)}, &fixedClock{t: t0}
+	c := server.Client(t)
+	ea := newEngine(t, c, engine.WithClock(ahead.Now))
+	eb := newEngine(t, c, engine.WithClock(behind.Now))
+	key := newKey(t)
+	p := engine.Policy{{Max: 2, Window: 10 * time.Second}, {Max: 3, Window: 20 * time.Second}}
+
+	mustAllowPolicy(t, ea, key, p, 1)
+	r := mustAllowPolicy(t, eb, key, p, 1)
+	want(t, "behind: allowed", r.Allowed, true)
+	want(t, "behind: reset after counts the later event", r.ResetAfter, 21*time.Second)
+	if ttl := pttl(t, c, key); ttl <= 20_000 || ttl > 21_000 {
+		t.Fatalf("PTTL %d ms, want (20000, 21000]", ttl)
+	}
+	r = mustAllowPolicy(t, eb, key, p, 1)
+	want(t, "behind, short window full: allowed", r.Allowed, false)
+	want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, 10*time.Second)
+	want(t, "behind: reset after", r.ResetAfter, 21*time.Second)
+}
+
+// Events of one microsecond get distinct members: the bare timestamp with its exact digits
+// first, then "<now>:<seq>"; nothing is lost to a collision.
+func TestPolicySameMicrosecond(t *testing.T) {
+	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
+	c := server.Client(t)
+	e := newEngine(t, c, engine.WithClock(func() time.Time { return at }))
+	key := newKey(t)
+	p := engine.Policy{{Max: 1500, Window: time.Second}, {Max: 2000, Window: time.Minute}}
+	for i := 0; i < 5; i++ {
+		mustAllowPolicy(t, e, key, p, 1)
+	}
+	want(t, "burst of 1200 (over one ZADD batch): allowed", mustAllowPolicy(t, e, key, p, 1200).Allowed, true)
+	want(t, "log size", zcard(t, c, key), int64(1205))
+	stamp := strconv.FormatInt(at.UnixMicro(), 10)
+	members, err := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, m := range members {
+		if m != stamp && (len(m) <= len(stamp)+1 || m[:len(stamp)+1] != stamp+":") {
+			t.Fatalf("member %q is neither %s nor %s:<seq>", m, stamp, stamp)
+		}
+		seen[m] = true
+	}
+	want(t, "bare timestamp present", seen[stamp], true)
+	want(t, "distinct members", len(seen), 1205)
+	r := mustAllowPolicy(t, e, key, p, 295)
+	want(t, "up to the short Max", r.Allowed, true)
+	want(t, "remaining", r.Remaining, 0)
+	want(t, "one more", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+}
+
+// A Policy of one limit decides exactly as AllowN, in both modes; several limits on an engine
+// in Pipelined mode run the atomic script.
+func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
+	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
+		t.Run(mode.String(), func(t *testing.T) {
+			clock := &fixedClock{t: t0}
+			c := server.Client(t)
+			e := newEngine(t, c, engine.WithMode(mode), engine.WithClock(clock.Now))
+			k1, k2 := newKey(t), newKey(t)+"2"
+			l := engine.Limit{Max: 3, Window: time.Second}
+			for i := 0; i < 5; i++ {
+				clock.Set(t0.Add(time.Duration(i) * 100 * time.Millisecond))
+				a, b := mustAllowN(t, e, k1, l, 1), mustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
+				if a != b {
+					t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
+				}
+			}
+			key := newKey(t) + "3"
+			p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 3, Window: time.Minute}}
+			for i, wantAllowed := range []bool{true, true, false} {
+				want(t, fmt.Sprintf("policy request %d", i+1), mustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
+			}
+			want(t, "policy log size (no rejected attempt kept)", zcard(t, c, key), int64(2))
+		})
+	}
+}
+
+// Every invalid policy or request is refused with ErrInvalidArgument before anything is sent:
+// an absent key stays absent, an existing key keeps its events and its expiry.
+func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	e := newEngine(t, c)
+	zero := newEngine(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
+	good := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
+	tooMany := make(engine.Policy, engine.MaxPolicyLimits+1)
+	for i := range tooMany {
+		tooMany[i] = engine.Limit{Max: 10, Window: time.Duration(i+1) * time.Second}
+	}
+	for _, tc := range []struct {
+		name string
+		key  string
+		p    engine.Policy
+		n    int
+		e    *engine.Engine
+	}{
+		{"empty key", "", good, 1, e},
+		{"nil policy", "k", nil, 1, e},
+		{"empty policy", "k", engine.Policy{}, 1, e},
+		{"too many limits", "k", tooMany, 1, e},
+		{"Max 0", "k", engine.Policy{{Max: 0, Window: time.Second}, {Max: 5, Window: time.Minute}}, 1, e},
+		{"Max above MaxEvents", "k", engine.Policy{{Max: 3, Window: time.Second}, {Max: engine.MaxEvents + 1, Window: time.Minute}}, 1, e},
+		{"Window 0", "k", engine.Policy{{Max: 3, Window: time.Second}, {Max: 5}}, 1, e},
+		{"Window 999µs", "k", engine.Policy{{Max: 3, Window: 999 * time.Microsecond}}, 1, e},
+		{"Window above MaxWindow", "k", engine.Policy{{Max: 3, Window: engine.MaxWindow + time.Microsecond}}, 1, e},
+		{"duplicate window", "k", engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Second}}, 1, e},
+		{"same window once rounded to µs", "k", engine.Policy{{Max: 3, Window: time.Millisecond + 1}, {Max: 5, Window: time.Millisecond + 2}}, 1, e},
+		{"n 0", "k", good, 0, e},
+		{"n -1", "k", good, -1, e},
+		{"n above the smallest Max", "k", good, 4, e},
+		{"clock returns zero time", "k", good, 1, zero},
+	} {
+		for _, existing := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
+				key := newKey(t)
+				var before []valkey.ZScore
+				if existing {
+					mustAllowPolicy(t, e, key, good, 2)
+					before = zrange(t, c, key)
+				}
+				callKey := key
+				if tc.key == "" {
+					callKey = ""
+				}
+				r, err := tc.e.AllowPolicy(ctx, callKey, tc.p, tc.n)
+				if !errors.Is(err, engine.ErrInvalidArgument) {
+					t.Fatalf("err = %v, want ErrInvalidArgument", err)
+				}
+				if r.Allowed {
+					t.Fatalf("refused call returned an admitting Result %+v", r)
+				}
+				after := zrange(t, c, key)
+				if fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Fatalf("log changed from %v to %v", before, after)
+				}
+				if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
+					t.Fatalf("PTTL %d after a refused call", ttl)
+				}
+			})
+		}
+	}
+}
