@@ -1,0 +1,145 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// exampleAddr is the address of the Valkey the examples use, started by TestMain.
+var exampleAddr string
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := valkeytest.Start(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exampleAddr = s.Addr
+	code := m.Run()
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop server:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// exampleClient connects to the examples' server; a program would connect to its own Valkey.
+func exampleClient() valkey.Client {
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{exampleAddr}})
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// exampleKey is a key no other run uses, so the examples' output is the same every time.
+func exampleKey(name string) string { return "example:" + name + ":" + uuid.NewString() }
+
+// A fixed caller's clock makes the numbers below exact; by default the engine uses the
+// server's clock.
+var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+func ExampleEngine_Allow() {
+	client := exampleClient()
+	defer client.Close()
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
+	if err != nil {
+		panic(err)
+	}
+	key, limit := exampleKey("allow"), engine.PerSecond(2)
+	for i := 0; i < 3; i++ {
+		r, err := e.Allow(context.Background(), key, limit)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v remaining=%d retry after=%s\n", r.Allowed, r.Remaining, r.RetryAfter)
+	}
+	// Output:
+	// allowed=true remaining=1 retry after=0s
+	// allowed=true remaining=0 retry after=0s
+	// allowed=false remaining=0 retry after=1s
+}
+
+func ExampleEngine_AllowN() {
+	client := exampleClient()
+	defer client.Close()
+	now := noon
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	key, limit := exampleKey("allown"), engine.PerMinute(10)
+	for _, n := range []int{6, 5, 4} { // all or nothing: 5 does not fit after 6, 4 does
+		r, err := e.AllowN(context.Background(), key, limit, n)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("n=%d allowed=%v remaining=%d\n", n, r.Allowed, r.Remaining)
+		now = now.Add(15 * time.Second)
+	}
+	// Output:
+	// n=6 allowed=true remaining=4
+	// n=5 allowed=false remaining=4
+	// n=4 allowed=true remaining=0
+}
+
+func ExampleEngine_Peek() {
+	client := exampleClient()
+	defer client.Close()
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
+	if err != nil {
+		panic(err)
+	}
+	ctx, key, limit := context.Background(), exampleKey("peek"), engine.PerHour(3)
+	if _, err := e.Allow(ctx, key, limit); err != nil {
+		panic(err)
+	}
+	for i := 0; i < 2; i++ { // Peek records nothing: asking twice gives the same answer
+		r, err := e.Peek(ctx, key, limit)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("would allow=%v remaining=%d reset after=%s\n", r.Allowed, r.Remaining, r.ResetAfter)
+	}
+	// Output:
+	// would allow=true remaining=2 reset after=1h0m0s
+	// would allow=true remaining=2 reset after=1h0m0s
+}
+
+func ExampleEngine_AllowPolicy() {
+	client := exampleClient()
+	defer client.Close()
+	now := noon
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	// 2 per second and 3 per minute, decided together in one atomic call.
+	p := engine.Policy{engine.PerSecond(2), engine.PerMinute(3)}
+	key := exampleKey("policy")
+	for _, step := range []time.Duration{0, 0, 0, time.Second, 0} {
+		now = now.Add(step)
+		r, err := e.AllowPolicy(context.Background(), key, p, 1)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("+%s allowed=%v remaining=%d retry after=%s\n", now.Sub(noon), r.Allowed, r.Remaining, r.RetryAfter)
+	}
+	// Output:
+	// +0s allowed=true remaining=1 retry after=0s
+	// +0s allowed=true remaining=0 retry after=0s
+	// +0s allowed=false remaining=0 retry after=1s
+	// +1s allowed=true remaining=0 retry after=0s
+	// +1s allowed=false remaining=0 retry after=59s
+}

@@ -1,0 +1,536 @@
+package httplimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/httplimit"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+
+// do sends one request from remote through h and returns the recorded response.
+func do(h http.Handler, remote string, header http.Header) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = remote
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// rateLimit parses the response's RateLimit field: one item, with r and t, in that order.
+func rateLimit(t *testing.T, h http.Header) (name string, r, reset int64) {
+	t.Helper()
+	vals := h.Values("RateLimit")
+	if len(vals) != 1 {
+		t.Fatalf("RateLimit fields %q, want one", vals)
+	}
+	items, err := parseSFList(vals[0])
+	if err != nil {
+		t.Fatalf("RateLimit: %v", err)
+	}
+	if len(items) != 1 || fmt.Sprint(items[0].keys) != "[r t]" {
+		t.Fatalf("RateLimit %q: want one item with r and t", vals[0])
+	}
+	if items[0].params["r"] < 0 || items[0].params["t"] < 0 {
+		t.Fatalf("RateLimit %q: negative value", vals[0])
+	}
+	return items[0].name, items[0].params["r"], items[0].params["t"]
+}
+
+// checkPolicyField checks RateLimit-Policy against the draft's syntax and the policy.
+func checkPolicyField(t *testing.T, h http.Header, want string) {
+	t.Helper()
+	got := h.Get("RateLimit-Policy")
+	if got != want {
+		t.Fatalf("RateLimit-Policy %q, want %q", got, want)
+	}
+	items, err := parseSFList(got)
+	if err != nil {
+		t.Fatalf("RateLimit-Policy: %v", err)
+	}
+	for _, it := range items {
+		if fmt.Sprint(it.keys) != "[q w]" || it.params["q"] < 1 || it.params["w"] < 1 {
+			t.Fatalf("RateLimit-Policy item %+v: want q >= 1 and w >= 1", it)
+		}
+	}
+}
+
+func wantStatus(t *testing.T, what string, rec *httptest.ResponseRecorder, code int) {
+	t.Helper()
+	if rec.Code != code {
+		t.Fatalf("%s: status %d (%q), want %d", what, rec.Code, rec.Body.String(), code)
+	}
+}
+
+// "3 per second and 5 per hour" through the middleware: the fields on admissions and denials,
+// whichever limit binds, with exact values from a fixed clock.
+func TestHeadersAdmittedAndDenied(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Hour}}
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	const policyField = `"1s";q=3;w=1, "1h";q=5;w=3600`
+	const client = "192.0.2.1:40000"
+
+	for i := 0; i < 3; i++ {
+		rec := do(h, client, nil)
+		wantStatus(t, fmt.Sprintf("request %d", i+1), rec, http.StatusOK)
+		checkPolicyField(t, rec.Header(), policyField)
+		name, r, reset := rateLimit(t, rec.Header())
+		if name != "1s" || r != int64(2-i) || reset != 1 {
+			t.Fatalf("request %d: RateLimit %q, want \"1s\";r=%d;t=1", i+1, rec.Header().Get("RateLimit"), 2-i)
+		}
+		if rec.Header().Get("Retry-After") != "" {
+			t.Fatalf("Retry-After on an admitted request")
+		}
+	}
+	rec := do(h, client, nil)
+	wantStatus(t, "4th in the second", rec, http.StatusTooManyRequests)
+	checkPolicyField(t, rec.Header(), policyField)
+	if got := rec.Header().Get("RateLimit"); got != `"1s";r=0;t=1` {
+		t.Fatalf("denied RateLimit %q", got)
+	}
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Fatalf("Retry-After %q, want 1", got)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "text/plain; charset=utf-8" || rec.Body.Len() == 0 {
+		t.Fatalf("denied body %q of type %q, want short plain text", rec.Body.String(), ct)
+	}
+
+	clock.Set(t0.Add(1500 * time.Millisecond))
+	for i := 0; i < 2; i++ {
+		wantStatus(t, "next second", do(h, client, nil), http.StatusOK)
+	}
+	rec = do(h, client, nil)
+	wantStatus(t, "hour full", rec, http.StatusTooManyRequests)
+	wantRetry := time.Hour - 1500*time.Millisecond // the first events leave the hour
+	if got := rec.Header().Get("Retry-After"); got != strconv.FormatInt(int64(wantRetry/time.Second)+1, 10) {
+		t.Fatalf("Retry-After %q, want %s rounded up", got, wantRetry)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"1s";r=0;t=3599` {
+		t.Fatalf("RateLimit %q when the hour binds", got)
+	}
+	clock.Set(t0.Add(time.Hour))
+	wantStatus(t, "after Retry-After", do(h, client, nil), http.StatusOK)
+}
+
+// Windows that are not whole seconds: w and t are rounded up, never down; Retry-After is never
+// earlier than the engine's RetryAfter.
+func TestSubSecondWindowsRoundUp(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	p := engine.Policy{{Max: 2, Window: 500 * time.Millisecond}, {Max: 10, Window: 1500 * time.Millisecond}}
+	var engineRetry time.Duration
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)),
+		httplimit.WithDeniedHandler(func(w http.ResponseWriter, _ *http.Request, res engine.Result) {
+			engineRetry = res.RetryAfter
+			w.WriteHeader(http.StatusTooManyRequests)
+		}))(ok)
+	do(h, "192.0.2.1:1", nil)
+	clock.Set(t0.Add(100 * time.Millisecond))
+	rec := do(h, "192.0.2.1:1", nil)
+	checkPolicyField(t, rec.Header(), `"500ms";q=2;w=1, "1500ms";q=10;w=2`)
+	if _, r, reset := rateLimit(t, rec.Header()); r != 0 || reset != 1 {
+		t.Fatalf("RateLimit %q, want r=0 and t=1 (500ms rounded up)", rec.Header().Get("RateLimit"))
+	}
+	clock.Set(t0.Add(100*time.Millisecond + 3*time.Microsecond))
+	rec = do(h, "192.0.2.1:1", nil)
+	wantStatus(t, "third", rec, http.StatusTooManyRequests)
+	if engineRetry != 400*time.Millisecond-3*time.Microsecond {
+		t.Fatalf("engine RetryAfter %s", engineRetry)
+	}
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Fatalf("Retry-After %q, want 1 (rounded up)", got)
+	}
+}
+
+// The legacy X-RateLimit-* fields carry the same numbers when asked for, and only then.
+func TestLegacyHeaders(t *testing.T) {
+	clock := &fixedClock{t: t0}
+	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	prefix := uniquePrefix(t)
+	l := engine.PerMinute(2)
+	legacy := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix), httplimit.WithLegacyHeaders(true))(ok)
+	plain := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix+"plain:"))(ok)
+	for i, want := range [][3]string{{"2", "1", "60"}, {"2", "0", "60"}, {"2", "0", "60"}} {
+		rec := do(legacy, "192.0.2.7:1", nil)
+		got := [3]string{rec.Header().Get("X-RateLimit-Limit"), rec.Header().Get("X-RateLimit-Remaining"), rec.Header().Get("X-RateLimit-Reset")}
+		if got != want {
+			t.Fatalf("request %d: X-RateLimit-Limit/Remaining/Reset %q, want %q", i+1, got, want)
+		}
+	}
+	rec := do(plain, "192.0.2.7:1", nil)
+	if rec.Header().Get("X-RateLimit-Limit") != "" || rec.Header().Get("RateLimit") != `"1m";r=1;t=60` {
+		t.Fatalf("without legacy headers: %v", rec.Header())
+	}
+}
+
+// A real http.Server on loopback and a real http.Client, 16 connections at once, one client
+// address: exactly Max answers are 2xx, each with a different r; every other is a 429 whose
+// Retry-After is never earlier than the engine's RetryAfter.
+func TestRealServerUnderConcurrency(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	p := engine.Policy{{Max: 20, Window: time.Hour}, {Max: 30, Window: 2 * time.Hour}}
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)),
+		httplimit.WithDeniedHandler(func(w http.ResponseWriter, _ *http.Request, res engine.Result) {
+			w.Header().Set("X-Test-Retry-After-Us", strconv.FormatInt(res.RetryAfter.Microseconds(), 10))
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		}))(ok)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	defer client.CloseIdleConnections()
+	url := "http://" + ln.Addr().String() + "/"
+
+	const requests, workers = 200, 16
+	type answer struct {
+		code       int
+		r          int64
+		retryAfter string
+		engineUs   string
+		rateLimit  string
+		policy     string
+	}
+	var (
+		mu      sync.Mutex
+		answers []answer
+		wg      sync.WaitGroup
+		errs    = make(chan error, workers)
+		jobs    = make(chan struct{}, requests)
+	)
+	for range requests {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				resp, err := client.Get(url)
+				if err != nil {
+					errs <- err
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				a := answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"),
+					engineUs: resp.Header.Get("X-Test-Retry-After-Us"), rateLimit: resp.Header.Get("RateLimit"),
+					policy: resp.Header.Get("RateLimit-Policy")}
+				mu.Lock()
+				answers = append(answers, a)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	var remaining []int
+	denied := 0
+	for _, a := range answers {
+		if a.policy != `"1h";q=20;w=3600, "2h";q=30;w=7200` {
+			t.Fatalf("RateLimit-Policy %q", a.policy)
+		}
+		items, err := parseSFList(a.rateLimit)
+		if err != nil || len(items) != 1 || items[0].name != "1h" {
+			t.Fatalf("RateLimit %q: %v", a.rateLimit, err)
+		}
+		switch a.code {
+		case http.StatusOK:
+			remaining = append(remaining, int(items[0].params["r"]))
+			if a.retryAfter != "" {
+				t.Fatalf("Retry-After %q on a 200", a.retryAfter)
+			}
+		case http.StatusTooManyRequests:
+			denied++
+			secs, err := strconv.ParseInt(a.retryAfter, 10, 64)
+			if err != nil || secs < 1 {
+				t.Fatalf("Retry-After %q: want delta seconds", a.retryAfter)
+			}
+			us, err := strconv.ParseInt(a.engineUs, 10, 64)
+			if err != nil || secs*1_000_000 < us || (secs-1)*1_000_000 >= us {
+				t.Fatalf("Retry-After %ds for an engine RetryAfter of %sµs: want it rounded up", secs, a.engineUs)
+			}
+			if items[0].params["r"] != 0 || items[0].params["t"] != secs {
+				t.Fatalf("denied RateLimit %q, want r=0 and t=%d", a.rateLimit, secs)
+			}
+		default:
+			t.Fatalf("status %d", a.code)
+		}
+	}
+	if len(answers) != requests || len(remaining) != 20 || denied != requests-20 {
+		t.Fatalf("%d answers, %d admitted, %d denied; want %d, 20, %d", len(answers), len(remaining), denied, requests, requests-20)
+	}
+	sort.Ints(remaining)
+	for i, r := range remaining {
+		if r != i {
+			t.Fatalf("admitted r values %v: want each of 0..19 once", remaining)
+		}
+	}
+}
+
+// exists reports whether the engine's key for the middleware key k exists.
+func exists(t *testing.T, c valkey.Client, k string) bool {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Exists().Key("strictrate:"+k).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// The key is the client's address: RemoteAddr, unless it is a trusted proxy, and then the
+// first untrusted hop of the chosen forwarding header, right to left. Anything a client writes
+// itself is never read.
+func TestClientIPKey(t *testing.T) {
+	c := server.Client(t)
+	e := newEngine(t, c)
+	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48"))
+	for _, tc := range []struct {
+		name   string
+		opts   []httplimit.Option
+		remote string
+		header http.Header
+		want   string
+	}{
+		{"RemoteAddr", nil, "192.0.2.1:5555", nil, "192.0.2.1"},
+		{"RemoteAddr IPv6", nil, "[2001:db8::7]:5555", nil, "2001:db8::7"},
+		{"RemoteAddr IPv4-mapped", nil, "[::ffff:192.0.2.9]:5555", nil, "192.0.2.9"},
+		{"XFF ignored without trusted proxies", nil, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "10.0.0.1"},
+		{"XFF from an untrusted peer ignored", []httplimit.Option{trusted}, "192.0.2.1:1",
+			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "192.0.2.1"},
+		{"XFF through two trusted proxies", []httplimit.Option{trusted}, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"203.0.113.9, 10.0.0.2"}}, "203.0.113.9"},
+		{"XFF spoofed leftmost entry skipped", []httplimit.Option{trusted}, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"198.51.100.1, 203.0.113.9"}}, "203.0.113.9"},
+		{"XFF over several lines", []httplimit.Option{trusted}, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"198.51.100.1", "203.0.113.9,10.1.2.3"}}, "203.0.113.9"},
+		{"XFF every hop trusted: the leftmost", []httplimit.Option{trusted}, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"10.9.9.9, 10.0.0.2"}}, "10.9.9.9"},
+		{"XFF absent: the proxy itself", []httplimit.Option{trusted}, "10.0.0.1:1", nil, "10.0.0.1"},
+		{"XFF with ports and IPv6", []httplimit.Option{trusted}, "[2001:db8:ffff::1]:1",
+			http.Header{"X-Forwarded-For": {"[2001:db8::42]:1234, 10.0.0.3:80"}}, "2001:db8::42"},
+		{"Forwarded not read in XFF mode", []httplimit.Option{trusted}, "10.0.0.1:1",
+			http.Header{"Forwarded": {"for=203.0.113.9"}}, "10.0.0.1"},
+		{"Forwarded", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+			http.Header{"Forwarded": {`for=198.51.100.1;proto=http, For="[2001:db8::1]:4711";by=10.0.0.2, for=10.0.0.5`}}, "2001:db8::1"},
+		{"Forwarded ignores XFF", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "10.0.0.1"},
+		{"Forwarded unknown hop from a trusted proxy", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+			http.Header{"Forwarded": {`for=198.51.100.1, for=unknown`}}, "unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			h := httplimit.Limit(e, engine.PerMinute(5), append(tc.opts, httplimit.WithKeyPrefix(prefix))...)(ok)
+			wantStatus(t, "request", do(h, tc.remote, tc.header), http.StatusOK)
+			if !exists(t, c, prefix+tc.want) {
+				keys, _ := c.Do(context.Background(), c.B().Keys().Pattern("strictrate:"+prefix+"*").Build()).AsStrSlice()
+				t.Fatalf("no key for %s; keys: %q", tc.want, keys)
+			}
+		})
+	}
+}
+
+// An unusable RemoteAddr is refused with 400 and counts nothing.
+func TestBadRemoteAddr(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	h := httplimit.Limit(e, engine.PerMinute(5), httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	rec := do(h, "not-an-address", nil)
+	wantStatus(t, "bad RemoteAddr", rec, http.StatusBadRequest)
+	if rec.Header().Get("RateLimit") != "" {
+		t.Fatalf("RateLimit set on a request that was not decided")
+	}
+}
+
+// Keys from a header: each value has its own count; a request without it is a 400, as is a
+// value longer than MaxKeyLength.
+func TestHeaderKey(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	h := httplimit.Limit(e, engine.PerMinute(2), httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithKeyHeader("x-api-key"))(ok)
+	a, b := http.Header{"X-Api-Key": {"a"}}, http.Header{"X-Api-Key": {"b"}}
+	wantStatus(t, "a 1", do(h, "192.0.2.1:1", a), http.StatusOK)
+	wantStatus(t, "a 2 from elsewhere", do(h, "192.0.2.2:1", a), http.StatusOK)
+	wantStatus(t, "a 3", do(h, "192.0.2.3:1", a), http.StatusTooManyRequests)
+	wantStatus(t, "b 1 from the same address", do(h, "192.0.2.1:1", b), http.StatusOK)
+	wantStatus(t, "no header", do(h, "192.0.2.1:1", nil), http.StatusBadRequest)
+	long := http.Header{"X-Api-Key": {strings.Repeat("k", httplimit.MaxKeyLength+1)}}
+	wantStatus(t, "too long", do(h, "192.0.2.1:1", long), http.StatusBadRequest)
+}
+
+// A key function's error is a 400 by default; a custom error handler receives it wrapped in
+// ErrKey and chooses the answer.
+func TestKeyFuncError(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	errNoUser := errors.New("no user")
+	keyFunc := httplimit.WithKeyFunc(func(r *http.Request) (string, error) {
+		if u := r.URL.Query().Get("user"); u != "" {
+			return "user:" + u, nil
+		}
+		return "", errNoUser
+	})
+	prefix := uniquePrefix(t)
+	h := httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(prefix), keyFunc)(ok)
+	rec := do(h, "192.0.2.1:1", nil)
+	wantStatus(t, "key func error", rec, http.StatusBadRequest)
+
+	var got error
+	custom := httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(prefix), keyFunc,
+		httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+			got = err
+			w.WriteHeader(http.StatusUnauthorized)
+		}))(ok)
+	wantStatus(t, "custom handler", do(custom, "192.0.2.1:1", nil), http.StatusUnauthorized)
+	if !errors.Is(got, httplimit.ErrKey) || !errors.Is(got, errNoUser) {
+		t.Fatalf("error handler got %v, want ErrKey wrapping the key func's error", got)
+	}
+
+	req := httptest.NewRequest(http.MethodGet, "/?user=ann", nil)
+	for i, code := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		wantStatus(t, fmt.Sprintf("ann %d", i+1), rec, code)
+	}
+}
+
+// Middlewares on one engine with different prefixes count apart; with the same prefix they
+// share the clients' counts.
+func TestKeyPrefixes(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	prefix := uniquePrefix(t)
+	l := engine.PerMinute(1)
+	a := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix+"a:"))(ok)
+	a2 := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix+"a:"))(ok)
+	b := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix+"b:"))(ok)
+	wantStatus(t, "a", do(a, "192.0.2.1:1", nil), http.StatusOK)
+	wantStatus(t, "b", do(b, "192.0.2.1:1", nil), http.StatusOK)
+	wantStatus(t, "a again, through another middleware with a's prefix", do(a2, "192.0.2.1:1", nil), http.StatusTooManyRequests)
+}
+
+// A custom denied handler answers denials, with the fields already set, and the next handler
+// is not called.
+func TestDeniedHandler(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	called := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { called++ })
+	h := httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(uniquePrefix(t)),
+		httplimit.WithDeniedHandler(func(w http.ResponseWriter, _ *http.Request, res engine.Result) {
+			if res.Allowed || res.RetryAfter <= 0 || w.Header().Get("Retry-After") == "" || w.Header().Get("RateLimit") == "" {
+				t.Errorf("denied handler got %+v with header %v", res, w.Header())
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))(next)
+	wantStatus(t, "first", do(h, "192.0.2.1:1", nil), http.StatusOK)
+	wantStatus(t, "second", do(h, "192.0.2.1:1", nil), http.StatusServiceUnavailable)
+	if called != 1 {
+		t.Fatalf("next handler called %d times, want 1", called)
+	}
+}
+
+// With the server down, a fail-closed engine gives 503 (the next handler is not called); a
+// fail-open engine lets the request through without RateLimit, and the hook sees the error.
+func TestBackendDown(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	closed := newEngine(t, c)
+	open := newEngine(t, c, engine.WithFailOpen(true))
+	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
+	called := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { called++ })
+	hClosed := httplimit.New(closed, p)(next)
+	var hookErr error
+	hOpen := httplimit.New(open, p, httplimit.WithFailOpenHook(func(_ *http.Request, err error) { hookErr = err }))(next)
+	wantStatus(t, "closed, server up", do(hClosed, "192.0.2.1:1", nil), http.StatusOK)
+
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	req.RemoteAddr = "192.0.2.1:1"
+
+	rec := httptest.NewRecorder()
+	hClosed.ServeHTTP(rec, req)
+	wantStatus(t, "closed, server down", rec, http.StatusServiceUnavailable)
+	if called != 1 {
+		t.Fatalf("next handler called %d times, want 1", called)
+	}
+	var custom error
+	withHandler := httplimit.New(closed, p, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		custom = err
+		w.WriteHeader(http.StatusBadGateway)
+	}))(next)
+	rec = httptest.NewRecorder()
+	withHandler.ServeHTTP(rec, req)
+	wantStatus(t, "closed, custom handler", rec, http.StatusBadGateway)
+	if !errors.Is(custom, engine.ErrUnavailable) || errors.Is(custom, httplimit.ErrKey) {
+		t.Fatalf("error handler got %v, want engine.ErrUnavailable", custom)
+	}
+
+	rec = httptest.NewRecorder()
+	hOpen.ServeHTTP(rec, req)
+	wantStatus(t, "open, server down", rec, http.StatusOK)
+	if called != 2 {
+		t.Fatalf("next handler called %d times, want 2", called)
+	}
+	if rec.Header().Get("RateLimit") != "" || rec.Header().Get("RateLimit-Policy") != `"1s";q=5;w=1, "1h";q=100;w=3600` {
+		t.Fatalf("fail-open header %v: want RateLimit-Policy and no RateLimit", rec.Header())
+	}
+	if !errors.Is(hookErr, engine.ErrUnavailable) {
+		t.Fatalf("fail-open hook got %v", hookErr)
+	}
+}
+
+// New refuses a nil engine and an invalid policy at once, naming the problem.
+func TestNewPanicsOnInvalidPolicy(t *testing.T) {
+	e := newEngine(t, server.Client(t))
+	for name, f := range map[string]func(){
+		"nil engine":       func() { httplimit.New(nil, engine.Policy{engine.PerSecond(1)}) },
+		"empty policy":     func() { httplimit.New(e, nil) },
+		"duplicate window": func() { httplimit.New(e, engine.Policy{engine.PerSecond(1), engine.PerSecond(2)}) },
+		"Max 0":            func() { httplimit.Limit(e, engine.Limit{Window: time.Second}) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: New did not panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}

@@ -1,0 +1,131 @@
+package httplimit_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// server is the Valkey every test and example of this package shares; they keep apart by key
+// prefix. Tests that stop a server start their own.
+var server *valkeytest.Server
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := valkeytest.Start(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	server = s
+	code := m.Run()
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop server:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// fixedClock is a caller's clock the test moves by hand.
+type fixedClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fixedClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fixedClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+func newEngine(tb testing.TB, c valkey.Client, opts ...engine.Option) *engine.Engine {
+	tb.Helper()
+	e, err := engine.New(c, opts...)
+	if err != nil {
+		tb.Fatalf("engine.New: %v", err)
+	}
+	return e
+}
+
+// uniquePrefix is a key prefix no other test or run uses.
+func uniquePrefix(tb testing.TB) string { return tb.Name() + ":" + uuid.NewString() + ":" }
+
+// sfItem is one member of a Structured Field List whose items are Strings with Integer
+// parameters, the shape of both RateLimit fields.
+type sfItem struct {
+	name   string
+	params map[string]int64
+	keys   []string // parameter names in order
+}
+
+var (
+	sfString = regexp.MustCompile(`^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"`)
+	sfParam  = regexp.MustCompile(`^;[ ]*([a-z*][a-z0-9_\-.*]*)=(-?[0-9]{1,15})`)
+)
+
+// parseSFList parses a field value as RFC 9651 sf-list of sf-string items with sf-integer
+// parameters, strictly: any other syntax is an error.
+func parseSFList(v string) ([]sfItem, error) {
+	var items []sfItem
+	rest := v
+	for {
+		m := sfString.FindStringSubmatch(rest)
+		if m == nil {
+			return nil, fmt.Errorf("%q: want an sf-string at %q", v, rest)
+		}
+		it := sfItem{name: strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(m[1]), params: map[string]int64{}}
+		rest = rest[len(m[0]):]
+		for {
+			p := sfParam.FindStringSubmatch(rest)
+			if p == nil {
+				break
+			}
+			n, err := strconv.ParseInt(p[2], 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := it.params[p[1]]; dup {
+				return nil, fmt.Errorf("%q: parameter %s twice", v, p[1])
+			}
+			it.params[p[1]] = n
+			it.keys = append(it.keys, p[1])
+			rest = rest[len(p[0]):]
+		}
+		items = append(items, it)
+		if rest == "" {
+			return items, nil
+		}
+		trimmed := strings.TrimLeft(rest, " \t")
+		if !strings.HasPrefix(trimmed, ",") {
+			return nil, fmt.Errorf("%q: want ',' at %q", v, rest)
+		}
+		rest = strings.TrimLeft(trimmed[1:], " \t")
+		if rest == "" {
+			return nil, fmt.Errorf("%q: trailing comma", v)
+		}
+	}
+}
+
+func TestParseSFList(t *testing.T) {
+	items, err := parseSFList(`"1s";q=5;w=1, "1h";q=100;w=3600`)
+	if err != nil || len(items) != 2 || items[1].name != "1h" || items[1].params["w"] != 3600 || items[0].params["q"] != 5 {
+		t.Fatalf("parse: %+v, %v", items, err)
+	}
+	for _, bad := range []string{``, `1s;q=5`, `"1s";Q=5`, `"1s";q=5,`, `"1s";q=5 "x"`, `"1s";q=1.5`, `"1s";q=5;q=6`} {
+		if _, err := parseSFList(bad); err == nil {
+			t.Errorf("parseSFList(%q) accepted", bad)
+		}
+	}
+}
