@@ -1,0 +1,78 @@
+// Command httpserver is a small HTTP server rate-limited by strictrate: each client address
+// may make 5 requests per second and 100 per hour, and every response carries the RateLimit
+// header fields.
+//
+//	go run ./examples/httpserver -addr 127.0.0.1:8080 -valkey 127.0.0.1:6379
+//	curl -i http://127.0.0.1:8080/
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/httplimit"
+)
+
+func main() {
+	defaultValkey := os.Getenv("VALKEY_ADDR")
+	if defaultValkey == "" {
+		defaultValkey = "127.0.0.1:6379"
+	}
+	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
+	valkeyAddr := flag.String("valkey", defaultValkey, "Valkey address, host:port (default $VALKEY_ADDR or 127.0.0.1:6379)")
+	flag.Parse()
+	if err := run(*addr, *valkeyAddr); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(addr, valkeyAddr string) error {
+	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{valkeyAddr}})
+	if err != nil {
+		return fmt.Errorf("connect to Valkey at %s: %w", valkeyAddr, err)
+	}
+	defer client.Close()
+	e, err := engine.New(client)
+	if err != nil {
+		return fmt.Errorf("rate-limit engine: %w", err)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "hello\n")
+	})
+	limit := httplimit.New(e, engine.Policy{engine.PerSecond(5), engine.PerHour(100)},
+		httplimit.WithKeyPrefix("httpserver:"))
+	srv := &http.Server{Addr: addr, Handler: limit(mux), ReadHeaderTimeout: 10 * time.Second}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() {
+		log.Printf("listening on http://%s, limits in Valkey at %s", addr, valkeyAddr)
+		errc <- srv.ListenAndServe()
+	}()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
