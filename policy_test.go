@@ -2,6 +2,8 @@ package strictrate_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,6 +16,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/scripts"
 )
 
 func mustAllowPolicy(t *testing.T, e *engine.Engine, key string, p engine.Policy, n int) engine.Result {
@@ -433,4 +436,28 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 			})
 		}
 	}
+}
+
+// New preloads the policy script with the others, and after SCRIPT FLUSH AllowPolicy still
+// decides (EVALSHA answers NOSCRIPT and the source goes with EVAL).
+func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, c)
+	sum := sha1.Sum([]byte(scripts.SlidingWindowPolicy()))
+	loaded, err := c.Do(ctx, c.B().ScriptExists().Sha1(hex.EncodeToString(sum[:])).Build()).AsIntSlice()
+	if err != nil || len(loaded) != 1 || loaded[0] != 1 {
+		t.Fatalf("SCRIPT EXISTS after New: %v, %v; want the policy script loaded", loaded, err)
+	}
+	key := newKey(t)
+	p := engine.Policy{engine.PerMinute(3), engine.PerHour(5)}
+	mustAllowPolicy(t, e, key, p, 1)
+	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "after flush: remaining", mustAllowPolicy(t, e, key, p, 1).Remaining, 1)
+	want(t, "log size", zcard(t, c, key), int64(2))
 }

@@ -65,6 +65,7 @@ type Engine struct {
 
 	decide *loader.Script
 	peek   *loader.Script
+	policy *loader.Script // sliding_window_policy.lua, for AllowPolicy
 
 	failOpen    bool
 	ackReplicas int
@@ -95,6 +96,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		clock:  o.clock,
 		decide: loader.New("sliding_window", scripts.SlidingWindow()),
 		peek:   loader.NewReadOnly("sliding_window_peek", scripts.SlidingWindowPeek()),
+		policy: loader.New("sliding_window_policy", scripts.SlidingWindowPolicy()),
 
 		failOpen:    o.failOpen,
 		ackReplicas: o.ackReplicas,

@@ -13,7 +13,7 @@ import (
 )
 
 // scripts lists every script the engine runs, for Preload.
-func (e *Engine) scripts() []*loader.Script { return []*loader.Script{e.decide, e.peek} }
+func (e *Engine) scripts() []*loader.Script { return []*loader.Script{e.decide, e.peek, e.policy} }
 
 // runDecision sends one decision script for key and turns its reply into a Result. Every
 // scripted decision goes through here, so the replica-ack and fail-open policies apply to all

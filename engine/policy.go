@@ -9,10 +9,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/loader"
-	"github.com/strictrate/strictrate/scripts"
 )
-
-// NEEDS: Engine.policy *loader.Script field, set in New and added to e.scripts() for Preload.
 
 // MaxPolicyLimits is the most limits a Policy may hold. Each limit costs the script one
 // ZCOUNT per decision; a handful covers every sensible stacking (per second, minute, hour, day).
@@ -133,6 +130,4 @@ func compareDurations(a, b time.Duration) int {
 }
 
 // policyScript returns the engine's handle for sliding_window_policy.lua.
-func (e *Engine) policyScript() *loader.Script {
-	return loader.New("sliding_window_policy", scripts.SlidingWindowPolicy()) // TEMP until the field exists
-}
+func (e *Engine) policyScript() *loader.Script { return e.policy }
