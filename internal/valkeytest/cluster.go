@@ -123,8 +123,74 @@ func StartCluster(ctx context.Context, primaries, replicasPerPrimary int) (*Clus
 	if err := c.WaitHealthy(ctx); err != nil {
 		return nil, err
 	}
+	if err := c.waitShardsOnline(ctx); err != nil {
+		return nil, err
+	}
 	ok = true
 	return c, nil
+}
+
+// waitShardsOnline waits until every node's CLUSTER SHARDS calls every node "online". A replica
+// reports "loading" until its replication offset moves, and clients leave such replicas out,
+// so a write on each primary starts the offsets first.
+func (c *Cluster) waitShardsOnline(ctx context.Context) error {
+	for _, p := range c.Primaries {
+		if _, err := command(ctx, p.Addr, "INCR", fmt.Sprintf("valkeytest:warmup{%s}", slotTag(p))); err != nil {
+			return err
+		}
+	}
+	var clients []valkey.Client
+	defer func() {
+		for _, cl := range clients {
+			cl.Close()
+		}
+	}()
+	for _, n := range c.Nodes() {
+		cl, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{n.Addr}, ForceSingleClient: true})
+		if err != nil {
+			return err
+		}
+		clients = append(clients, cl)
+	}
+	return waitFor(ctx, 30*time.Second, "every node to be online in CLUSTER SHARDS", func() (bool, error) {
+		for _, cl := range clients {
+			shards, err := cl.Do(ctx, cl.B().ClusterShards().Build()).ToArray()
+			if err != nil {
+				return false, nil
+			}
+			online := 0
+			for _, shard := range shards {
+				m, _ := shard.AsMap()
+				list := m["nodes"]
+				nodes, _ := list.ToArray()
+				for _, node := range nodes {
+					nm, _ := node.AsMap()
+					health := nm["health"]
+					if h, _ := health.ToString(); h == "online" {
+						online++
+					}
+				}
+			}
+			if online != len(c.Nodes()) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// slotTag returns a hash tag whose slot the primary owns, found by asking it.
+func slotTag(p *Node) string {
+	for i := 0; ; i++ {
+		tag := strconv.Itoa(i)
+		out, err := command(context.Background(), p.Addr, "CLUSTER", "KEYSLOT", tag)
+		if err != nil {
+			return tag
+		}
+		if slot, _ := strconv.Atoi(out); slot >= p.First && slot <= p.Last {
+			return tag
+		}
+	}
 }
 
 // NewCluster starts a cluster for a test and stops it in tb's cleanup.
@@ -188,10 +254,14 @@ func (c *Cluster) Addrs() []string {
 func (c *Cluster) Nodes() []*Node { return append(append([]*Node{}, c.Primaries...), c.Replicas...) }
 
 // Client returns a cluster client for the whole cluster, closed in tb's cleanup. Options set
-// everything but InitAddress.
+// everything but InitAddress, which lists the primaries: the client finds the replicas itself.
+// (valkey-go keeps the plain connection it opened to a replica listed in InitAddress, which
+// then answers reads with MOVED even under SendToReplicas.)
 func (c *Cluster) Client(tb testing.TB, opt valkey.ClientOption) valkey.Client {
 	tb.Helper()
-	opt.InitAddress = c.Addrs()
+	for _, p := range c.Primaries {
+		opt.InitAddress = append(opt.InitAddress, p.Addr)
+	}
 	client, err := valkey.NewClient(opt)
 	if err != nil {
 		tb.Fatalf("valkeytest: connect to cluster: %v", err)
@@ -227,6 +297,12 @@ func (n *Node) Alive() bool {
 // (status, integer or bulk string).
 func (n *Node) Command(ctx context.Context, args ...string) (string, error) {
 	return command(ctx, n.Addr, args...)
+}
+
+// Commands sends several commands to the node on one connection and returns the last reply:
+// for AUTH or READONLY before the command that needs them.
+func (n *Node) Commands(ctx context.Context, cmds ...[]string) (string, error) {
+	return commands(ctx, n.Addr, cmds...)
 }
 
 // Role returns "master" or "slave" as the node's INFO replication says.

@@ -16,6 +16,12 @@ import (
 // returned as an error. It needs no client library, so it works on nodes that are not yet
 // part of a cluster.
 func command(ctx context.Context, addr string, args ...string) (string, error) {
+	return commands(ctx, addr, args)
+}
+
+// commands sends several commands on one connection, in order, and returns the last reply;
+// the first error reply stops it. For AUTH or READONLY before the command that needs them.
+func commands(ctx context.Context, addr string, cmds ...[]string) (string, error) {
 	d := net.Dialer{Timeout: 2 * time.Second}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -27,6 +33,17 @@ func command(ctx context.Context, addr string, args ...string) (string, error) {
 		deadline = dl
 	}
 	_ = conn.SetDeadline(deadline)
+	r := bufio.NewReader(conn)
+	var reply string
+	for _, args := range cmds {
+		if reply, err = roundTrip(conn, r, args); err != nil {
+			return "", err
+		}
+	}
+	return reply, nil
+}
+
+func roundTrip(conn net.Conn, r *bufio.Reader, args []string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
@@ -35,7 +52,6 @@ func command(ctx context.Context, addr string, args ...string) (string, error) {
 	if _, err := conn.Write([]byte(b.String())); err != nil {
 		return "", err
 	}
-	r := bufio.NewReader(conn)
 	line, err := r.ReadString('\n')
 	if err != nil {
 		return "", err

@@ -1,0 +1,331 @@
+package strictrate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/loader"
+	"github.com/strictrate/strictrate/scripts"
+)
+
+func skipClusterIfShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("cluster tests start several servers; skipped with -short")
+	}
+}
+
+// keyOn returns a fresh user key whose full key (with the engine's prefix) lands in node's
+// slots.
+func keyOn(t *testing.T, ctx context.Context, node *valkeytest.Node) string {
+	t.Helper()
+	for i := 0; i < 10_000; i++ {
+		key := uuid.NewString()
+		out, err := node.Command(ctx, "CLUSTER", "KEYSLOT", prefix+key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, _ := strconv.Atoi(out)
+		if slot >= node.First && slot <= node.Last {
+			return key
+		}
+	}
+	t.Fatalf("no key found for slots %d-%d", node.First, node.Last)
+	return ""
+}
+
+func infoStat(t *testing.T, ctx context.Context, n *valkeytest.Node, section, field string) string {
+	t.Helper()
+	info, err := n.Command(ctx, "INFO", section)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// The engine runs on a cluster client unchanged: keys spread over every primary, the scripts
+// are on every node, decisions stay exact on each primary, NOSCRIPT is handled, and Peek can
+// be served by replicas.
+func TestCluster(t *testing.T) {
+	skipClusterIfShort(t)
+	c := valkeytest.NewCluster(t, 3, 1)
+	ctx := context.Background()
+	var clients []valkey.Client
+	var es []*engine.Engine
+	for i := 0; i < 4; i++ {
+		client := c.Client(t, valkey.ClientOption{})
+		clients = append(clients, client)
+		es = append(es, newEngine(t, client))
+	}
+
+	t.Run("scripts on every node", func(t *testing.T) {
+		// A client that reads from replicas knows every node, and New loads both scripts on
+		// all of them; a plain client knows the primaries only, and a replica that takes over
+		// later gets the script through the NOSCRIPT fallback (TestClusterFailover).
+		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
+		for _, n := range c.Nodes() {
+			if _, err := n.Command(ctx, "SCRIPT", "FLUSH"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		newEngine(t, rc)
+		shas := []string{loader.New("", scripts.SlidingWindow()).SHA1(), loader.New("", scripts.SlidingWindowPeek()).SHA1()}
+		if len(rc.Nodes()) != 6 {
+			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
+		}
+		for addr, node := range rc.Nodes() {
+			got, err := node.Do(ctx, node.B().ScriptExists().Sha1(shas...).Build()).AsIntSlice()
+			if err != nil || len(got) != 2 || got[0] != 1 || got[1] != 1 {
+				t.Fatalf("SCRIPT EXISTS on %s = %v, %v; want [1 1]", addr, got, err)
+			}
+		}
+	})
+
+	t.Run("keys on every primary", func(t *testing.T) {
+		for i := 0; i < 300; i++ {
+			if _, err := es[i%4].Allow(ctx, "spread:"+strconv.Itoa(i), engine.PerMinute(5)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range c.Primaries {
+			n, err := p.Command(ctx, "DBSIZE")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if keys, _ := strconv.Atoi(n); keys < 50 {
+				t.Fatalf("primary %s holds %d of 300 keys; want them spread", p.Addr, keys)
+			}
+		}
+	})
+
+	t.Run("exact on each primary", func(t *testing.T) {
+		for _, p := range c.Primaries {
+			key, l := keyOn(t, ctx, p), engine.PerHour(100)
+			results := runConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
+				return e.Allow(ctx, key, l)
+			})
+			admitted := 0
+			for _, r := range results {
+				if r.Allowed {
+					admitted++
+				}
+			}
+			if admitted != l.Max {
+				t.Fatalf("primary %s: %d admitted, want %d", p.Addr, admitted, l.Max)
+			}
+			if n := zcard(t, clients[0], key); n != int64(l.Max) {
+				t.Fatalf("primary %s: log holds %d, want %d", p.Addr, n, l.Max)
+			}
+		}
+	})
+
+	t.Run("NOSCRIPT after a flush on every node", func(t *testing.T) {
+		for _, n := range c.Nodes() {
+			if _, err := n.Command(ctx, "SCRIPT", "FLUSH"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range c.Primaries {
+			key := keyOn(t, ctx, p)
+			want(t, "allow after flush", mustAllowN(t, es[0], key, engine.PerMinute(2), 1).Remaining, 1)
+			want(t, "peek after flush", mustPeek(t, es[1], key, engine.PerMinute(2)).Remaining, 1)
+		}
+	})
+
+	t.Run("Peek served by replicas", func(t *testing.T) {
+		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
+		// Acknowledged by a replica before Allow returns, so the replica's copy is current.
+		e := newEngine(t, rc, engine.WithReplicaAck(1, 2*time.Second))
+		for _, n := range c.Nodes() {
+			if _, err := n.Command(ctx, "CONFIG", "RESETSTAT"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range c.Primaries {
+			key, l := keyOn(t, ctx, p), engine.PerMinute(10)
+			mustAllowN(t, e, key, l, 3)
+			for i := 0; i < 5; i++ {
+				want(t, "peek on a replica: remaining", mustPeek(t, e, key, l).Remaining, 7)
+			}
+		}
+		for _, r := range c.Replicas {
+			if s := infoStat(t, ctx, r, "commandstats", "cmdstat_evalsha_ro") + infoStat(t, ctx, r, "commandstats", "cmdstat_eval_ro"); s == "" {
+				t.Fatalf("replica %s served no read-only script", r.Addr)
+			}
+		}
+		for _, p := range c.Primaries {
+			if s := infoStat(t, ctx, p, "commandstats", "cmdstat_evalsha_ro"); s != "" {
+				t.Fatalf("primary %s served read-only scripts: %s", p.Addr, s)
+			}
+			if s := infoStat(t, ctx, p, "commandstats", "cmdstat_evalsha") + infoStat(t, ctx, p, "commandstats", "cmdstat_eval"); s == "" {
+				t.Fatalf("primary %s served no decision", p.Addr)
+			}
+		}
+	})
+}
+
+// failoverRun is what one failover experiment measured.
+type failoverRun struct {
+	toldYesBefore, toldYesFrozen, toldYesAfter int
+	frozenErrors                               int
+}
+
+func (r failoverRun) overAdmitted(max int) int {
+	return r.toldYesBefore + r.toldYesFrozen + r.toldYesAfter - max
+}
+
+// A primary dies; its replica takes over and the engine keeps serving. Admissions the replica
+// never received are lost, so the same window admits them again: over-admission. With
+// WithReplicaAck an admission counts only once a replica holds it, and nothing is lost.
+//
+// To make the loss certain rather than a race, the replica's link is cut first: the engine's
+// clients log in as their own user, the primary's default user (which the replica syncs as)
+// is switched off, and the replica's connection is killed.
+func TestClusterFailover(t *testing.T) {
+	skipClusterIfShort(t)
+	c := valkeytest.NewCluster(t, 3, 1)
+	ctx := context.Background()
+	for _, n := range c.Nodes() {
+		if _, err := n.Command(ctx, "ACL", "SETUSER", "app", "on", ">app-secret", "~*", "&*", "+@all"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := c.Client(t, valkey.ClientOption{Username: "app", Password: "app-secret"})
+	const limit, before = 20, 10
+	l := engine.PerHour(limit)
+
+	run := func(t *testing.T, e *engine.Engine, primary, replica *valkeytest.Node) failoverRun {
+		var r failoverRun
+		key := keyOn(t, ctx, primary)
+		for i := 0; i < before; i++ {
+			if res, err := e.Allow(ctx, key, l); err != nil || !res.Allowed {
+				t.Fatalf("before the cut: %+v, %v", res, err)
+			}
+			r.toldYesBefore++
+		}
+		// Every event so far is on the replica.
+		waitReplicaHolds(t, ctx, replica, key, before)
+
+		if _, err := primary.Commands(ctx, []string{"ACL", "SETUSER", "default", "off"},
+			[]string{"AUTH", "app", "app-secret"}, []string{"CLIENT", "KILL", "TYPE", "replica"}); err != nil {
+			t.Fatal(err)
+		}
+		waitLinkDown(t, ctx, replica)
+		for i := 0; i < limit-before; i++ {
+			res, err := e.Allow(ctx, key, l)
+			switch {
+			case err != nil:
+				if !errors.Is(err, engine.ErrUnavailable) {
+					t.Fatalf("while the link is cut: %v, want ErrUnavailable", err)
+				}
+				r.frozenErrors++
+			case res.Allowed:
+				r.toldYesFrozen++
+			}
+		}
+
+		primary.Crash()
+		promoted, err := c.WaitPromoted(ctx, primary)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if promoted != replica {
+			t.Fatalf("promoted %s, want %s", promoted.Addr, replica.Addr)
+		}
+		// The engine keeps serving once the client has the new topology: no restart.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := e.Allow(ctx, key, l)
+			if err == nil {
+				if res.Allowed {
+					r.toldYesAfter++
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("engine did not recover after failover: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for i := 0; i < 2*limit; i++ {
+			res, err := e.Allow(ctx, key, l)
+			if err != nil {
+				// The promoted node has no replica: acknowledged writes cannot succeed there.
+				if errors.Is(err, engine.ErrUnavailable) {
+					break
+				}
+				t.Fatal(err)
+			}
+			if res.Allowed {
+				r.toldYesAfter++
+			}
+		}
+		return r
+	}
+
+	t.Run("without replica ack", func(t *testing.T) {
+		e := newEngine(t, client)
+		r := run(t, e, c.Primaries[0], c.Replicas[0])
+		t.Logf("without ack: told yes %d before the cut, %d while cut, %d after failover: over-admitted %d of %d",
+			r.toldYesBefore, r.toldYesFrozen, r.toldYesAfter, r.overAdmitted(limit), limit)
+		want(t, "admitted while the replica was cut off", r.toldYesFrozen, limit-before)
+		want(t, "over-admission (the lost events admitted again)", r.overAdmitted(limit), limit-before)
+	})
+
+	t.Run("with replica ack", func(t *testing.T) {
+		e := newEngine(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
+		primary, replica := c.Primaries[1], c.Replicas[1]
+		r := run(t, e, primary, replica)
+		// The promoted primary has no replica of its own until the old node returns, so every
+		// admission there is refused (ErrUnavailable) and, recorded on it all the same, takes
+		// room: with ack a failover costs availability and may under-admit, never over-admit.
+		t.Logf("with ack: told yes %d before the cut, %d while cut (%d refused), %d after failover: over-admitted %d of %d",
+			r.toldYesBefore, r.toldYesFrozen, r.frozenErrors, r.toldYesAfter, max(0, r.overAdmitted(limit)), limit)
+		want(t, "admitted while the replica was cut off", r.toldYesFrozen, 0)
+		want(t, "refused while the replica was cut off", r.frozenErrors, limit-before)
+		if over := r.overAdmitted(limit); over > 0 {
+			t.Fatalf("over-admitted %d with replica ack", over)
+		}
+	})
+}
+
+func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Node, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, err := replica.Commands(ctx, []string{"READONLY"}, []string{"ZCARD", prefix + key})
+		if err == nil && got == strconv.Itoa(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s holds %s events (%v), want %d", replica.Addr, got, err, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitLinkDown(t *testing.T, ctx context.Context, replica *valkeytest.Node) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for infoStat(t, ctx, replica, "replication", "master_link_status") != "down" {
+		if time.Now().After(deadline) {
+			t.Fatal(fmt.Sprintf("replica %s link still up", replica.Addr))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
