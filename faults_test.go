@@ -1,0 +1,177 @@
+package strictrate_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// Fail-closed (the default) denies and returns the error; fail-open admits, says so in
+// BackendErr, and returns no error. Bad input and a cancelled caller are errors either way.
+func TestFailOpenAndFailClosed(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	closed := newEngine(t, c)
+	open := newEngine(t, c, engine.WithFailOpen(true))
+	key, l := newKey(t), engine.PerMinute(3)
+	ctx := context.Background()
+
+	r := mustAllowN(t, open, key, l, 1)
+	if !r.Allowed || r.BackendErr != nil || r.Remaining != 2 {
+		t.Fatalf("fail-open engine with the server up: %+v", r)
+	}
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Reads are retried by the client until the context ends: keep it short.
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+
+	r, err := closed.Allow(tctx, key, l)
+	if !errors.Is(err, engine.ErrUnavailable) || r.Allowed {
+		t.Fatalf("fail-closed, server down: %+v, %v; want denied and ErrUnavailable", r, err)
+	}
+	for name, call := range map[string]func() (engine.Result, error){
+		"Allow": func() (engine.Result, error) { return open.Allow(tctx, key, l) },
+		"Peek":  func() (engine.Result, error) { return open.Peek(tctx, key, l) },
+	} {
+		r, err := call()
+		if err != nil || !r.Allowed || !errors.Is(r.BackendErr, engine.ErrUnavailable) || r.Remaining != 0 {
+			t.Fatalf("fail-open %s, server down: %+v, %v; want admitted with BackendErr ErrUnavailable", name, r, err)
+		}
+	}
+	if _, err := open.Allow(tctx, "", l); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("fail-open with an empty key: %v, want ErrInvalidArgument", err)
+	}
+	cancelled, cancelNow := context.WithCancel(ctx)
+	cancelNow()
+	if r, err := open.Allow(cancelled, key, l); !errors.Is(err, context.Canceled) || r.Allowed {
+		t.Fatalf("fail-open with a cancelled context: %+v, %v; want context.Canceled", r, err)
+	}
+}
+
+// A paused server yields a timeout when the caller's deadline passes, never a hang. The
+// request the caller gave up on may still run once the server resumes (the caller was not told
+// yes, so that can only deny early), and is never applied twice.
+func TestTimeoutOnAPausedServer(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	admin := valkeytest.NewClient(t, own.Addr)
+	e := newEngine(t, c)
+	open := newEngine(t, c, engine.WithFailOpen(true))
+	key, l := newKey(t), engine.PerMinute(5)
+	ctx := context.Background()
+
+	pause := func(ms string) time.Time {
+		t.Helper()
+		if err := admin.Do(ctx, admin.B().Arbitrary("CLIENT", "PAUSE", ms, "WRITE").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	until := pause("1500").Add(1500 * time.Millisecond)
+	tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	start := time.Now()
+	_, err := e.Allow(tctx, key, l)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Allow on a paused server: %v, want context.DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Fatalf("Allow took %s to honour a 200ms deadline", waited)
+	}
+	tctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+	r, err := open.Allow(tctx, key, l)
+	cancel()
+	if err != nil || !r.Allowed || !errors.Is(r.BackendErr, context.DeadlineExceeded) {
+		t.Fatalf("fail-open Allow on a paused server: %+v, %v; want admitted with a deadline BackendErr", r, err)
+	}
+	time.Sleep(time.Until(until) + 100*time.Millisecond)
+
+	// The two abandoned requests ran after the pause, or not: never more than once each.
+	phantom := zcard(t, c, key)
+	if phantom > 2 {
+		t.Fatalf("log holds %d events after two abandoned requests", phantom)
+	}
+	told := 0
+	for {
+		r := mustAllowN(t, e, key, l, 1)
+		if !r.Allowed {
+			break
+		}
+		told++
+	}
+	want(t, "told yes plus abandoned", int64(told)+phantom, int64(l.Max))
+	want(t, "log size", zcard(t, c, key), int64(l.Max))
+
+	// A script blocking the server (DEBUG SLEEP) times out a read just the same.
+	go func() { _ = admin.Do(ctx, admin.B().Arbitrary("DEBUG", "SLEEP", "1").Build()).Error() }()
+	time.Sleep(50 * time.Millisecond)
+	tctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err := e.Peek(tctx, key, l); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Peek on a sleeping server: %v, want context.DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > 900*time.Millisecond {
+		t.Fatalf("Peek took %s to honour a 200ms deadline", waited)
+	}
+}
+
+// New refuses a server that may evict any key, unless told to only warn or not to check.
+func TestEvictionPolicyCheck(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	ctx := context.Background()
+	setPolicy := func(p string) {
+		t.Helper()
+		if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory-policy", p).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	setPolicy("allkeys-lru")
+	if _, err := engine.New(c); !errors.Is(err, engine.ErrEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Fatalf("New with allkeys-lru: %v, want ErrEvictionPolicy naming the policy", err)
+	}
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionWarn), engine.WithLogger(logger)); err != nil {
+		t.Fatalf("New with EvictionWarn: %v", err)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "allkeys-lru") {
+		t.Fatalf("EvictionWarn logged %q", logs.String())
+	}
+	logs.Reset()
+	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionIgnore), engine.WithLogger(logger)); err != nil || logs.Len() != 0 {
+		t.Fatalf("New with EvictionIgnore: %v, logged %q", err, logs.String())
+	}
+
+	setPolicy("volatile-lru")
+	if _, err := engine.New(c); err != nil {
+		t.Fatalf("New with volatile-lru: %v", err)
+	}
+
+	// A user that may not run CONFIG (as on many managed services) is not checked.
+	setPolicy("allkeys-lru")
+	if err := c.Do(ctx, c.B().Arbitrary("ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "+@all", "-config").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	limited, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, Username: "noconfig", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limited.Close()
+	if _, err := engine.New(limited); err != nil {
+		t.Fatalf("New without CONFIG permission: %v", err)
+	}
+}

@@ -1,0 +1,110 @@
+package strictrate_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+// FuzzAllowN throws arbitrary keys (any bytes, any length), limits, windows and costs at the
+// engine: it must never panic, must answer bad input with ErrInvalidArgument and write
+// nothing, and otherwise must admit exactly while the limit has room and never let the log
+// exceed Max. CI runs it for a bounded time: go test -run='^$' -fuzz=FuzzAllowN -fuzztime=20s .
+func FuzzAllowN(f *testing.F) {
+	for _, seed := range []struct {
+		key    string
+		max    int
+		window int64
+		n      int
+	}{
+		{"user:1", 3, 1_000_000, 1},
+		{"", 3, 1_000_000, 1},
+		{"k", 0, 1_000_000, 1},
+		{"k", 5, 999, 1},
+		{"k", 5, 1000, 6},
+		{"k", 5, 1000, 0},
+		{"\x00\xff{braces}\r\n", 2, 50_000, 2},
+		{string(make([]byte, 4096)), 1, 3_600_000_000, 1},
+		{"k", engine.MaxEvents, 1 << 50, 1},
+		{"k", 1, 1<<62 + 1, 1},
+		{"k", -7, -1, -1},
+	} {
+		f.Add(seed.key, seed.max, seed.window, seed.n)
+	}
+	c := server.Client(f)
+	// A frozen caller's clock: the window cannot slide while one input is checked, so the
+	// admitted count must be exact even for a 1ms window (and every event shares one
+	// microsecond, which exercises the members' collision path).
+	at := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	e, err := engine.New(c, engine.WithClock(func() time.Time { return at }))
+	if err != nil {
+		f.Fatal(err)
+	}
+	onServerClock, err := engine.New(c)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx := context.Background()
+
+	f.Fuzz(func(t *testing.T, key string, max int, windowMicros int64, n int) {
+		l := engine.Limit{Max: max, Window: time.Duration(windowMicros) * time.Microsecond}
+		if key != "" {
+			if err := e.Reset(ctx, key); err != nil {
+				t.Fatalf("Reset: %v", err)
+			}
+		}
+		r, err := e.AllowN(ctx, key, l, n)
+		if err != nil {
+			if !errors.Is(err, engine.ErrInvalidArgument) {
+				t.Fatalf("AllowN(%q, %+v, %d): %v, want nil or ErrInvalidArgument", key, l, n, err)
+			}
+			if key != "" {
+				if got := zcard(t, c, key); got != 0 {
+					t.Fatalf("refused call left %d events", got)
+				}
+			}
+			return
+		}
+		// A fresh key with n <= Max: admitted, and the rest is exact. The key's expiry runs on
+		// the server's real clock, so below a second it may lapse while this loop runs; there
+		// only the bounds are checked.
+		exact := l.Window >= time.Second
+		if !r.Allowed || r.Remaining != max-n {
+			t.Fatalf("first AllowN(%d) of %d: %+v", n, max, r)
+		}
+		admitted := n
+		for i := 0; i < 20 && admitted < max+1; i++ {
+			r, err := e.Allow(ctx, key, l)
+			if err != nil {
+				t.Fatalf("Allow: %v", err)
+			}
+			if r.Remaining < 0 || r.Remaining > max {
+				t.Fatalf("Remaining %d outside [0, %d]", r.Remaining, max)
+			}
+			if exact && r.Allowed != (admitted < max) {
+				t.Fatalf("with %d of %d admitted: Allowed %v", admitted, max, r.Allowed)
+			}
+			if r.Allowed {
+				admitted++
+			}
+		}
+		if got := zcard(t, c, key); exact && got != int64(admitted) || got > int64(max) {
+			t.Fatalf("log holds %d, admitted %d, Max %d", got, admitted, max)
+		}
+		// The server's clock moves, so only the bound holds: the log never exceeds Max.
+		for i := 0; i < 3; i++ {
+			if _, err := onServerClock.AllowN(ctx, key, l, n); err != nil {
+				t.Fatalf("AllowN on the server's clock: %v", err)
+			}
+		}
+		if got := zcard(t, c, key); got > int64(max) {
+			t.Fatalf("log holds %d, Max %d", got, max)
+		}
+		if err := e.Reset(ctx, key); err != nil {
+			t.Fatalf("Reset: %v", err)
+		}
+	})
+}
