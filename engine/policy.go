@@ -1,14 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/strictrate/strictrate/loader"
 )
 
 // MaxPolicyLimits is the most limits a Policy may hold. Each limit costs the script one
@@ -109,25 +107,12 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	}
 	// The script wants the windows ascending, so that the last is the longest.
 	sorted := slices.Clone(p)
-	slices.SortFunc(sorted, func(a, b Limit) int { return compareDurations(a.Window, b.Window) })
+	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Compare(a.Window, b.Window) })
 	args := make([]string, 0, 2+2*len(sorted))
 	args = append(args, nowArg, strconv.Itoa(n))
 	for _, l := range sorted {
 		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
 	}
 	longest := sorted[len(sorted)-1].windowMicros()
-	return e.runDecision(ctx, e.policyScript(), "allow_policy", key, args, longest)
+	return e.runDecision(ctx, e.policy, "allow_policy", key, args, longest)
 }
-
-func compareDurations(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// policyScript returns the engine's handle for sliding_window_policy.lua.
-func (e *Engine) policyScript() *loader.Script { return e.policy }
