@@ -23,20 +23,7 @@ import (
 var server *valkeytest.Server
 
 func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	s, err := valkeytest.Start(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	server = s
-	code := m.Run()
-	if err := s.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop server:", err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
 }
 
 const prefix = "strictrate:"

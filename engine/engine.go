@@ -202,6 +202,19 @@ func (c clockReading) micros() (int64, error) {
 	return us, nil
 }
 
+// arg is the reading as the scripts' "now" argument: integer microseconds, or "" for the
+// server's clock.
+func (c clockReading) arg() (string, error) {
+	if !c.set {
+		return "", nil
+	}
+	us, err := c.micros()
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(us, 10), nil
+}
+
 func (e *Engine) now() (clockReading, error) {
 	switch {
 	case e.clock != nil:
@@ -227,13 +240,9 @@ func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string
 	if err := validate(key, l, n); err != nil {
 		return Result{}, err
 	}
-	nowArg := ""
-	if at.set {
-		us, err := at.micros()
-		if err != nil {
-			return Result{}, err
-		}
-		nowArg = strconv.FormatInt(us, 10)
+	nowArg, err := at.arg()
+	if err != nil {
+		return Result{}, err
 	}
 	window := l.windowMicros()
 	args := []string{nowArg, strconv.FormatInt(window, 10), strconv.Itoa(l.Max), strconv.Itoa(n)}

@@ -18,20 +18,7 @@ import (
 var exampleAddr string
 
 func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	s, err := valkeytest.Start(ctx)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	exampleAddr = s.Addr
-	code := m.Run()
-	if err := s.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop server:", err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { exampleAddr = s.Addr }))
 }
 
 // exampleClient connects to the examples' server; a program would connect to its own Valkey.

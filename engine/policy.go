@@ -97,13 +97,9 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}
-	nowArg := ""
-	if now.set {
-		us, err := now.micros()
-		if err != nil {
-			return Result{}, err
-		}
-		nowArg = strconv.FormatInt(us, 10)
+	nowArg, err := now.arg()
+	if err != nil {
+		return Result{}, err
 	}
 	// The script wants the windows ascending, so that the last is the longest.
 	sorted := slices.Clone(p)

@@ -95,6 +95,28 @@ func New(tb testing.TB, opts ...Option) *Server {
 	return s
 }
 
+// RunWithServer is the body of a TestMain whose tests share one server: it starts the server,
+// hands it to set, runs the tests and stops the server. A server that cannot be had fails the
+// run with ErrNoServer's advice. Use it as
+//
+//	func TestMain(m *testing.M) { os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s })) }
+func RunWithServer(m *testing.M, set func(*Server)) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	s, err := Start(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	set(s)
+	code := m.Run()
+	if err := s.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "valkeytest: stop server:", err)
+		code = 1
+	}
+	return code
+}
+
 // Client returns a valkey-go client for the server, closed in tb's cleanup.
 func (s *Server) Client(tb testing.TB) valkey.Client {
 	tb.Helper()
@@ -221,15 +243,23 @@ func (p *process) start(ctx context.Context) error {
 	}
 }
 
-// crash kills the process at once (SIGKILL), as a machine failure would, and waits for it.
-func (p *process) crash() {
+// exited reports whether the process never started or has ended.
+func (p *process) exited() bool {
 	if p.cmd == nil || p.cmd.Process == nil {
-		return
+		return true
 	}
 	select {
 	case <-p.done:
-		return
+		return true
 	default:
+		return false
+	}
+}
+
+// crash kills the process at once (SIGKILL), as a machine failure would, and waits for it.
+func (p *process) crash() {
+	if p.exited() {
+		return
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
@@ -237,13 +267,8 @@ func (p *process) crash() {
 
 // kill stops the process: SIGTERM, then SIGKILL after five seconds; it waits for the exit.
 func (p *process) kill() {
-	if p.cmd == nil || p.cmd.Process == nil {
+	if p.exited() {
 		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
