@@ -313,6 +313,7 @@ func TestAllowNAllOrNothing(t *testing.T) {
 
 	r := mustAllowN(t, e, key, l, 3)
 	want(t, "3 of 5: allowed", r.Allowed, true)
+	want(t, "3 of 5: window", r.Window, l.Window)
 	want(t, "3 of 5: remaining", r.Remaining, 2)
 	r = mustAllowN(t, e, key, l, 3)
 	want(t, "3 more: allowed", r.Allowed, false)

@@ -202,7 +202,9 @@ func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
 	longest := p.Longest().Window.Microseconds()
 	m.events = slices.DeleteFunc(m.events, func(ev int64) bool { return ev <= now-longest })
 	remaining, retry := int64(1)<<62, int64(0)
-	for _, l := range p {
+	var tightest time.Duration // the least room; the shortest window among equals
+	byWindow := slices.SortedFunc(slices.Values(p), func(a, b engine.Limit) int { return int(a.Window - b.Window) })
+	for _, l := range byWindow {
 		w := l.Window.Microseconds()
 		var in []int64
 		for _, ev := range m.events {
@@ -210,12 +212,14 @@ func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
 				in = append(in, ev)
 			}
 		}
-		remaining = min(remaining, int64(l.Max-len(in)))
+		if room := int64(l.Max - len(in)); room < remaining {
+			remaining, tightest = room, l.Window
+		}
 		if leave := len(in) + n - l.Max; leave > 0 {
 			retry = max(retry, in[leave-1]+w-now)
 		}
 	}
-	r := engine.Result{At: time.UnixMicro(now)}
+	r := engine.Result{At: time.UnixMicro(now), Window: tightest}
 	if retry > 0 {
 		r.Remaining = int(max(remaining, 0))
 		r.RetryAfter = time.Duration(retry) * time.Microsecond
@@ -249,7 +253,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 		got := mustAllowPolicy(t, e, key, p, n)
 		wantR := m.decide(now.UnixMicro(), p, n)
 		if got.Allowed != wantR.Allowed || got.Remaining != wantR.Remaining || got.RetryAfter != wantR.RetryAfter ||
-			got.ResetAfter != wantR.ResetAfter || !got.At.Equal(wantR.At) {
+			got.ResetAfter != wantR.ResetAfter || !got.At.Equal(wantR.At) || got.Window != wantR.Window {
 			t.Fatalf("request %d (n=%d at +%s): got %+v, want %+v", i, n, now.Sub(t0), got, wantR)
 		}
 		if !got.Allowed {

@@ -38,6 +38,10 @@ type Result struct {
 	// At is the instant the decision was taken at, to the microsecond, on the clock that took
 	// it: the server's by default, else the caller's. An admitted event is recorded at At.
 	At time.Time
+	// Window is the window of the limit Remaining speaks for: the Limit's own for Allow,
+	// AllowN and Peek; for AllowPolicy, the limit with the least room (the shortest window
+	// among equals). 0 when fail-open admitted without a decision.
+	Window time.Duration
 	// BackendErr is set only under WithFailOpen(true), when the server could not decide and
 	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,
 	// RetryAfter and ResetAfter are then 0, and At is the caller's clock.
@@ -246,23 +250,28 @@ func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string
 	}
 	window := l.windowMicros()
 	args := []string{nowArg, strconv.FormatInt(window, 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
-	return e.runDecision(ctx, s, op, key, args, window)
+	r, _, err := e.runDecision(ctx, s, op, key, args, window)
+	if err == nil && r.BackendErr == nil {
+		r.Window = l.Window
+	}
+	return r, err
 }
 
 // parseReply reads the scripts' reply: remaining, now µs, then retry_after µs (default 0:
-// admitted) and reset_after µs (default: one window). A denial always has retry_after > 0.
-func parseReply(reply valkey.ValkeyResult, windowMicros int64) (Result, error) {
+// admitted), reset_after µs (default: one window) and the 1-based position of the tightest
+// limit (default 1), which it returns beside the Result. A denial always has retry_after > 0.
+func parseReply(reply valkey.ValkeyResult, windowMicros int64) (Result, int, error) {
 	vals, err := reply.ToArray()
 	if err != nil {
-		return Result{}, err
+		return Result{}, 0, err
 	}
-	if len(vals) < 2 || len(vals) > 4 {
-		return Result{}, fmt.Errorf("script reply has %d values, want 2 to 4", len(vals))
+	if len(vals) < 2 || len(vals) > 5 {
+		return Result{}, 0, fmt.Errorf("script reply has %d values, want 2 to 5", len(vals))
 	}
-	v := [4]int64{2: 0, 3: windowMicros}
+	v := [5]int64{2: 0, 3: windowMicros, 4: 1}
 	for i := range vals {
 		if v[i], err = vals[i].AsInt64(); err != nil {
-			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
+			return Result{}, 0, fmt.Errorf("script reply value %d: %w", i+1, err)
 		}
 	}
 	return Result{
@@ -271,7 +280,7 @@ func parseReply(reply valkey.ValkeyResult, windowMicros int64) (Result, error) {
 		RetryAfter: time.Duration(v[2]) * time.Microsecond,
 		ResetAfter: time.Duration(v[3]) * time.Microsecond,
 		At:         time.UnixMicro(v[1]),
-	}, nil
+	}, int(v[4]), nil
 }
 
 // allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
@@ -309,7 +318,7 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	if err != nil {
 		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err))
 	}
-	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, At: time.UnixMicro(now)}
+	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
 	if remaining := int64(l.Max) - count; remaining > 0 {
 		res.Remaining = int(remaining)
 	}

@@ -110,5 +110,9 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
 	}
 	longest := sorted[len(sorted)-1].windowMicros()
-	return e.runDecision(ctx, e.policy, "allow_policy", key, args, longest)
+	r, tightest, err := e.runDecision(ctx, e.policy, "allow_policy", key, args, longest)
+	if err == nil && r.BackendErr == nil && tightest >= 1 && tightest <= len(sorted) {
+		r.Window = sorted[tightest-1].Window
+	}
+	return r, err
 }

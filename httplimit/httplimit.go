@@ -19,12 +19,10 @@
 // w never sends faster than the limit allows.
 //
 // RateLimit gives, for one limit, the remaining quota r and t, a delta in seconds, rounded up
-// so that it is never early. r is the least room left in any window of the policy (the engine
-// reports the tightest window, not which one it is), so it is never more than the named limit
-// really has. The limit named is the one with the smallest quota (ties: the shortest window),
-// which is the one a burst runs into first in the usual stacking of a short and a long window.
-// On a denial t is the wait until the request would be admitted (Retry-After, rounded up);
-// otherwise t is the wait until the named limit has its whole quota back.
+// so that it is never early. The limit named is the tightest one of this decision, the one
+// with the least room left (engine.Result.Window; the shortest window among equals), and r is
+// that room. On a denial t is the wait until the request would be admitted (Retry-After,
+// rounded up); otherwise t is the wait until the named limit has its whole quota back.
 //
 // Denied responses also carry Retry-After, in seconds, rounded up: never earlier than the
 // engine's RetryAfter. WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
@@ -165,10 +163,17 @@ type limiter struct {
 	policy engine.Policy
 
 	policyField string // RateLimit-Policy, the same on every response
-	named       int    // the limit RateLimit reports
-	nameItem    string // `"<name>";r=`
-	limitField  string // X-RateLimit-Limit
-	// shorter is how much sooner than the log the named limit empties: longest - named window.
+	// named holds, per window of the policy, what RateLimit says of that limit; fallback
+	// names the limit with the smallest quota, for a Result that names none.
+	named    map[time.Duration]namedLimit
+	fallback namedLimit
+}
+
+// namedLimit is one limit as the RateLimit field names it, prepared once.
+type namedLimit struct {
+	item       string // `"<name>";r=`
+	limitField string // X-RateLimit-Limit
+	// shorter is how much sooner than the log this limit empties: longest - its window.
 	shorter time.Duration
 }
 
@@ -187,19 +192,22 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) h
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...)}
+	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), named: map[time.Duration]namedLimit{}}
 	items := make([]string, len(p))
+	smallest := 0
 	for i, lim := range p {
 		items[i] = fmt.Sprintf("%q;q=%d;w=%d", windowName(lim.Window), lim.Max, ceilSeconds(lim.Window))
-		if lim.Max < p[l.named].Max || lim.Max == p[l.named].Max && lim.Window < p[l.named].Window {
-			l.named = i
+		l.named[lim.Window] = namedLimit{
+			item:       strconv.Quote(windowName(lim.Window)) + ";r=",
+			limitField: strconv.Itoa(lim.Max),
+			shorter:    p.Longest().Window - lim.Window,
+		}
+		if lim.Max < p[smallest].Max || lim.Max == p[smallest].Max && lim.Window < p[smallest].Window {
+			smallest = i
 		}
 	}
 	l.policyField = strings.Join(items, ", ")
-	named := p[l.named]
-	l.nameItem = strconv.Quote(windowName(named.Window)) + ";r="
-	l.limitField = strconv.Itoa(named.Max)
-	l.shorter = p.Longest().Window - named.Window
+	l.fallback = l.named[p[smallest].Window]
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 	}
@@ -231,20 +239,24 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		next.ServeHTTP(w, r)
 		return
 	}
+	named, ok := l.named[res.Window]
+	if !ok {
+		named = l.fallback
+	}
 	var reset int64
 	if res.Allowed {
-		reset = ceilSeconds(res.ResetAfter - l.shorter)
+		reset = ceilSeconds(res.ResetAfter - named.shorter)
 	} else {
 		reset = ceilSeconds(res.RetryAfter)
 	}
 	var buf [64]byte
-	b := append(buf[:0], l.nameItem...)
+	b := append(buf[:0], named.item...)
 	b = strconv.AppendInt(b, int64(res.Remaining), 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, reset, 10)
 	h["Ratelimit"] = []string{string(b)}
 	if l.cfg.legacy {
-		h["X-Ratelimit-Limit"] = []string{l.limitField}
+		h["X-Ratelimit-Limit"] = []string{named.limitField}
 		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
 		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset, 10)}
 	}

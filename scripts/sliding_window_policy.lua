@@ -13,7 +13,7 @@
 --          ... then one (window, max) pair per further limit, windows strictly ascending,
 --          so the last pair is the longest window
 --
--- Reply: an array of 2 to 4 integers, shaped as sliding_window.lua's
+-- Reply: an array of 5 integers, shaped as sliding_window.lua's plus the tightest limit
 --   [1] remaining: the least, over the limits, of the events that would still be admitted
 --       now, after this decision (>= 0)
 --   [2] now in microseconds: the instant the decision was taken at
@@ -21,7 +21,9 @@
 --       the wait until every limit has room for n: the latest, over the denying limits, of
 --       the moment the oldest event that must leave its window stops counting
 --   [4] reset_after in microseconds: the wait until the log holds no event (its newest event
---       plus the longest window); default: the longest window
+--       plus the longest window)
+--   [5] tightest: the 1-based position, in ARGV order, of the limit [1] speaks for (the least
+--       room; the shortest window among equals)
 --
 -- An event at t counts in a window at now when now - window < t, as in sliding_window.lua;
 -- events later than now (callers' clocks disagree) count in every window.
@@ -46,6 +48,7 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', now - longest)
 local total = redis.call('ZCARD', key)
 
 local remaining = nil
+local tightest = 1
 local retry_after = 0
 for i = 1, limits do
   local window = tonumber(ARGV[2 * i + 1])
@@ -58,6 +61,7 @@ for i = 1, limits do
   end
   if remaining == nil or max - count < remaining then
     remaining = max - count
+    tightest = i
   end
   if count + n > max then
     -- This limit denies: the (count + n - max)-th oldest event of its window must leave.
@@ -78,7 +82,7 @@ end
 if retry_after > 0 then
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if remaining < 0 then remaining = 0 end
-  return {remaining, now, retry_after, newest[2] + longest - now}
+  return {remaining, now, retry_after, newest[2] + longest - now, tightest}
 end
 
 -- The log empties one longest window after its newest event: the one added now, unless a
@@ -118,7 +122,4 @@ end
 
 -- PEXPIRE takes whole milliseconds: round up so the key never goes before its newest event.
 redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
-if reset_after == longest then
-  return {remaining - n, now}
-end
-return {remaining - n, now, 0, reset_after}
+return {remaining - n, now, 0, reset_after, tightest}
