@@ -35,6 +35,7 @@ type config struct {
 	Keys        int           `json:"keys"`
 	Limit       int           `json:"limit_max"`
 	Window      time.Duration `json:"window_ns"`
+	FlushDelay  time.Duration `json:"max_flush_delay_ns"`
 	Scenario    string        `json:"scenario"`
 	JSONPath    string        `json:"-"`
 }
@@ -51,6 +52,7 @@ func main() {
 	fs.IntVar(&cfg.Keys, "keys", 10_000, "keys in the throughput and ceiling scenarios")
 	fs.IntVar(&cfg.Limit, "limit", 100, "the limit's Max")
 	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
+	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
 	_ = fs.Parse(os.Args[1:])

@@ -36,7 +36,7 @@ func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progres
 	b := &bencher{cfg: cfg, srv: srv, progress: progress, start: time.Now(),
 		prefix: "strictrate-bench:" + uuid.NewString()[:8] + ":"}
 	for i := 0; i < cfg.Clients; i++ {
-		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}})
+		c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, MaxFlushDelay: cfg.FlushDelay})
 		if err != nil {
 			b.close()
 			return nil, fmt.Errorf("connect to %s: %w", srv.Addr, err)

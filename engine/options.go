@@ -85,7 +85,9 @@ func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen =
 // wrapping ErrUnavailable (the event stays recorded on the primary: the error can only
 // under-admit). Denials wait too but ignore the count. replicas < 1 turns it off (the
 // default); timeout is rounded up to whole milliseconds, and 0 means the WAIT may block
-// until the context ends.
+// until the context ends. The cost is real: valkey-go sends WAIT on a connection of its own,
+// so acknowledged decisions are not pipelined; on 2 cores with the replica on the same
+// machine, BenchmarkReplicaAck measured 13,000 decisions/s against 30,900 without.
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ackReplicas, o.ackTimeout = replicas, timeout }
 }
