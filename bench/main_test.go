@@ -52,10 +52,10 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 	at, pl := r.Exactness[0], r.Exactness[1]
 	if at.Mode != "atomic" || at.Overshoot != 0 || at.FalseDenials != 0 || at.MaxInAnyWindow > cfg.Limit ||
-		at.LogEntries > int64(cfg.Limit) || at.Admitted < cfg.Limit {
+		at.LogEntries > int64(cfg.Limit) || at.LogMax > int64(cfg.Limit) || at.LogMax == 0 || at.Admitted < cfg.Limit {
 		t.Errorf("atomic exactness: %+v", at)
 	}
-	if pl.Mode != "pipelined" || pl.LogEntries <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
+	if pl.Mode != "pipelined" || pl.LogMax <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
 		t.Errorf("pipelined exactness: %+v (its log should hold more than the limit)", pl)
 	}
 

@@ -137,6 +137,9 @@ type ExactnessRow struct {
 	WindowMS   float64 `json:"window_ms"`
 	OfferedPS  float64 `json:"offered_requests_per_sec"`
 	LogEntries int64   `json:"log_entries_at_end"`
+	// LogMax is the largest log seen by ZCARD every 20ms during the run: at the end, the last
+	// events may just have left the window.
+	LogMax int64 `json:"log_entries_max_sampled"`
 	Exactness
 }
 
@@ -149,6 +152,7 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
 	began := time.Now()
 	perG := make([][]Decision, b.cfg.Concurrency)
+	sampled := b.sampleLogSize(ctx, b.prefix+key, b.cfg.Duration)
 	err = b.drive(ctx, b.cfg.Duration, func(g int, e *engine.Engine) error {
 		r, err := e.Allow(ctx, key, limit)
 		if err != nil {
@@ -173,7 +177,7 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 	}
 	row := ExactnessRow{
 		Mode: mode.String(), Clock: clock, Limit: limit.Max, WindowMS: ms(limit.Window),
-		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n,
+		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n, LogMax: <-sampled,
 		Exactness: analyze(decisions, limit.Max, limit.Window),
 	}
 	b.logf("exactness/%s: %s, %d requests, %d admitted, overshoot %d, false denials %d",
@@ -194,6 +198,31 @@ var throughputVariants = []throughputVariant{
 	{name: "atomic", mode: engine.Atomic, clock: "server"},
 	{name: "atomic", mode: engine.Atomic, opts: []engine.Option{engine.WithClock(time.Now)}, clock: "caller"},
 	{name: "pipelined", mode: engine.Pipelined, clock: "caller"},
+}
+
+// sampleLogSize reads ZCARD of key every 20ms for d and sends the largest size it saw.
+func (b *bencher) sampleLogSize(ctx context.Context, key string, d time.Duration) <-chan int64 {
+	out := make(chan int64, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		c := b.clients[0]
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		var largest int64
+		for {
+			select {
+			case <-ctx.Done():
+				out <- largest
+				return
+			case <-tick.C:
+				if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err == nil {
+					largest = max(largest, n)
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // ThroughputRow is scenario 2 for one mode: every goroutine on random keys out of many.
