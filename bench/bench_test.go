@@ -80,20 +80,27 @@ func benchHotKey(b *testing.B, es []*engine.Engine, key string) {
 }
 
 func benchManyKeys(b *testing.B, es []*engine.Engine, name string) {
-	keys := manyKeys("many:" + name)
 	limit := engine.Limit{Max: 100, Window: time.Second}
+	runOnRandomKeys(b, manyKeys("many:"+name), func(ctx context.Context, g int, key string) error {
+		_, err := es[g%len(es)].Allow(ctx, key, limit)
+		return err
+	})
+}
+
+// runOnRandomKeys runs op from benchGoroutines goroutines, each on keys picked at random, and
+// reports decisions/s. op gets the goroutine's number, to pick its client, and the key.
+func runOnRandomKeys(b *testing.B, keys []string, op func(ctx context.Context, g int, key string) error) {
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.SetParallelism(parallelism())
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
-		g := next.Add(1)
-		e := es[int(g)%len(es)]
+		g := int(next.Add(1))
 		rng := rand.New(rand.NewPCG(uint64(g), 7))
 		ctx := context.Background()
 		for pb.Next() {
-			if _, err := e.Allow(ctx, keys[rng.IntN(len(keys))], limit); err != nil {
+			if err := op(ctx, g, keys[rng.IntN(len(keys))]); err != nil {
 				b.Error(err)
 				return
 			}
@@ -117,25 +124,11 @@ func BenchmarkBareEvalsha(b *testing.B) {
 	sha := decideSHA1()
 	keys := manyKeys("strictrate-gobench:" + uuid.NewString()[:8] + ":bare")
 	window := strconv.FormatInt(time.Second.Microseconds(), 10)
-	var next atomic.Int64
-	b.ReportAllocs()
-	b.SetParallelism(parallelism())
-	b.ResetTimer()
-	start := time.Now()
-	b.RunParallel(func(pb *testing.PB) {
-		g := next.Add(1)
-		c := clients[int(g)%len(clients)]
-		rng := rand.New(rand.NewPCG(uint64(g), 9))
-		ctx := context.Background()
-		for pb.Next() {
-			cmd := c.B().Evalsha().Sha1(sha).Numkeys(1).Key(keys[rng.IntN(len(keys))]).Arg("", window, "100", "1").Build()
-			if _, err := c.Do(ctx, cmd).ToArray(); err != nil {
-				b.Error(err)
-				return
-			}
-		}
+	runOnRandomKeys(b, keys, func(ctx context.Context, g int, key string) error {
+		c := clients[g%len(clients)]
+		_, err := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg("", window, "100", "1").Build()).ToArray()
+		return err
 	})
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
 }
 
 func manyKeys(prefix string) []string {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"math/rand/v2"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,26 +37,11 @@ func BenchmarkReplicaAck(b *testing.B) {
 			es = append(es, e)
 		}
 		b.Run(tc.name, func(b *testing.B) {
-			keys := manyKeys("ack:" + tc.name)
 			limit := engine.Limit{Max: 100, Window: time.Second}
-			var next atomic.Int64
-			b.ReportAllocs()
-			b.SetParallelism(parallelism())
-			b.ResetTimer()
-			start := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				g := next.Add(1)
-				e := es[int(g)%len(es)]
-				rng := rand.New(rand.NewPCG(uint64(g), 11))
-				ctx := context.Background()
-				for pb.Next() {
-					if _, err := e.Allow(ctx, keys[rng.IntN(len(keys))], limit); err != nil {
-						b.Error(err)
-						return
-					}
-				}
+			runOnRandomKeys(b, manyKeys("ack:"+tc.name), func(ctx context.Context, g int, key string) error {
+				_, err := es[g%len(es)].Allow(ctx, key, limit)
+				return err
 			})
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
 		})
 	}
 }
