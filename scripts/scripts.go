@@ -1,21 +1,74 @@
 // Package scripts holds strictrate's Lua scripts, embedded from the .lua files beside it.
 //
-// Each file opens with a comment that lists its KEYS, ARGV and reply; the engine package is
-// the only code that should depend on those shapes.
+// Each script file opens with a comment that lists its KEYS, ARGV and reply; the engine
+// package is the only code that should depend on those shapes. EVALSHA runs a script as one
+// self-contained text, so code that several scripts share lives in part files (lib_*.lua),
+// and a script names each part it uses on a line of its own:
+//
+//	-- include: lib_clock.lua
+//
+// The functions here return the composed text, each such line replaced by the part it names:
+// that text is what the server loads and what its SHA-1 digest is taken of.
 package scripts
 
-import _ "embed"
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
 
-//go:embed sliding_window.lua
-var slidingWindow string
+//go:embed *.lua
+var files embed.FS
 
-//go:embed sliding_window_peek.lua
-var slidingWindowPeek string
+// includePrefix starts a line that a part's text replaces.
+const includePrefix = "-- include: "
 
 // SlidingWindow returns the source of the atomic decision script: trim, count, add the events
 // only when they fit, and set the key's expiry, all in one call.
-func SlidingWindow() string { return slidingWindow }
+func SlidingWindow() string { return mustCompose("sliding_window.lua") }
 
 // SlidingWindowPeek returns the source of the read-only script that takes the same decision as
 // SlidingWindow without recording anything.
-func SlidingWindowPeek() string { return slidingWindowPeek }
+func SlidingWindowPeek() string { return mustCompose("sliding_window_peek.lua") }
+
+// SlidingWindowPolicy returns the source of the atomic decision script for several limits on
+// one key: trim to the longest window, count every window, add the events only when every
+// limit has room, and set the key's expiry, all in one call.
+func SlidingWindowPolicy() string { return mustCompose("sliding_window_policy.lua") }
+
+// mustCompose composes an embedded script. The files are compiled in, so a missing part is a
+// defect of the build that the package's tests catch; it panics rather than return a script
+// that cannot run.
+func mustCompose(name string) string {
+	src, err := compose(name)
+	if err != nil {
+		panic(err)
+	}
+	return src
+}
+
+// compose returns the named file with every include line replaced by the named part. Parts
+// do not include other parts: a script lists everything it uses, in order.
+func compose(name string) (string, error) {
+	src, err := files.ReadFile(name)
+	if err != nil {
+		return "", fmt.Errorf("scripts: %w", err)
+	}
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(string(src), "\n") {
+		part, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), includePrefix)
+		if !ok {
+			b.WriteString(line)
+			continue
+		}
+		text, err := files.ReadFile(strings.TrimSpace(part))
+		if err != nil {
+			return "", fmt.Errorf("scripts: %s includes %w", name, err)
+		}
+		if strings.Contains(string(text), "\n"+includePrefix) {
+			return "", fmt.Errorf("scripts: part %s includes another part; list every part in %s", part, name)
+		}
+		b.Write(text)
+	}
+	return b.String(), nil
+}

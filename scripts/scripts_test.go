@@ -1,23 +1,113 @@
 package scripts
 
 import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// Each script opens with the header the engine codes against: KEYS, ARGV and the reply.
-func TestScriptsDocumentTheirShape(t *testing.T) {
-	for name, src := range map[string]string{
-		"sliding_window.lua":      SlidingWindow(),
-		"sliding_window_peek.lua": SlidingWindowPeek(),
-	} {
-		if !strings.HasPrefix(src, "-- "+name+":") {
-			t.Errorf("%s does not open with its name", name)
+var server *valkeytest.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
+}
+
+var all = map[string]func() string{
+	"sliding_window.lua":        SlidingWindow,
+	"sliding_window_peek.lua":   SlidingWindowPeek,
+	"sliding_window_policy.lua": SlidingWindowPolicy,
+}
+
+// Composition replaces every include line with its part, and nothing else changes.
+func TestComposeInlinesParts(t *testing.T) {
+	for name, source := range all {
+		src := source()
+		if strings.Contains(src, includePrefix) {
+			t.Errorf("%s still has an include line after composition", name)
 		}
-		for _, part := range []string{"KEYS[1]", "ARGV[1]", "ARGV[2]", "ARGV[3]", "ARGV[4]", "Reply:"} {
-			if !strings.Contains(src, "-- "+part) && !strings.Contains(src, "--   "+part) {
-				t.Errorf("%s header does not document %s", name, part)
+		raw, err := files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			part, ok := strings.CutPrefix(line, includePrefix)
+			if !ok {
+				continue
 			}
+			text, err := files.ReadFile(part)
+			if err != nil {
+				t.Fatalf("%s includes %s: %v", name, part, err)
+			}
+			if !strings.Contains(src, string(text)) {
+				t.Errorf("%s does not contain the text of %s", name, part)
+			}
+		}
+		if len(src) <= len(raw) {
+			t.Errorf("%s composed is %d bytes, no longer than its file (%d): no part was inlined", name, len(src), len(raw))
+		}
+	}
+	if _, err := compose("no_such_script.lua"); err == nil {
+		t.Error("compose of a missing file succeeded")
+	}
+}
+
+// The composed text is what the server runs: it loads, the server names it by the SHA-1 of
+// that text, and it behaves as a limit: Max admitted, the next one denied with a wait.
+func TestComposedScriptsRun(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	for name, source := range all {
+		src := source()
+		sum := sha1.Sum([]byte(src))
+		got, err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString()
+		if err != nil {
+			t.Fatalf("SCRIPT LOAD %s: %v", name, err)
+		}
+		if want := hex.EncodeToString(sum[:]); got != want {
+			t.Fatalf("SCRIPT LOAD %s: digest %s, want %s", name, got, want)
+		}
+	}
+
+	const now, window, max = 1_790_000_000_000_000, 1_000_000, 3
+	eval := func(name, key string, args ...string) []int64 {
+		t.Helper()
+		sum := sha1.Sum([]byte(all[name]()))
+		vals, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return vals
+	}
+	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	for _, name := range []string{"sliding_window.lua", "sliding_window_policy.lua"} {
+		key := "scripts-test:" + name
+		args := func(at int64) []string {
+			if name == "sliding_window.lua" {
+				return []string{itoa(at), itoa(window), itoa(max), "1"}
+			}
+			return []string{itoa(at), "1", itoa(window / 2), itoa(max + 1), itoa(window), itoa(max)}
+		}
+		for i := int64(0); i < max; i++ {
+			if r := eval(name, key, args(now+i)...); r[0] != max-1-i || len(r) >= 3 && r[2] != 0 {
+				t.Fatalf("%s: event %d: reply %v, want admitted with %d remaining", name, i+1, r, max-1-i)
+			}
+		}
+		r := eval(name, key, args(now+max)...)
+		if len(r) < 3 || r[0] != 0 || r[2] != window-max {
+			t.Fatalf("%s: event %d: reply %v, want denied, 0 remaining, retry after %d", name, max+1, r, window-max)
+		}
+		peek := eval("sliding_window_peek.lua", key, itoa(now+max), itoa(window), itoa(max), "1")
+		if peek[0] != 0 || peek[2] != window-max {
+			t.Fatalf("peek after %d events: reply %v, want 0 remaining, retry after %d", max, peek, window-max)
+		}
+		if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err != nil || n != max {
+			t.Fatalf("%s: log holds %d (%v), want %d", name, n, err, max)
 		}
 	}
 }

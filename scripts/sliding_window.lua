@@ -20,21 +20,17 @@
 -- An event at t counts at now when now - window < t. Events later than now (possible only when
 -- callers' clocks disagree) count too: that can deny early, never admit too many.
 --
--- Members are made here, unique within the key: the bare timestamp for the first event of a
--- microsecond (a decimal integer, which a listpack stores in 9 bytes), "<now>:<seq>" for the
--- rest. ZADD NX reports how many were new, so a taken member is retried, never overwritten.
+-- Members are made by add_events (lib_events.lua): unique within the key, never overwritten.
 --
 -- The common path (n = 1, a free microsecond) makes five server calls (TIME, ZREMRANGEBYSCORE,
 -- ZCARD, ZADD, PEXPIRE), builds no string in Lua and replies with two integers: every
 -- redis.call, argument and reply element costs the server's single thread measurably.
 
+-- include: lib_clock.lua
+-- include: lib_events.lua
+
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local server_clock = now == nil
-if server_clock then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+local now, server_clock = read_clock(ARGV[1])
 local window = tonumber(ARGV[2])
 local max = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
@@ -62,33 +58,7 @@ if not server_clock and count > 0 then
   end
 end
 
--- A number argument reaches the server as its exact integer digits (Lua's own tostring would
--- round it to 14 digits, so the rare path formats with %d).
-if n > 1 or redis.call('ZADD', key, 'NX', now, now) == 0 then
-  local stamp = string.format('%d', now)
-  local seq = count
-  local added = 0
-  local bare = n > 1 -- with n = 1 the bare timestamp was just found taken
-  while added < n do
-    -- At most 1000 members per ZADD keeps the argument list well inside Lua's stack.
-    local batch = n - added
-    if batch > 1000 then batch = 1000 end
-    local cmd = {'ZADD', key, 'NX'}
-    for _ = 1, batch do
-      local member
-      if bare then
-        member = stamp
-        bare = false
-      else
-        seq = seq + 1
-        member = stamp .. ':' .. seq
-      end
-      cmd[#cmd + 1] = now
-      cmd[#cmd + 1] = member
-    end
-    added = added + redis.call(unpack(cmd))
-  end
-end
+add_events(key, now, n, count)
 
 -- PEXPIRE takes whole milliseconds: round up so the key never goes before its newest event.
 redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))

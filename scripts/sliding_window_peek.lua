@@ -16,12 +16,10 @@
 --       n would fit
 --   [4] reset_after in microseconds: the wait until the log holds no event; 0 when empty
 
+-- include: lib_clock.lua
+
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-if now == nil then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+local now = read_clock(ARGV[1])
 local window = tonumber(ARGV[2])
 local max = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])

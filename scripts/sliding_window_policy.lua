@@ -28,17 +28,13 @@
 -- An event at t counts in a window at now when now - window < t, as in sliding_window.lua;
 -- events later than now (callers' clocks disagree) count in every window.
 --
--- Members are made exactly as sliding_window.lua makes them: the bare timestamp, passed to
--- ZADD as a number so the server writes its exact digits, then "<now>:<seq>" formatted with
--- %d; ZADD NX reports what was new, so a taken member is retried, never overwritten.
+-- Members are made by add_events (lib_events.lua), as in sliding_window.lua.
+
+-- include: lib_clock.lua
+-- include: lib_events.lua
 
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local server_clock = now == nil
-if server_clock then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
+local now, server_clock = read_clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local limits = (#ARGV - 2) / 2
 local longest = tonumber(ARGV[#ARGV - 1])
@@ -95,30 +91,7 @@ if not server_clock and total > 0 then
   end
 end
 
-if n > 1 or redis.call('ZADD', key, 'NX', now, now) == 0 then
-  local stamp = string.format('%d', now)
-  local seq = total
-  local added = 0
-  local bare = n > 1 -- with n = 1 the bare timestamp was just found taken
-  while added < n do
-    local batch = n - added
-    if batch > 1000 then batch = 1000 end
-    local cmd = {'ZADD', key, 'NX'}
-    for _ = 1, batch do
-      local member
-      if bare then
-        member = stamp
-        bare = false
-      else
-        seq = seq + 1
-        member = stamp .. ':' .. seq
-      end
-      cmd[#cmd + 1] = now
-      cmd[#cmd + 1] = member
-    end
-    added = added + redis.call(unpack(cmd))
-  end
-end
+add_events(key, now, n, total)
 
 -- PEXPIRE takes whole milliseconds: round up so the key never goes before its newest event.
 redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
