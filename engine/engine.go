@@ -60,7 +60,8 @@ type Limiter interface {
 var _ Limiter = (*Engine)(nil)
 
 // Engine takes rate-limit decisions against one Valkey deployment (standalone or cluster).
-// It is safe for concurrent use; share one per client.
+// It is safe for concurrent use; share one per client. Make one with New: the zero Engine has
+// no client and no scripts, and using it panics.
 type Engine struct {
 	client valkey.Client
 	mode   Mode
@@ -81,7 +82,9 @@ type Engine struct {
 }
 
 // New returns an engine that uses client. Unless WithPreload(false) is given it loads the
-// scripts on every node first, so a server without working scripting fails here.
+// scripts on every node first, so a server without working scripting fails here with an
+// error wrapping ErrPreload. A node that cannot be reached gives ErrUnavailable; an eviction
+// policy that may drop limiter keys gives ErrEvictionPolicy (see WithEvictionCheck).
 func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
@@ -133,27 +136,25 @@ func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error)
 
 // AllowN records n events for key if l admits all n now, and none otherwise.
 func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result, error) {
-	now, err := e.now()
-	if err != nil {
+	if err := validate(key, l, n); err != nil {
 		return Result{}, err
 	}
-	return e.allowAt(ctx, key, l, n, now)
+	return e.allowAt(ctx, key, l, n, e.now())
 }
 
 // Peek returns the decision Allow would take for key now, and records nothing. It runs as a
 // read-only script, so it may be served where only reads are allowed.
 func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) {
-	now, err := e.now()
-	if err != nil {
+	if err := validate(key, l, 1); err != nil {
 		return Result{}, err
 	}
-	return e.peekAt(ctx, key, l, 1, now)
+	return e.peekAt(ctx, key, l, 1, e.now())
 }
 
 // Reset deletes key's log: every event recorded for it is forgotten.
 func (e *Engine) Reset(ctx context.Context, key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	if err := validateKey(key); err != nil {
+		return err
 	}
 	full := e.prefix + key
 	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
@@ -165,14 +166,22 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // Check reports whether one more event for key would be admitted at now, recording nothing:
 // nil when it would, a *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
-	r, err := e.peekAt(ctx, key, Limit{Max: limit, Window: window}, 1, clockReading{t: now, set: true})
+	l := Limit{Max: limit, Window: window}
+	if err := validate(key, l, 1); err != nil {
+		return err
+	}
+	r, err := e.peekAt(ctx, key, l, 1, clockReading{t: now, set: true})
 	return deniedOrErr(key, r, err)
 }
 
 // Record records one event for key at now if the limit admits it: nil when admitted, a
 // *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
-	r, err := e.allowAt(ctx, key, Limit{Max: limit, Window: window}, 1, clockReading{t: now, set: true})
+	l := Limit{Max: limit, Window: window}
+	if err := validate(key, l, 1); err != nil {
+		return err
+	}
+	r, err := e.allowAt(ctx, key, l, 1, clockReading{t: now, set: true})
 	return deniedOrErr(key, r, err)
 }
 
@@ -219,16 +228,28 @@ func (c clockReading) arg() (string, error) {
 	return strconv.FormatInt(us, 10), nil
 }
 
-func (e *Engine) now() (clockReading, error) {
+// now is the clock a decision is taken on: the caller's (WithClock, or time.Now in Pipelined
+// mode), else unset, and the script reads the server's.
+func (e *Engine) now() clockReading {
 	switch {
 	case e.clock != nil:
-		return clockReading{t: e.clock(), set: true}, nil
+		return clockReading{t: e.clock(), set: true}
 	case e.mode == Pipelined:
-		return clockReading{t: time.Now(), set: true}, nil
+		return clockReading{t: time.Now(), set: true}
 	}
-	return clockReading{}, nil
+	return clockReading{}
 }
 
+// callerNow is the caller's idea of now, for a Result the server did not decide: the
+// engine's clock when it has one, else time.Now.
+func (e *Engine) callerNow() time.Time {
+	if e.clock != nil {
+		return e.clock()
+	}
+	return time.Now()
+}
+
+// allowAt and peekAt take a validated request; the exported methods validate.
 func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
 	if e.mode == Pipelined {
 		return e.allowPipelined(ctx, key, l, n, at)
@@ -241,55 +262,68 @@ func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at cloc
 }
 
 func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string, l Limit, n int, at clockReading) (Result, error) {
-	if err := validate(key, l, n); err != nil {
-		return Result{}, err
-	}
 	nowArg, err := at.arg()
 	if err != nil {
 		return Result{}, err
 	}
-	window := l.windowMicros()
-	args := []string{nowArg, strconv.FormatInt(window, 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
-	r, _, err := e.runDecision(ctx, s, op, key, args, window)
-	if err == nil && r.BackendErr == nil {
-		r.Window = l.Window
-	}
-	return r, err
+	args := []string{nowArg, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
+	return e.runDecision(ctx, s, op, key, args, []Limit{l})
 }
 
-// parseReply reads the scripts' reply: remaining, now µs, then retry_after µs (default 0:
-// admitted), reset_after µs (default: one window) and the 1-based position of the tightest
-// limit (default 1), which it returns beside the Result. A denial always has retry_after > 0.
-func parseReply(reply valkey.ValkeyResult, windowMicros int64) (Result, int, error) {
+// maxReplyValues is the longest reply a decision script gives.
+const maxReplyValues = 5
+
+// parseReply reads a decision script's reply into its integers, then decodeReply reads them.
+func parseReply(reply valkey.ValkeyResult, limits []Limit) (Result, error) {
 	vals, err := reply.ToArray()
 	if err != nil {
-		return Result{}, 0, err
+		return Result{}, err
 	}
-	if len(vals) < 2 || len(vals) > 5 {
-		return Result{}, 0, fmt.Errorf("script reply has %d values, want 2 to 5", len(vals))
+	if len(vals) < 2 || len(vals) > maxReplyValues {
+		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(vals), maxReplyValues)
 	}
-	v := [5]int64{2: 0, 3: windowMicros, 4: 1}
+	var v [maxReplyValues]int64
 	for i := range vals {
 		if v[i], err = vals[i].AsInt64(); err != nil {
-			return Result{}, 0, fmt.Errorf("script reply value %d: %w", i+1, err)
+			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
 		}
 	}
+	return decodeReply(v[:len(vals)], limits)
+}
+
+// decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
+// retry_after µs (default 0: admitted), reset_after µs (default: the longest window) and the
+// 1-based position in limits (ascending windows) of the limit Remaining speaks for (default 1),
+// which sets Result.Window. A denial always has retry_after > 0.
+func decodeReply(v []int64, limits []Limit) (Result, error) {
+	if len(v) < 2 || len(v) > maxReplyValues {
+		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(v), maxReplyValues)
+	}
+	full := [maxReplyValues]int64{2: 0, 3: limits[len(limits)-1].windowMicros(), 4: 1}
+	copy(full[:], v)
+	remaining, now, retry, reset, tightest := full[0], full[1], full[2], full[3], full[4]
+	switch {
+	case remaining < 0:
+		return Result{}, fmt.Errorf("script reply: remaining %d is negative", remaining)
+	case retry < 0 || reset < 0:
+		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", retry, reset)
+	case tightest < 1 || tightest > int64(len(limits)):
+		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", tightest, len(limits))
+	}
 	return Result{
-		Allowed:    v[2] == 0,
-		Remaining:  int(v[0]),
-		RetryAfter: time.Duration(v[2]) * time.Microsecond,
-		ResetAfter: time.Duration(v[3]) * time.Microsecond,
-		At:         time.UnixMicro(v[1]),
-	}, int(v[4]), nil
+		Allowed:    retry == 0,
+		Remaining:  int(remaining),
+		RetryAfter: time.Duration(retry) * time.Microsecond,
+		ResetAfter: time.Duration(reset) * time.Microsecond,
+		At:         time.UnixMicro(now),
+		Window:     limits[tightest-1].Window,
+	}, nil
 }
 
 // allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
 // when the count after the add is at most Max. It is not atomic, and a denied request stays in
 // the log. RetryAfter and ResetAfter cannot be known without more reads: both are the window.
 func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	if err := validate(key, l, n); err != nil {
-		return Result{}, err
-	}
 	now, err := at.micros()
 	if err != nil {
 		return Result{}, err
@@ -336,11 +370,20 @@ func (e *Engine) nextMember() string {
 	return string(buf[:8+k])
 }
 
+// validate checks a request for n events of key against l; every exported method checks its
+// arguments once, before anything is sent.
 func validate(key string, l Limit, n int) error {
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	return l.validate(n)
+}
+
+func validateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
 	}
-	return l.validate(n)
+	return nil
 }
 
 // classify wraps err with what was being done, and with ErrUnavailable when the server was
@@ -351,12 +394,23 @@ func classify(what string, err error) error {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	var verr *valkey.ValkeyError
-	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) {
-		msg := verr.Error()
-		if !verr.IsLoading() && !verr.IsClusterDown() && !verr.IsTryAgain() &&
-			!strings.HasPrefix(msg, "MASTERDOWN") && !strings.HasPrefix(msg, "BUSY ") && !strings.HasPrefix(msg, "READONLY") {
-			return fmt.Errorf("%s: server error: %w", what, err)
-		}
+	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) && !serverCannotAnswer(verr.Error()) {
+		return fmt.Errorf("%s: server error: %w", what, err)
 	}
 	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
+}
+
+// unavailableReplies are the error replies of a server that is there but cannot decide now:
+// loading its data, its cluster down, a slot migrating, its primary lost, a script running
+// too long, or a replica that takes no writes (a failover in progress).
+var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY ", "READONLY"}
+
+// serverCannotAnswer reports whether an error reply means unavailable rather than refused.
+func serverCannotAnswer(reply string) bool {
+	for _, prefix := range unavailableReplies {
+		if strings.HasPrefix(reply, prefix) {
+			return true
+		}
+	}
+	return false
 }

@@ -129,3 +129,100 @@ func TestClockReadingRange(t *testing.T) {
 		}
 	}
 }
+
+// The error replies of a server that cannot answer now are ErrUnavailable; other error
+// replies are the server refusing the request, and are not.
+func TestServerCannotAnswer(t *testing.T) {
+	for reply, unavailable := range map[string]bool{
+		"LOADING Valkey is loading the dataset in memory":                        true,
+		"CLUSTERDOWN The cluster is down":                                        true,
+		"TRYAGAIN Multiple keys request during rehashing of slot":                true,
+		"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is no": true,
+		"BUSY Valkey is busy running a script. You can only call SCRIPT KILL":    true,
+		"READONLY You can't write against a read only replica.":                  true,
+		"WRONGTYPE Operation against a key holding the wrong kind of value":      false,
+		"NOPERM User has no permissions to run the 'evalsha' command":            false,
+		"ERR Error running script (call to f_x): @user_script:1: bad":            false,
+		"BUSYGROUP Consumer Group name already exists":                           false,
+		"BUSYKEY Target key name already exists.":                                false,
+		"NOSCRIPT No matching script. Please use EVAL.":                          false,
+		"": false,
+		"ERR LOADING is not a prefix here, only a word in the message": false,
+	} {
+		if got := serverCannotAnswer(reply); got != unavailable {
+			t.Errorf("serverCannotAnswer(%q) = %v, want %v", reply, got, unavailable)
+		}
+	}
+}
+
+// decodeReply fills the defaults of a short reply and refuses replies no script gives.
+func TestDecodeReply(t *testing.T) {
+	limits := []Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}}
+	r, err := decodeReply([]int64{4, 1_000_000}, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, At: time.UnixMicro(1_000_000), Window: time.Second}
+	if r != want {
+		t.Fatalf("short reply: %+v, want %+v", r, want)
+	}
+	r, err = decodeReply([]int64{0, 7, 250, 9_000, 2}, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Result{Allowed: false, RetryAfter: 250 * time.Microsecond, ResetAfter: 9 * time.Millisecond, At: time.UnixMicro(7), Window: time.Hour}
+	if r != want {
+		t.Fatalf("full reply: %+v, want %+v", r, want)
+	}
+	for name, bad := range map[string][]int64{
+		"empty":              {},
+		"one value":          {1},
+		"six values":         {1, 2, 0, 3, 1, 9},
+		"negative remaining": {-1, 7},
+		"negative retry":     {0, 7, -5},
+		"negative reset":     {0, 7, 5, -1},
+		"limit position 0":   {0, 7, 5, 10, 0},
+		"limit position 3":   {0, 7, 5, 10, 3},
+	} {
+		if r, err := decodeReply(bad, limits); err == nil {
+			t.Errorf("%s: decoded %+v, want an error", name, r)
+		}
+	}
+}
+
+// A reply that is not an array of integers is an error, not a decision.
+func TestParseReplyMalformed(t *testing.T) {
+	limits := []Limit{PerSecond(1)}
+	for name, reply := range map[string]valkey.ValkeyResult{
+		"transport error": valkey.NewErrorResult(errors.New("connection reset")),
+		"not an array":    valkey.NewResult(valkey.ValkeyMessage{}, nil),
+	} {
+		if r, err := parseReply(reply, limits); err == nil {
+			t.Errorf("%s: parsed %+v, want an error", name, r)
+		}
+	}
+}
+
+// Fail-open admits with the error in BackendErr, stamped by the engine's own clock when it has
+// one; fail-closed returns the error; a caller's cancellation is returned either way.
+func TestBackendFailure(t *testing.T) {
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	boom := errors.New("boom")
+	open := &Engine{failOpen: true, clock: func() time.Time { return at }}
+	r, err := open.backendFailure(context.Background(), boom)
+	if err != nil || !r.Allowed || r.BackendErr != boom || !r.At.Equal(at) {
+		t.Fatalf("fail-open with a clock: %+v, %v; want admitted at %s carrying the error", r, err, at)
+	}
+	r, err = (&Engine{failOpen: true}).backendFailure(context.Background(), boom)
+	if err != nil || !r.Allowed || time.Since(r.At) > time.Minute {
+		t.Fatalf("fail-open without a clock: %+v, %v; want admitted at about now", r, err)
+	}
+	if r, err := (&Engine{}).backendFailure(context.Background(), boom); err != boom || r.Allowed {
+		t.Fatalf("fail-closed: %+v, %v; want the error and a denial", r, err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r, err := open.backendFailure(cancelled, boom); err != boom || r.Allowed {
+		t.Fatalf("fail-open, caller cancelled: %+v, %v; want the error", r, err)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/strictrate/strictrate/loader"
 )
 
 var (
@@ -20,6 +22,11 @@ var (
 	// answer: connection refused or lost, client closed. The decision was not taken, or its
 	// outcome is unknown; the error also wraps the client's own error.
 	ErrUnavailable = errors.New("strictrate: server unavailable")
+
+	// ErrPreload is wrapped by the error New returns when a script cannot be loaded on a node
+	// (scripting disabled or not permitted for the client's user, say). It is the loader's
+	// sentinel, named here so callers need not import the loader.
+	ErrPreload = loader.ErrPreload
 
 	// ErrEvictionPolicy is returned by New when a node's maxmemory-policy may evict limiter
 	// keys (allkeys-*) and WithEvictionCheck is EvictionRefuse, the default.

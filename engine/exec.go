@@ -17,10 +17,10 @@ func (e *Engine) scripts() []*loader.Script { return []*loader.Script{e.decide, 
 
 // runDecision sends one decision script for key and turns its reply into a Result. Every
 // scripted decision goes through here, so the replica-ack and fail-open policies apply to all
-// of them. The reply is the shape sliding_window.lua documents; windowMicros is the default
-// for a missing reset_after. Beside the Result it returns the 1-based position of the limit
-// the reply speaks for (1 for a single limit, and for a fail-open Result).
-func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, args []string, windowMicros int64) (Result, int, error) {
+// of them. The reply is the shape sliding_window.lua documents; limits are the decision's
+// limits in the order the script got them (ascending windows), which the reply's limit
+// position and default reset_after refer to.
+func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, args []string, limits []Limit) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
 	what := func() string { return "strictrate: " + op + " " + strconv.Quote(key) }
 	keys := []string{e.prefix + key}
@@ -32,29 +32,23 @@ func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key stri
 		reply = s.Exec(ctx, e.client, keys, args)
 	}
 	if err := reply.Error(); err != nil {
-		return e.failedDecision(ctx, classify(what(), err))
+		return e.backendFailure(ctx, classify(what(), err))
 	}
-	r, tightest, err := parseReply(reply, windowMicros)
+	r, err := parseReply(reply, limits)
 	if err != nil {
-		return e.failedDecision(ctx, fmt.Errorf("%s: %w", what(), err))
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
 	if ack && r.Allowed {
 		acked, err := waited.AsInt64()
 		if err != nil {
-			return e.failedDecision(ctx, classify(what()+": WAIT", err))
+			return e.backendFailure(ctx, classify(what()+": WAIT", err))
 		}
 		if acked < int64(e.ackReplicas) {
-			return e.failedDecision(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
+			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
 				what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout))
 		}
 	}
-	return r, tightest, nil
-}
-
-// failedDecision is backendFailure for runDecision's three results.
-func (e *Engine) failedDecision(ctx context.Context, err error) (Result, int, error) {
-	r, err := e.backendFailure(ctx, err)
-	return r, 1, err
+	return r, nil
 }
 
 // waitCommand is WAIT for the configured replicas and timeout.
@@ -73,5 +67,5 @@ func (e *Engine) backendFailure(ctx context.Context, err error) (Result, error) 
 	if !e.failOpen || errors.Is(ctx.Err(), context.Canceled) {
 		return Result{}, err
 	}
-	return Result{Allowed: true, BackendErr: err, At: time.Now()}, nil
+	return Result{Allowed: true, BackendErr: err, At: e.callerNow()}, nil
 }

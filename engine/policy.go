@@ -84,16 +84,13 @@ func (p Policy) Longest() Limit {
 // design has no per-window count to offer): the engine's clock applies as usual (WithClock, or
 // time.Now in Pipelined mode).
 func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if key == "" {
-		return Result{}, fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	if err := validateKey(key); err != nil {
+		return Result{}, err
 	}
 	if err := p.validate(n); err != nil {
 		return Result{}, err
 	}
-	now, err := e.now()
-	if err != nil {
-		return Result{}, err
-	}
+	now := e.now()
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}
@@ -109,10 +106,5 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	for _, l := range sorted {
 		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
 	}
-	longest := sorted[len(sorted)-1].windowMicros()
-	r, tightest, err := e.runDecision(ctx, e.policy, "allow_policy", key, args, longest)
-	if err == nil && r.BackendErr == nil && tightest >= 1 && tightest <= len(sorted) {
-		r.Window = sorted[tightest-1].Window
-	}
-	return r, err
+	return e.runDecision(ctx, e.policy, "allow_policy", key, args, sorted)
 }
