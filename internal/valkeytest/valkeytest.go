@@ -4,10 +4,10 @@
 // redis-server) binary on PATH, started on a free loopback port in a temporary directory with
 // persistence off; else a valkey/valkey:8 container through a local Docker engine. Whatever it
 // starts, Close stops; New ties that to the test's cleanup, so it runs when a test fails too.
+// The package talks to servers through valkey-go only.
 package valkeytest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -81,18 +81,25 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 // ErrNoServer's advice when no server can be had.
 func New(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
+	return forTest(tb, "server", func(ctx context.Context) (*Server, error) { return Start(ctx, opts...) })
+}
+
+// forTest runs start with a deadline of two minutes, fails tb if it fails, and closes what it
+// started in tb's cleanup: New and NewCluster.
+func forTest[T interface{ Close() error }](tb testing.TB, what string, start func(context.Context) (T, error)) T {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Start(ctx, opts...)
+	v, err := start(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			tb.Errorf("valkeytest: stop server: %v", err)
+		if err := v.Close(); err != nil {
+			tb.Errorf("valkeytest: stop %s: %v", what, err)
 		}
 	})
-	return s
+	return v
 }
 
 // RunWithServer is the body of a TestMain whose tests share one server: it starts the server,
@@ -132,6 +139,22 @@ func NewClient(tb testing.TB, addrs ...string) valkey.Client {
 	}
 	tb.Cleanup(c.Close)
 	return c
+}
+
+// dial connects a client to the one server at addr, whatever it is (a standalone server, or a
+// cluster node before or after it joins a cluster): it never asks for the cluster's layout and
+// is never redirected to another node. opt sets everything else, e.g. Username and Password.
+func dial(addr string, opt valkey.ClientOption) (valkey.Client, error) {
+	opt.InitAddress = []string{addr}
+	opt.ForceSingleClient = true
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		if c != nil { // ForceSingleClient returns the client even when its first dial failed
+			c.Close()
+		}
+		return nil, err
+	}
+	return c, nil
 }
 
 // Close stops the server if Start launched it, and removes its files. It is safe to call twice.
@@ -336,26 +359,16 @@ func startDocker(ctx context.Context) (*Server, error) {
 	return &Server{Addr: addr, Source: "docker", close: func() error { return pool.Purge(res) }}, nil
 }
 
-// ping sends one inline PING and expects +PONG.
+// ping connects to addr on a fresh connection and sends PING, once: no retry.
 func ping(ctx context.Context, addr string) error {
-	d := net.Dialer{Timeout: time.Second}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	c, err := dial(addr, valkey.ClientOption{DisableRetry: true, DisableCache: true, Dialer: net.Dialer{Timeout: time.Second}})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
-	}
-	return nil
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return c.Do(ctx, c.B().Ping().Build()).Error()
 }
 
 func freePort() (string, error) {
@@ -379,4 +392,15 @@ func tail(path string) string {
 		lines = lines[len(lines)-5:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Must returns r's value as conv reads it (e.g. valkey.ValkeyResult.AsInt64), and fails tb,
+// naming what was sent, if the command failed or its reply is not of that type.
+func Must[T any](tb testing.TB, what string, r valkey.ValkeyResult, conv func(valkey.ValkeyResult) (T, error)) T {
+	tb.Helper()
+	v, err := conv(r)
+	if err != nil {
+		tb.Fatalf("%s: %v", what, err)
+	}
+	return v
 }
