@@ -139,14 +139,13 @@ type Settings struct {
 }
 
 func serverVersion(ctx context.Context, c valkey.Client) string {
-	info, err := c.Do(ctx, c.B().Info().Section("server").Build()).ToString()
+	info, err := valkeytest.ReadInfo(ctx, c, "server")
 	if err != nil {
 		return "unknown"
 	}
-	for _, field := range []string{"valkey_version:", "redis_version:"} {
-		if i := strings.Index(info, field); i >= 0 {
-			v := info[i+len(field):]
-			return "Valkey " + strings.TrimSpace(v[:strings.IndexAny(v, "\r\n")])
+	for _, field := range []string{"valkey_version", "redis_version"} {
+		if v := info[field]; v != "" {
+			return "Valkey " + v
 		}
 	}
 	return "unknown"

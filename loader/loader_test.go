@@ -17,18 +17,13 @@ import (
 // commandCalls reads INFO commandstats: calls per command name, e.g. "evalsha".
 func commandCalls(t *testing.T, c valkey.Client) map[string]int {
 	t.Helper()
-	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	info, err := valkeytest.ReadInfo(context.Background(), c, "commandstats")
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := map[string]int{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	for name, st := range info.CommandStats() {
+		calls[name] = int(st.Calls)
 	}
 	return calls
 }
