@@ -69,7 +69,8 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	srv, err := provision(ctx, cfg.Addr)
+	// The server at -addr when given (checked to answer, used as is), else one like the tests'.
+	srv, err := valkeytest.Start(ctx, valkeytest.Addr(cfg.Addr))
 	if err != nil {
 		return err
 	}
@@ -116,14 +117,6 @@ func (c config) validate() error {
 		}
 	}
 	return fmt.Errorf("-scenario %q: want one of %s, or all", c.Scenario, strings.Join(scenarios, ", "))
-}
-
-// provision uses addr when given, else starts a throwaway server like the tests do.
-func provision(ctx context.Context, addr string) (*valkeytest.Server, error) {
-	if addr != "" {
-		os.Setenv(valkeytest.EnvAddr, addr) // Start checks it answers and uses it as is
-	}
-	return valkeytest.Start(ctx)
 }
 
 // Settings records what the run ran on.

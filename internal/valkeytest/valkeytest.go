@@ -1,10 +1,10 @@
 // Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks.
 //
-// Start finds a server in this order: the address in VALKEY_ADDR; else a valkey-server (or
-// redis-server) binary on PATH, started on a free loopback port in a temporary directory with
-// persistence off; else a valkey/valkey:8 container through a local Docker engine. Whatever it
-// starts, Close stops; New ties that to the test's cleanup, so it runs when a test fails too.
-// The package talks to servers through valkey-go only.
+// Start finds a server in this order: the address given with Addr; else the address in
+// VALKEY_ADDR; else a valkey-server (or redis-server) binary on PATH, started on a free loopback
+// port in a temporary directory with persistence off; else a valkey/valkey:8 container through
+// a local Docker engine. Whatever it starts, Close stops; New ties that to the test's cleanup,
+// so it runs when a test fails too. The package talks to servers through valkey-go only.
 package valkeytest
 
 import (
@@ -37,7 +37,8 @@ var ErrNoServer = errors.New("no Valkey server for the tests: set VALKEY_ADDR=ho
 type Server struct {
 	// Addr is the server's address, host:port.
 	Addr string
-	// Source says where the server came from: "env", the binary's name, or "docker".
+	// Source says where the server came from: "addr" (the Addr option), "env", the binary's
+	// name, or "docker".
 	Source string
 
 	proc  *process     // set when Start launched a binary
@@ -49,17 +50,29 @@ type Option func(*config)
 
 type config struct {
 	allowExternal bool
+	addr          string
 }
 
 // OwnServer makes Start launch a server of its own even when VALKEY_ADDR is set: for tests
 // that stop, restart or reconfigure the server, which they must never do to a shared one.
 func OwnServer() Option { return func(c *config) { c.allowExternal = false } }
 
+// Addr makes Start use the server at addr (host:port) as it is, once it answers PING, before
+// anything else the package comment lists; Close then leaves it running. An empty addr changes
+// nothing, so a command's -addr flag can be passed through whether it was given or not.
+func Addr(addr string) Option { return func(c *config) { c.addr = addr } }
+
 // Start provisions a server as the package comment describes. The caller must Close it.
 func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	cfg := config{allowExternal: true}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.addr != "" {
+		if err := ping(ctx, cfg.addr); err != nil {
+			return nil, fmt.Errorf("valkeytest: %s does not answer PING: %w", cfg.addr, err)
+		}
+		return &Server{Addr: cfg.addr, Source: "addr"}, nil
 	}
 	if addr := os.Getenv(EnvAddr); addr != "" && cfg.allowExternal {
 		if err := ping(ctx, addr); err != nil {

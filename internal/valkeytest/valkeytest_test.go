@@ -105,6 +105,37 @@ func TestParseInfo(t *testing.T) {
 	}
 }
 
+func TestAddrIsUsedAsIs(t *testing.T) {
+	own := New(t, OwnServer())
+	t.Setenv(EnvAddr, "")
+	s, err := Start(context.Background(), Addr(own.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Addr != own.Addr || s.Source != "addr" {
+		t.Fatalf("Start with Addr: addr %s source %s, want %s addr", s.Addr, s.Source, own.Addr)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(context.Background(), own.Addr); err != nil {
+		t.Fatalf("closing a given server must not stop it: %v", err)
+	}
+	if _, err := Start(context.Background(), Addr(freeAddr(t))); err == nil {
+		t.Fatal("Start with an Addr that does not answer: no error")
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "127.0.0.1:" + port
+}
+
 func TestWaitFor(t *testing.T) {
 	ctx := context.Background()
 	tries := 0
