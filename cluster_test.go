@@ -11,6 +11,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
@@ -69,7 +70,7 @@ func TestCluster(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		client := c.Client(t, valkey.ClientOption{})
 		clients = append(clients, client)
-		es = append(es, newEngine(t, client))
+		es = append(es, enginetest.New(t, client))
 	}
 
 	t.Run("scripts on every node", func(t *testing.T) {
@@ -78,7 +79,7 @@ func TestCluster(t *testing.T) {
 		// later gets the script through the NOSCRIPT fallback (TestClusterFailover).
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
-		newEngine(t, rc)
+		enginetest.New(t, rc)
 		shas := []string{loader.New("", scripts.SlidingWindow()).SHA1(), loader.New("", scripts.SlidingWindowPeek()).SHA1()}
 		if len(rc.Nodes()) != 6 {
 			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
@@ -138,7 +139,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Peek served by replicas", func(t *testing.T) {
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		// Acknowledged by a replica before Allow returns, so the replica's copy is current.
-		e := newEngine(t, rc, engine.WithReplicaAck(1, 2*time.Second))
+		e := enginetest.New(t, rc, engine.WithReplicaAck(1, 2*time.Second))
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ConfigResetstat().Build() })
 		for _, p := range c.Primaries {
 			key, l := keyOn(t, p), engine.PerMinute(10)
@@ -270,7 +271,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 
 	t.Run("without replica ack", func(t *testing.T) {
-		e := newEngine(t, client)
+		e := enginetest.New(t, client)
 		r := run(t, e, c.Primaries[0], c.Replicas[0])
 		t.Logf("without ack: told yes %d before the cut, %d while cut, %d after failover: over-admitted %d of %d",
 			r.toldYesBefore, r.toldYesFrozen, r.toldYesAfter, r.overAdmitted(limit), limit)
@@ -279,7 +280,7 @@ func TestClusterFailover(t *testing.T) {
 	})
 
 	t.Run("with replica ack", func(t *testing.T) {
-		e := newEngine(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
+		e := enginetest.New(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
 		primary, replica := c.Primaries[1], c.Replicas[1]
 		r := run(t, e, primary, replica)
 		// The promoted primary has no replica of its own until the old node returns, so every

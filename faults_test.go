@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valkey-io/valkey-go"
-
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -20,8 +19,8 @@ import (
 func TestFailOpenAndFailClosed(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
-	closed := newEngine(t, c)
-	open := newEngine(t, c, engine.WithFailOpen(true))
+	closed := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
 	key, l := newKey(t), engine.PerMinute(3)
 	ctx := context.Background()
 
@@ -66,8 +65,8 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	admin := valkeytest.NewClient(t, own.Addr)
-	e := newEngine(t, c)
-	open := newEngine(t, c, engine.WithFailOpen(true))
+	e := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
 	key, l := newKey(t), engine.PerMinute(5)
 	ctx := context.Background()
 
@@ -163,14 +162,7 @@ func TestEvictionPolicyCheck(t *testing.T) {
 
 	// A user that may not run CONFIG (as on many managed services) is not checked.
 	setPolicy("allkeys-lru")
-	if err := c.Do(ctx, c.B().Arbitrary("ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "+@all", "-config").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	limited, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, Username: "noconfig", Password: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer limited.Close()
+	limited := own.NewUser(t, "noconfig", "pw", "+@all", "-config")
 	if _, err := engine.New(limited); err != nil {
 		t.Fatalf("New without CONFIG permission: %v", err)
 	}

@@ -115,11 +115,20 @@ func forTest[T interface{ Close() error }](tb testing.TB, what string, start fun
 	return v
 }
 
-// RunWithServer is the body of a TestMain whose tests share one server: it starts the server,
-// hands it to set, runs the tests and stops the server. A server that cannot be had fails the
-// run with ErrNoServer's advice. Use it as
+// Main is the whole TestMain of a package whose tests share one server: it starts the server,
+// stores it in *server, runs the tests, stops the server and exits with the run's code. Use it
+// as
 //
-//	func TestMain(m *testing.M) { os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s })) }
+//	var server *valkeytest.Server
+//
+//	func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
+func Main(m *testing.M, server **Server) {
+	os.Exit(RunWithServer(m, func(s *Server) { *server = s }))
+}
+
+// RunWithServer is Main for a TestMain that wants the server in another shape (set receives
+// it) or has more to do: it returns the exit code instead of exiting. A server that cannot be
+// had fails the run with ErrNoServer's advice.
 func RunWithServer(m *testing.M, set func(*Server)) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	s, err := Start(ctx)
@@ -149,6 +158,25 @@ func NewClient(tb testing.TB, addrs ...string) valkey.Client {
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: addrs})
 	if err != nil {
 		tb.Fatalf("valkeytest: connect to %v: %v", addrs, err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// NewUser creates (or redefines) the ACL user name on the server, with password, access to
+// every key and channel, and the given rules (e.g. "+@all", "-@scripting"), and returns a
+// client logged in as that user, closed in tb's cleanup. The server must be one the test may
+// reconfigure (OwnServer).
+func (s *Server) NewUser(tb testing.TB, name, password string, rules ...string) valkey.Client {
+	tb.Helper()
+	admin := s.Client(tb)
+	acl := admin.B().AclSetuser().Username(name).Rule(append([]string{"on", ">" + password, "~*", "&*"}, rules...)...).Build()
+	if err := admin.Do(context.Background(), acl).Error(); err != nil {
+		tb.Fatalf("valkeytest: create user %s: %v", name, err)
+	}
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{s.Addr}, Username: name, Password: password})
+	if err != nil {
+		tb.Fatalf("valkeytest: connect as %s: %v", name, err)
 	}
 	tb.Cleanup(c.Close)
 	return c
