@@ -271,23 +271,45 @@ func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
 	want(t, "one more", mustAllowN(t, es[0], key, l, 1).Allowed, false)
 }
 
+// All or nothing: a request that does not fit, in any window of a policy, is denied whole and
+// adds nothing; what does fit is admitted next. For a single limit (AllowN) as for a policy
+// whose short window has room again while its long one has not.
 func TestAllowNAllOrNothing(t *testing.T) {
-	c := server.Client(t)
-	e := enginetest.New(t, c)
-	key, l := newKey(t), engine.PerMinute(5)
+	perMinute := engine.PerMinute(5)
+	for _, tc := range []struct {
+		name      string
+		allow     func(t *testing.T, e *engine.Engine, key string, n int) engine.Result
+		window    time.Duration // the tightest window after the first 3
+		remaining int           // what it has left
+	}{
+		{"AllowN", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
+			return mustAllowN(t, e, key, perMinute, n)
+		}, perMinute.Window, 2},
+		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
+			return mustAllowPolicy(t, e, key, engine.Policy{{Max: 3, Window: time.Second}, perMinute}, n)
+		}, time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := server.Client(t)
+			e, clock := enginetest.Clocked(t, c)
+			key := newKey(t)
 
-	r := mustAllowN(t, e, key, l, 3)
-	want(t, "3 of 5: allowed", r.Allowed, true)
-	want(t, "3 of 5: window", r.Window, l.Window)
-	want(t, "3 of 5: remaining", r.Remaining, 2)
-	r = mustAllowN(t, e, key, l, 3)
-	want(t, "3 more: allowed", r.Allowed, false)
-	want(t, "3 more: remaining", r.Remaining, 2)
-	want(t, "log size after the denial", zcard(t, c, key), int64(3))
-	r = mustAllowN(t, e, key, l, 2)
-	want(t, "2 more: allowed", r.Allowed, true)
-	want(t, "2 more: remaining", r.Remaining, 0)
-	want(t, "log size", zcard(t, c, key), int64(5))
+			r := tc.allow(t, e, key, 3)
+			want(t, "3 of 5: allowed", r.Allowed, true)
+			want(t, "3 of 5: window", r.Window, tc.window)
+			want(t, "3 of 5: remaining", r.Remaining, tc.remaining)
+			clock.Set(enginetest.T0.Add(time.Second)) // a policy's second has room again; the minute has 2
+			r = tc.allow(t, e, key, 3)
+			want(t, "3 more: allowed", r.Allowed, false)
+			want(t, "3 more: remaining", r.Remaining, 2)
+			want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
+			want(t, "log size after the denial", zcard(t, c, key), int64(3))
+			r = tc.allow(t, e, key, 2)
+			want(t, "2 more: allowed", r.Allowed, true)
+			want(t, "2 more: remaining", r.Remaining, 0)
+			want(t, "log size", zcard(t, c, key), int64(5))
+		})
+	}
 }
 
 // A denied request waits exactly RetryAfter, to the microsecond, and is then admitted.
@@ -347,25 +369,43 @@ func TestResetAfter(t *testing.T) {
 	want(t, "full: retry after (the 300ms event leaves)", r.RetryAfter, 100*time.Millisecond)
 }
 
-// A caller whose clock runs behind another's still counts the other's later events, and the
-// key lives until the latest of them leaves.
+// A caller whose clock lags another's still counts the other's later events, in every window
+// of a policy, and the key lives until the latest of them leaves the longest window: for a
+// single limit (AllowN) as for a policy of two.
 func TestCallersClocksDisagree(t *testing.T) {
-	ahead, behind := enginetest.NewClock(enginetest.T0.Add(time.Second)), enginetest.NewClock(enginetest.T0)
-	c := server.Client(t)
-	ea := enginetest.New(t, c, engine.WithClock(ahead.Now))
-	eb := enginetest.New(t, c, engine.WithClock(behind.Now))
-	key, l := newKey(t), engine.Limit{Max: 2, Window: 10 * time.Second}
+	short := engine.Limit{Max: 2, Window: 10 * time.Second}
+	for _, tc := range []struct {
+		name    string
+		allow   func(t *testing.T, e *engine.Engine, key string) engine.Result
+		longest time.Duration
+	}{
+		{"AllowN", func(t *testing.T, e *engine.Engine, key string) engine.Result {
+			return mustAllowN(t, e, key, short, 1)
+		}, short.Window},
+		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string) engine.Result {
+			return mustAllowPolicy(t, e, key, engine.Policy{short, {Max: 3, Window: 20 * time.Second}}, 1)
+		}, 20 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ahead, behind := enginetest.NewClock(enginetest.T0.Add(time.Second)), enginetest.NewClock(enginetest.T0)
+			c := server.Client(t)
+			ea := enginetest.New(t, c, engine.WithClock(ahead.Now))
+			eb := enginetest.New(t, c, engine.WithClock(behind.Now))
+			key := newKey(t)
 
-	mustAllowN(t, ea, key, l, 1)
-	r := mustAllowN(t, eb, key, l, 1)
-	want(t, "behind: allowed", r.Allowed, true)
-	want(t, "behind: reset after counts the later event", r.ResetAfter, 11*time.Second)
-	if ttl := pttl(t, c, key); ttl <= 10_000 || ttl > 11_000 {
-		t.Fatalf("PTTL %d ms, want (10000, 11000]", ttl)
+			tc.allow(t, ea, key)
+			r := tc.allow(t, eb, key)
+			want(t, "behind: allowed", r.Allowed, true)
+			want(t, "behind: reset after counts the later event", r.ResetAfter, tc.longest+time.Second)
+			if ttl, lo := pttl(t, c, key), tc.longest.Milliseconds(); ttl <= lo || ttl > lo+1000 {
+				t.Fatalf("PTTL %d ms, want (%d, %d]", ttl, lo, lo+1000)
+			}
+			r = tc.allow(t, eb, key)
+			want(t, "behind, short window full: allowed", r.Allowed, false)
+			want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, short.Window)
+			want(t, "behind: reset after", r.ResetAfter, tc.longest+time.Second)
+		})
 	}
-	r = mustAllowN(t, eb, key, l, 1)
-	want(t, "behind, full: allowed", r.Allowed, false)
-	want(t, "behind, full: retry after", r.RetryAfter, 10*time.Second)
 }
 
 // The key's expiry is set in milliseconds, rounded up, and is relative: a caller's clock far

@@ -133,28 +133,6 @@ func TestPolicyResetAfter(t *testing.T) {
 	want(t, "denied: retry after (the first event leaves the second)", r.RetryAfter, 300*time.Millisecond)
 }
 
-// All or nothing across windows: a request that one window refuses adds nothing to any.
-func TestPolicyAllowNAllOrNothing(t *testing.T) {
-	c := server.Client(t)
-	e, clock := enginetest.Clocked(t, c)
-	key := newKey(t)
-	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
-
-	r := mustAllowPolicy(t, e, key, p, 3)
-	want(t, "3: allowed", r.Allowed, true)
-	want(t, "3: remaining", r.Remaining, 0)
-	clock.Set(enginetest.T0.Add(time.Second))
-	r = mustAllowPolicy(t, e, key, p, 3)
-	want(t, "3 more (the second has room, the minute has 2): allowed", r.Allowed, false)
-	want(t, "3 more: remaining", r.Remaining, 2)
-	want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
-	want(t, "log size after the denial", zcard(t, c, key), int64(3))
-	r = mustAllowPolicy(t, e, key, p, 2)
-	want(t, "2 more: allowed", r.Allowed, true)
-	want(t, "2 more: remaining", r.Remaining, 0)
-	want(t, "log size", zcard(t, c, key), int64(5))
-}
-
 // 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
 // admitted, each admitted request sees a different count, and the log holds exactly that many.
 func TestPolicyExactUnderConcurrency(t *testing.T) {
@@ -284,29 +262,6 @@ func TestPolicyServerClock(t *testing.T) {
 	if ttl := pttl(t, c, key); ttl <= 24*3600_000-60_000 || ttl > 24*3600_000 {
 		t.Fatalf("PTTL %d ms, want about a day", ttl)
 	}
-}
-
-// A caller whose clock lags another's counts the other's later events in every window, and the
-// key lives until the latest of them leaves the longest window.
-func TestPolicyCallersClocksDisagree(t *testing.T) {
-	ahead, behind := enginetest.NewClock(enginetest.T0.Add(time.Second)), enginetest.NewClock(enginetest.T0)
-	c := server.Client(t)
-	ea := enginetest.New(t, c, engine.WithClock(ahead.Now))
-	eb := enginetest.New(t, c, engine.WithClock(behind.Now))
-	key := newKey(t)
-	p := engine.Policy{{Max: 2, Window: 10 * time.Second}, {Max: 3, Window: 20 * time.Second}}
-
-	mustAllowPolicy(t, ea, key, p, 1)
-	r := mustAllowPolicy(t, eb, key, p, 1)
-	want(t, "behind: allowed", r.Allowed, true)
-	want(t, "behind: reset after counts the later event", r.ResetAfter, 21*time.Second)
-	if ttl := pttl(t, c, key); ttl <= 20_000 || ttl > 21_000 {
-		t.Fatalf("PTTL %d ms, want (20000, 21000]", ttl)
-	}
-	r = mustAllowPolicy(t, eb, key, p, 1)
-	want(t, "behind, short window full: allowed", r.Allowed, false)
-	want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, 10*time.Second)
-	want(t, "behind: reset after", r.ResetAfter, 21*time.Second)
 }
 
 // Events of one microsecond get distinct members: the bare timestamp with its exact digits
