@@ -338,9 +338,12 @@ func TestRetryAfterExact(t *testing.T) {
 			t.Fatalf("At = %s, want the caller's clock %s", r.At, deniedAt)
 		}
 		clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
-		if p, _ := e.Peek(context.Background(), key, engine.Limit{Max: l.Max, Window: l.Window}); tc.n == 1 && p.Allowed {
+		// 1µs early, the n-1 oldest events have left and the n-th has not.
+		p := mustPeek(t, e, key, l)
+		if tc.n == 1 && p.Allowed {
 			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
 		}
+		want(t, fmt.Sprintf("n=%d 1µs early: peek remaining", tc.n), p.Remaining, tc.n-1)
 		want(t, fmt.Sprintf("n=%d 1µs early", tc.n), mustAllowN(t, e, key, l, tc.n).Allowed, false)
 	}
 	clock.Set(deniedAt.Add(100*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond))
@@ -410,8 +413,19 @@ func TestCallersClocksDisagree(t *testing.T) {
 
 // The key's expiry is set in milliseconds, rounded up, and is relative: a caller's clock far
 // from the server's still gets a key that lives one window.
+//
+// The TTL the script set is read exactly, however long the reads take: PEXPIRETIME is the
+// server's millisecond at the script's start plus that TTL, and that millisecond is known
+// whenever the server's TIME reads the same millisecond before the decision and after the
+// PEXPIRETIME. Attempts are repeated until one does; every attempt must bracket the TTL.
 func TestExpiry(t *testing.T) {
 	c := server.Client(t)
+	ctx := context.Background()
+	millis := func(t *testing.T, r valkey.ValkeyResult) int64 {
+		t.Helper()
+		tm := valkeytest.Must(t, "TIME", r, valkey.ValkeyResult.AsIntSlice)
+		return tm[0]*1000 + tm[1]/1000
+	}
 	for _, tc := range []struct {
 		name   string
 		window time.Duration
@@ -427,11 +441,31 @@ func TestExpiry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			skew := tc.skew
 			e := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Now().Add(skew) }))
-			key := newKey(t)
-			mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
-			ttl := pttl(t, c, key)
-			if tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1 {
-				t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
+			attempts := 0
+			err := valkeytest.WaitFor(ctx, time.Minute, "a decision within one server millisecond", func() (bool, error) {
+				attempts++
+				key := newKey(t)
+				before := millis(t, c.Do(ctx, c.B().Time().Build()))
+				mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
+				rs := c.DoMulti(ctx, c.B().Pexpiretime().Key(prefix+key).Build(), c.B().Time().Build())
+				expireAt := valkeytest.Must(t, "PEXPIRETIME", rs[0], valkey.ValkeyResult.AsInt64)
+				after := millis(t, rs[1])
+				if ttl := pttl(t, c, key); attempts == 1 && (tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1) {
+					t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
+				}
+				if expireAt == -2 && before != after {
+					return false, nil // a short-lived key gone before PEXPIRETIME: try again
+				}
+				if set := expireAt - before; before == after && set != tc.maxTTL {
+					t.Fatalf("the script set a TTL of %d ms, want %d", set, tc.maxTTL)
+				}
+				if expireAt-after > tc.maxTTL || expireAt-before < tc.maxTTL {
+					t.Fatalf("PEXPIRETIME %d with the server's clock at %d to %d ms: the TTL set is not %d ms", expireAt, before, after, tc.maxTTL)
+				}
+				return before == after, nil
+			})
+			if err != nil {
+				t.Fatalf("%v (%d attempts)", err, attempts)
 			}
 		})
 	}
@@ -707,14 +741,25 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 		return e.Allow(context.Background(), key, l)
 	})
 	admitted := 0
+	var counts []int // the log size each admitted request counted: Max - Remaining
 	for _, r := range results {
 		if r.Allowed {
 			admitted++
+			counts = append(counts, l.Max-r.Remaining)
 		}
 	}
 	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, zcard(t, c, key))
 	if admitted > l.Max {
 		t.Fatalf("admitted %d, more than Max %d", admitted, l.Max)
+	}
+	// Each request counts the log after its own add, and within the hour nothing leaves it: the
+	// request whose count ran i-th counted at least i events. So the i-th smallest count among
+	// the admitted is at least i, whatever the interleaving (what bounds admitted by Max).
+	slices.Sort(counts)
+	for i, n := range counts {
+		if n < i+1 {
+			t.Fatalf("admitted requests counted %v: the %d-th smallest is %d, below %d", counts, i+1, n, i+1)
+		}
 	}
 	want(t, "log size (every attempt)", zcard(t, c, key), int64(800))
 
