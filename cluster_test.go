@@ -3,9 +3,7 @@ package strictrate_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
@@ -27,16 +26,10 @@ func skipClusterIfShort(t *testing.T) {
 
 // keyOn returns a fresh user key whose full key (with the engine's prefix) lands in node's
 // slots.
-func keyOn(t *testing.T, ctx context.Context, node *valkeytest.Node) string {
+func keyOn(t *testing.T, node *valkeytest.Node) string {
 	t.Helper()
 	for i := 0; i < 10_000; i++ {
-		key := uuid.NewString()
-		out, err := node.Command(ctx, "CLUSTER", "KEYSLOT", prefix+key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		slot, _ := strconv.Atoi(out)
-		if slot >= node.First && slot <= node.Last {
+		if key := uuid.NewString(); node.Owns(prefix + key) {
 			return key
 		}
 	}
@@ -44,18 +37,25 @@ func keyOn(t *testing.T, ctx context.Context, node *valkeytest.Node) string {
 	return ""
 }
 
-func infoStat(t *testing.T, ctx context.Context, n *valkeytest.Node, section, field string) string {
+// onEvery sends the command build makes to each node, on its own client, and fails t on an error.
+func onEvery(t *testing.T, nodes []*valkeytest.Node, build func(valkey.Builder) valkey.Completed) {
 	t.Helper()
-	info, err := n.Command(ctx, "INFO", section)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
+	for _, n := range nodes {
+		c := n.Client()
+		if err := c.Do(context.Background(), build(c.B())).Error(); err != nil {
+			t.Fatalf("%s: %v", n.Addr, err)
 		}
 	}
-	return ""
+}
+
+// commandStats reads a node's INFO commandstats.
+func commandStats(t *testing.T, n *valkeytest.Node) map[string]valkeytest.CommandStat {
+	t.Helper()
+	info, err := valkeytest.ReadInfo(context.Background(), n.Client(), "commandstats")
+	if err != nil {
+		t.Fatalf("%s: %v", n.Addr, err)
+	}
+	return info.CommandStats()
 }
 
 // The engine runs on a cluster client unchanged: keys spread over every primary, the scripts
@@ -70,7 +70,7 @@ func TestCluster(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		client := c.Client(t, valkey.ClientOption{})
 		clients = append(clients, client)
-		es = append(es, newEngine(t, client))
+		es = append(es, enginetest.New(t, client))
 	}
 
 	t.Run("scripts on every node", func(t *testing.T) {
@@ -78,12 +78,8 @@ func TestCluster(t *testing.T) {
 		// all of them; a plain client knows the primaries only, and a replica that takes over
 		// later gets the script through the NOSCRIPT fallback (TestClusterFailover).
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
-		for _, n := range c.Nodes() {
-			if _, err := n.Command(ctx, "SCRIPT", "FLUSH"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		newEngine(t, rc)
+		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
+		enginetest.New(t, rc)
 		shas := []string{loader.New("", scripts.SlidingWindow()).SHA1(), loader.New("", scripts.SlidingWindowPeek()).SHA1()}
 		if len(rc.Nodes()) != 6 {
 			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
@@ -103,11 +99,8 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		for _, p := range c.Primaries {
-			n, err := p.Command(ctx, "DBSIZE")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if keys, _ := strconv.Atoi(n); keys < 50 {
+			pc := p.Client()
+			if keys := valkeytest.Must(t, "DBSIZE", pc.Do(ctx, pc.B().Dbsize().Build()), valkey.ValkeyResult.AsInt64); keys < 50 {
 				t.Fatalf("primary %s holds %d of 300 keys; want them spread", p.Addr, keys)
 			}
 		}
@@ -115,7 +108,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("exact on each primary", func(t *testing.T) {
 		for _, p := range c.Primaries {
-			key, l := keyOn(t, ctx, p), engine.PerHour(100)
+			key, l := keyOn(t, p), engine.PerHour(100)
 			results := runConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
 				return e.Allow(ctx, key, l)
 			})
@@ -135,13 +128,9 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("NOSCRIPT after a flush on every node", func(t *testing.T) {
-		for _, n := range c.Nodes() {
-			if _, err := n.Command(ctx, "SCRIPT", "FLUSH"); err != nil {
-				t.Fatal(err)
-			}
-		}
+		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		for _, p := range c.Primaries {
-			key := keyOn(t, ctx, p)
+			key := keyOn(t, p)
 			want(t, "allow after flush", mustAllowN(t, es[0], key, engine.PerMinute(2), 1).Remaining, 1)
 			want(t, "peek after flush", mustPeek(t, es[1], key, engine.PerMinute(2)).Remaining, 1)
 		}
@@ -150,29 +139,26 @@ func TestCluster(t *testing.T) {
 	t.Run("Peek served by replicas", func(t *testing.T) {
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		// Acknowledged by a replica before Allow returns, so the replica's copy is current.
-		e := newEngine(t, rc, engine.WithReplicaAck(1, 2*time.Second))
-		for _, n := range c.Nodes() {
-			if _, err := n.Command(ctx, "CONFIG", "RESETSTAT"); err != nil {
-				t.Fatal(err)
-			}
-		}
+		e := enginetest.New(t, rc, engine.WithReplicaAck(1, 2*time.Second))
+		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ConfigResetstat().Build() })
 		for _, p := range c.Primaries {
-			key, l := keyOn(t, ctx, p), engine.PerMinute(10)
+			key, l := keyOn(t, p), engine.PerMinute(10)
 			mustAllowN(t, e, key, l, 3)
 			for i := 0; i < 5; i++ {
 				want(t, "peek on a replica: remaining", mustPeek(t, e, key, l).Remaining, 7)
 			}
 		}
 		for _, r := range c.Replicas {
-			if s := infoStat(t, ctx, r, "commandstats", "cmdstat_evalsha_ro") + infoStat(t, ctx, r, "commandstats", "cmdstat_eval_ro"); s == "" {
+			if s := commandStats(t, r); s["evalsha_ro"].Calls+s["eval_ro"].Calls == 0 {
 				t.Fatalf("replica %s served no read-only script", r.Addr)
 			}
 		}
 		for _, p := range c.Primaries {
-			if s := infoStat(t, ctx, p, "commandstats", "cmdstat_evalsha_ro"); s != "" {
-				t.Fatalf("primary %s served read-only scripts: %s", p.Addr, s)
+			s := commandStats(t, p)
+			if ro, ok := s["evalsha_ro"]; ok {
+				t.Fatalf("primary %s served read-only scripts: %+v", p.Addr, ro)
 			}
-			if s := infoStat(t, ctx, p, "commandstats", "cmdstat_evalsha") + infoStat(t, ctx, p, "commandstats", "cmdstat_eval"); s == "" {
+			if s["evalsha"].Calls+s["eval"].Calls == 0 {
 				t.Fatalf("primary %s served no decision", p.Addr)
 			}
 		}
@@ -200,25 +186,19 @@ func TestClusterFailover(t *testing.T) {
 	skipClusterIfShort(t)
 	c := valkeytest.NewCluster(t, 3, 1)
 	ctx := context.Background()
-	for _, n := range c.Nodes() {
-		if _, err := n.Command(ctx, "ACL", "SETUSER", "app", "on", ">app-secret", "~*", "&*", "+@all"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed {
+		return b.AclSetuser().Username("app").Rule("on", ">app-secret", "~*", "&*", "+@all").Build()
+	})
 	client := c.Client(t, valkey.ClientOption{Username: "app", Password: "app-secret"})
 	// The replicas start without the scripts, so the promoted one must be served through the
 	// NOSCRIPT fallback.
-	for _, r := range c.Replicas {
-		if _, err := r.Command(ctx, "SCRIPT", "FLUSH"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	onEvery(t, c.Replicas, func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 	const limit, before = 20, 10
 	l := engine.PerHour(limit)
 
 	run := func(t *testing.T, e *engine.Engine, primary, replica *valkeytest.Node) failoverRun {
 		var r failoverRun
-		key := keyOn(t, ctx, primary)
+		key := keyOn(t, primary)
 		for i := 0; i < before; i++ {
 			if res, err := e.Allow(ctx, key, l); err != nil || !res.Allowed {
 				t.Fatalf("before the cut: %+v, %v", res, err)
@@ -228,9 +208,18 @@ func TestClusterFailover(t *testing.T) {
 		// Every event so far is on the replica.
 		waitReplicaHolds(t, ctx, replica, key, before)
 
-		if _, err := primary.Commands(ctx, []string{"ACL", "SETUSER", "default", "off"},
-			[]string{"AUTH", "app", "app-secret"}, []string{"CLIENT", "KILL", "TYPE", "replica"}); err != nil {
-			t.Fatal(err)
+		// Sent as app (the engine's client's connection to the primary), which stays logged in.
+		pc := client.Nodes()[primary.Addr]
+		if pc == nil {
+			t.Fatalf("the engine's client has no connection to %s", primary.Addr)
+		}
+		for _, cmd := range []valkey.Completed{
+			pc.B().AclSetuser().Username("default").Rule("off").Build(),
+			pc.B().ClientKill().TypeReplica().Build(),
+		} {
+			if err := pc.Do(ctx, cmd).Error(); err != nil {
+				t.Fatal(err)
+			}
 		}
 		waitLinkDown(t, ctx, replica)
 		for i := 0; i < limit-before; i++ {
@@ -255,19 +244,15 @@ func TestClusterFailover(t *testing.T) {
 			t.Fatalf("promoted %s, want %s", promoted.Addr, replica.Addr)
 		}
 		// The engine keeps serving once the client has the new topology: no restart.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		var lastErr error
+		if err := valkeytest.WaitFor(ctx, 30*time.Second, "the engine to decide after the failover", func() (bool, error) {
 			res, err := e.Allow(ctx, key, l)
-			if err == nil {
-				if res.Allowed {
-					r.toldYesAfter++
-				}
-				break
+			if lastErr = err; err == nil && res.Allowed {
+				r.toldYesAfter++
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("engine did not recover after failover: %v", err)
-			}
-			time.Sleep(100 * time.Millisecond)
+			return err == nil, nil
+		}); err != nil {
+			t.Fatalf("engine did not recover after failover: %v (last: %v)", err, lastErr)
 		}
 		for i := 0; i < 2*limit; i++ {
 			res, err := e.Allow(ctx, key, l)
@@ -286,7 +271,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 
 	t.Run("without replica ack", func(t *testing.T) {
-		e := newEngine(t, client)
+		e := enginetest.New(t, client)
 		r := run(t, e, c.Primaries[0], c.Replicas[0])
 		t.Logf("without ack: told yes %d before the cut, %d while cut, %d after failover: over-admitted %d of %d",
 			r.toldYesBefore, r.toldYesFrozen, r.toldYesAfter, r.overAdmitted(limit), limit)
@@ -295,7 +280,7 @@ func TestClusterFailover(t *testing.T) {
 	})
 
 	t.Run("with replica ack", func(t *testing.T) {
-		e := newEngine(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
+		e := enginetest.New(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
 		primary, replica := c.Primaries[1], c.Replicas[1]
 		r := run(t, e, primary, replica)
 		// The promoted primary has no replica of its own until the old node returns, so every
@@ -311,28 +296,26 @@ func TestClusterFailover(t *testing.T) {
 	})
 }
 
-func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Node, key string, n int) {
+func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Node, key string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, err := replica.Commands(ctx, []string{"READONLY"}, []string{"ZCARD", prefix + key})
-		if err == nil && got == strconv.Itoa(n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s holds %s events (%v), want %d", replica.Addr, got, err, n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	rc := replica.Client()
+	var got int64
+	var err error
+	if werr := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every event", func() (bool, error) {
+		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), rc.B().Zcard().Key(prefix+key).Build())
+		got, err = rs[1].AsInt64()
+		return err == nil && got == n, nil
+	}); werr != nil {
+		t.Fatalf("replica %s holds %d events (%v), want %d: %v", replica.Addr, got, err, n, werr)
 	}
 }
 
 func waitLinkDown(t *testing.T, ctx context.Context, replica *valkeytest.Node) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for infoStat(t, ctx, replica, "replication", "master_link_status") != "down" {
-		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("replica %s link still up", replica.Addr))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the replica's link to go down", func() (bool, error) {
+		info, err := valkeytest.ReadInfo(ctx, replica.Client(), "replication")
+		return info["master_link_status"] == "down", err
+	}); err != nil {
+		t.Fatalf("replica %s: %v", replica.Addr, err)
 	}
 }

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,41 +14,20 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/loader"
 )
 
-// server is the one Valkey every test in this file shares; tests keep apart by key.
+// server is the one Valkey every test in this package shares; tests keep apart by key.
 var server *valkeytest.Server
 
-func TestMain(m *testing.M) {
-	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
-}
+func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
 
 const prefix = "strictrate:"
 
 // newKey returns a key no other test or run uses.
 func newKey(t *testing.T) string { return t.Name() + ":" + uuid.NewString() }
-
-func newEngine(t *testing.T, client valkey.Client, opts ...engine.Option) *engine.Engine {
-	t.Helper()
-	e, err := engine.New(client, opts...)
-	if err != nil {
-		t.Fatalf("engine.New: %v", err)
-	}
-	return e
-}
-
-// fixedClock is a caller's clock the test moves by hand.
-type fixedClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fixedClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fixedClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
-
-var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 func mustAllowN(t *testing.T, e *engine.Engine, key string, l engine.Limit, n int) engine.Result {
 	t.Helper()
@@ -71,29 +49,18 @@ func mustPeek(t *testing.T, e *engine.Engine, key string, l engine.Limit) engine
 
 func zcard(t *testing.T, c valkey.Client, key string) int64 {
 	t.Helper()
-	n, err := c.Do(context.Background(), c.B().Zcard().Key(prefix+key).Build()).AsInt64()
-	if err != nil {
-		t.Fatalf("ZCARD: %v", err)
-	}
-	return n
+	return valkeytest.Must(t, "ZCARD", c.Do(context.Background(), c.B().Zcard().Key(prefix+key).Build()), valkey.ValkeyResult.AsInt64)
 }
 
 func pttl(t *testing.T, c valkey.Client, key string) int64 {
 	t.Helper()
-	n, err := c.Do(context.Background(), c.B().Pttl().Key(prefix+key).Build()).AsInt64()
-	if err != nil {
-		t.Fatalf("PTTL: %v", err)
-	}
-	return n
+	return valkeytest.Must(t, "PTTL", c.Do(context.Background(), c.B().Pttl().Key(prefix+key).Build()), valkey.ValkeyResult.AsInt64)
 }
 
 func zrange(t *testing.T, c valkey.Client, key string) []valkey.ZScore {
 	t.Helper()
-	z, err := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Withscores().Build()).AsZScores()
-	if err != nil {
-		t.Fatalf("ZRANGE: %v", err)
-	}
-	return z
+	z := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Withscores().Build())
+	return valkeytest.Must(t, "ZRANGE", z, valkey.ValkeyResult.AsZScores)
 }
 
 func want(t *testing.T, what string, got, wantV any) {
@@ -108,22 +75,21 @@ func want(t *testing.T, what string, got, wantV any) {
 func TestArticleWorkedExample(t *testing.T) {
 	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
 		t.Run(mode.String(), func(t *testing.T) {
-			clock := &fixedClock{}
-			e := newEngine(t, server.Client(t), engine.WithMode(mode), engine.WithClock(clock.Now))
+			e, clock := enginetest.Clocked(t, server.Client(t), engine.WithMode(mode))
 			key, l := newKey(t), engine.PerSecond(3)
 
 			for i, at := range []time.Duration{0, 200 * time.Millisecond, 400 * time.Millisecond} {
-				clock.Set(t0.Add(at))
+				clock.Set(enginetest.T0.Add(at))
 				r := mustAllowN(t, e, key, l, 1)
 				want(t, fmt.Sprintf("event %c allowed", 'A'+i), r.Allowed, true)
 				want(t, fmt.Sprintf("event %c remaining", 'A'+i), r.Remaining, 2-i)
 			}
-			clock.Set(t0.Add(999 * time.Millisecond))
+			clock.Set(enginetest.T0.Add(999 * time.Millisecond))
 			want(t, "request 1µs before A leaves: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
 			if mode == engine.Pipelined {
 				return // its log now holds the rejected attempt, which changes the rest of the story
 			}
-			clock.Set(t0.Add(time.Second))
+			clock.Set(enginetest.T0.Add(time.Second))
 			r := mustAllowN(t, e, key, l, 1)
 			want(t, "request as A leaves: allowed", r.Allowed, true)
 			want(t, "request as A leaves: remaining", r.Remaining, 0)
@@ -136,17 +102,17 @@ func TestArticleWorkedExample(t *testing.T) {
 
 // The same story through the article's Limiter interface.
 func TestLimiterInterface(t *testing.T) {
-	var lim engine.Limiter = newEngine(t, server.Client(t))
+	var lim engine.Limiter = enginetest.New(t, server.Client(t))
 	ctx, key := context.Background(), newKey(t)
 	for i := 0; i < 3; i++ {
-		if err := lim.Check(ctx, key, 3, time.Second, t0); err != nil {
+		if err := lim.Check(ctx, key, 3, time.Second, enginetest.T0); err != nil {
 			t.Fatalf("Check %d: %v", i, err)
 		}
-		if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Duration(i)*100*time.Millisecond)); err != nil {
+		if err := lim.Record(ctx, key, 3, time.Second, enginetest.T0.Add(time.Duration(i)*100*time.Millisecond)); err != nil {
 			t.Fatalf("Record %d: %v", i, err)
 		}
 	}
-	at := t0.Add(500 * time.Millisecond)
+	at := enginetest.T0.Add(500 * time.Millisecond)
 	for name, err := range map[string]error{
 		"Check":  lim.Check(ctx, key, 3, time.Second, at),
 		"Record": lim.Record(ctx, key, 3, time.Second, at),
@@ -159,14 +125,14 @@ func TestLimiterInterface(t *testing.T) {
 			t.Fatalf("%s when full: %#v, want a DeniedError with RetryAfter 500ms", name, err)
 		}
 	}
-	if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Second)); err != nil {
+	if err := lim.Record(ctx, key, 3, time.Second, enginetest.T0.Add(time.Second)); err != nil {
 		t.Fatalf("Record after the first event left: %v", err)
 	}
 	if err := lim.Clear(ctx, key); err != nil {
 		t.Fatalf("Clear: %v", err)
 	}
 	for i := 0; i < 3; i++ {
-		if err := lim.Record(ctx, key, 3, time.Second, t0.Add(time.Second)); err != nil {
+		if err := lim.Record(ctx, key, 3, time.Second, enginetest.T0.Add(time.Second)); err != nil {
 			t.Fatalf("Record %d after Clear: %v", i, err)
 		}
 	}
@@ -174,19 +140,18 @@ func TestLimiterInterface(t *testing.T) {
 
 // An event exactly one window old no longer counts; one microsecond younger still does.
 func TestWindowBoundary(t *testing.T) {
-	clock := &fixedClock{t: t0}
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, c)
 	key, l := newKey(t), engine.Limit{Max: 1, Window: 250 * time.Millisecond}
 
 	want(t, "first", mustAllowN(t, e, key, l, 1).Allowed, true)
-	clock.Set(t0.Add(l.Window - time.Microsecond))
+	clock.Set(enginetest.T0.Add(l.Window - time.Microsecond))
 	r := mustAllowN(t, e, key, l, 1)
 	want(t, "one µs before the window ends: allowed", r.Allowed, false)
 	want(t, "one µs before the window ends: retry after", r.RetryAfter, time.Microsecond)
 	want(t, "peek one µs before: allowed", mustPeek(t, e, key, l).Allowed, false)
 
-	clock.Set(t0.Add(l.Window))
+	clock.Set(enginetest.T0.Add(l.Window))
 	want(t, "peek at the window's end: allowed", mustPeek(t, e, key, l).Allowed, true)
 	want(t, "at the window's end: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
 	want(t, "log size (the old event trimmed)", zcard(t, c, key), int64(1))
@@ -240,7 +205,7 @@ func engines(t *testing.T, clients int, opts ...engine.Option) ([]*engine.Engine
 		if first == nil {
 			first = c
 		}
-		es = append(es, newEngine(t, c, opts...))
+		es = append(es, enginetest.New(t, c, opts...))
 	}
 	return es, first
 }
@@ -268,7 +233,7 @@ func TestAtomicExactUnderConcurrency(t *testing.T) {
 	want(t, "requests answered", len(results), 800)
 	want(t, "admitted", len(admitted), l.Max)
 	want(t, "log size", zcard(t, c, key), int64(l.Max))
-	sort.Ints(admitted)
+	slices.Sort(admitted)
 	for i, rem := range admitted {
 		if rem != i {
 			t.Fatalf("admitted Remaining values %v: want each of 0..%d once", admitted, l.Max-1)
@@ -306,35 +271,56 @@ func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
 	want(t, "one more", mustAllowN(t, es[0], key, l, 1).Allowed, false)
 }
 
+// All or nothing: a request that does not fit, in any window of a policy, is denied whole and
+// adds nothing; what does fit is admitted next. For a single limit (AllowN) as for a policy
+// whose short window has room again while its long one has not.
 func TestAllowNAllOrNothing(t *testing.T) {
-	c := server.Client(t)
-	e := newEngine(t, c)
-	key, l := newKey(t), engine.PerMinute(5)
+	perMinute := engine.PerMinute(5)
+	for _, tc := range []struct {
+		name      string
+		allow     func(t *testing.T, e *engine.Engine, key string, n int) engine.Result
+		window    time.Duration // the tightest window after the first 3
+		remaining int           // what it has left
+	}{
+		{"AllowN", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
+			return mustAllowN(t, e, key, perMinute, n)
+		}, perMinute.Window, 2},
+		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
+			return mustAllowPolicy(t, e, key, engine.Policy{{Max: 3, Window: time.Second}, perMinute}, n)
+		}, time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := server.Client(t)
+			e, clock := enginetest.Clocked(t, c)
+			key := newKey(t)
 
-	r := mustAllowN(t, e, key, l, 3)
-	want(t, "3 of 5: allowed", r.Allowed, true)
-	want(t, "3 of 5: window", r.Window, l.Window)
-	want(t, "3 of 5: remaining", r.Remaining, 2)
-	r = mustAllowN(t, e, key, l, 3)
-	want(t, "3 more: allowed", r.Allowed, false)
-	want(t, "3 more: remaining", r.Remaining, 2)
-	want(t, "log size after the denial", zcard(t, c, key), int64(3))
-	r = mustAllowN(t, e, key, l, 2)
-	want(t, "2 more: allowed", r.Allowed, true)
-	want(t, "2 more: remaining", r.Remaining, 0)
-	want(t, "log size", zcard(t, c, key), int64(5))
+			r := tc.allow(t, e, key, 3)
+			want(t, "3 of 5: allowed", r.Allowed, true)
+			want(t, "3 of 5: window", r.Window, tc.window)
+			want(t, "3 of 5: remaining", r.Remaining, tc.remaining)
+			clock.Set(enginetest.T0.Add(time.Second)) // a policy's second has room again; the minute has 2
+			r = tc.allow(t, e, key, 3)
+			want(t, "3 more: allowed", r.Allowed, false)
+			want(t, "3 more: remaining", r.Remaining, 2)
+			want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
+			want(t, "log size after the denial", zcard(t, c, key), int64(3))
+			r = tc.allow(t, e, key, 2)
+			want(t, "2 more: allowed", r.Allowed, true)
+			want(t, "2 more: remaining", r.Remaining, 0)
+			want(t, "log size", zcard(t, c, key), int64(5))
+		})
+	}
 }
 
 // A denied request waits exactly RetryAfter, to the microsecond, and is then admitted.
 func TestRetryAfterExact(t *testing.T) {
-	clock := &fixedClock{}
-	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, server.Client(t))
 	key, l := newKey(t), engine.Limit{Max: 3, Window: 100 * time.Millisecond}
 	for _, at := range []time.Duration{0, 10 * time.Millisecond, 20*time.Millisecond + 7*time.Microsecond} {
-		clock.Set(t0.Add(at))
+		clock.Set(enginetest.T0.Add(at))
 		mustAllowN(t, e, key, l, 1)
 	}
-	deniedAt := t0.Add(30*time.Millisecond + 3*time.Microsecond)
+	deniedAt := enginetest.T0.Add(30*time.Millisecond + 3*time.Microsecond)
 
 	for _, tc := range []struct {
 		n     int
@@ -352,9 +338,12 @@ func TestRetryAfterExact(t *testing.T) {
 			t.Fatalf("At = %s, want the caller's clock %s", r.At, deniedAt)
 		}
 		clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
-		if p, _ := e.Peek(context.Background(), key, engine.Limit{Max: l.Max, Window: l.Window}); tc.n == 1 && p.Allowed {
+		// 1µs early, the n-1 oldest events have left and the n-th has not.
+		p := mustPeek(t, e, key, l)
+		if tc.n == 1 && p.Allowed {
 			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
 		}
+		want(t, fmt.Sprintf("n=%d 1µs early: peek remaining", tc.n), p.Remaining, tc.n-1)
 		want(t, fmt.Sprintf("n=%d 1µs early", tc.n), mustAllowN(t, e, key, l, tc.n).Allowed, false)
 	}
 	clock.Set(deniedAt.Add(100*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond))
@@ -363,19 +352,18 @@ func TestRetryAfterExact(t *testing.T) {
 
 // ResetAfter is the wait until the newest event leaves; 0 for an empty log.
 func TestResetAfter(t *testing.T) {
-	clock := &fixedClock{t: t0}
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, c)
 	key, l := newKey(t), engine.Limit{Max: 10, Window: time.Second}
 
 	r := mustPeek(t, e, key, l)
 	want(t, "empty: reset after", r.ResetAfter, time.Duration(0))
 	want(t, "empty: remaining", r.Remaining, 10)
 	want(t, "first event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
-	clock.Set(t0.Add(300 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(300 * time.Millisecond))
 	want(t, "peek 300ms later: reset after", mustPeek(t, e, key, l).ResetAfter, 700*time.Millisecond)
 	want(t, "second event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
-	clock.Set(t0.Add(1200 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(1200 * time.Millisecond))
 	r = mustAllowN(t, e, key, l, 9)
 	want(t, "9 more after the first left: allowed", r.Allowed, true)
 	want(t, "9 more: remaining", r.Remaining, 0)
@@ -384,31 +372,60 @@ func TestResetAfter(t *testing.T) {
 	want(t, "full: retry after (the 300ms event leaves)", r.RetryAfter, 100*time.Millisecond)
 }
 
-// A caller whose clock runs behind another's still counts the other's later events, and the
-// key lives until the latest of them leaves.
+// A caller whose clock lags another's still counts the other's later events, in every window
+// of a policy, and the key lives until the latest of them leaves the longest window: for a
+// single limit (AllowN) as for a policy of two.
 func TestCallersClocksDisagree(t *testing.T) {
-	ahead, behind := &fixedClock{t: t0.Add(time.Second)}, &fixedClock{t: t0}
-	c := server.Client(t)
-	ea := newEngine(t, c, engine.WithClock(ahead.Now))
-	eb := newEngine(t, c, engine.WithClock(behind.Now))
-	key, l := newKey(t), engine.Limit{Max: 2, Window: 10 * time.Second}
+	short := engine.Limit{Max: 2, Window: 10 * time.Second}
+	for _, tc := range []struct {
+		name    string
+		allow   func(t *testing.T, e *engine.Engine, key string) engine.Result
+		longest time.Duration
+	}{
+		{"AllowN", func(t *testing.T, e *engine.Engine, key string) engine.Result {
+			return mustAllowN(t, e, key, short, 1)
+		}, short.Window},
+		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string) engine.Result {
+			return mustAllowPolicy(t, e, key, engine.Policy{short, {Max: 3, Window: 20 * time.Second}}, 1)
+		}, 20 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ahead, behind := enginetest.NewClock(enginetest.T0.Add(time.Second)), enginetest.NewClock(enginetest.T0)
+			c := server.Client(t)
+			ea := enginetest.New(t, c, engine.WithClock(ahead.Now))
+			eb := enginetest.New(t, c, engine.WithClock(behind.Now))
+			key := newKey(t)
 
-	mustAllowN(t, ea, key, l, 1)
-	r := mustAllowN(t, eb, key, l, 1)
-	want(t, "behind: allowed", r.Allowed, true)
-	want(t, "behind: reset after counts the later event", r.ResetAfter, 11*time.Second)
-	if ttl := pttl(t, c, key); ttl <= 10_000 || ttl > 11_000 {
-		t.Fatalf("PTTL %d ms, want (10000, 11000]", ttl)
+			tc.allow(t, ea, key)
+			r := tc.allow(t, eb, key)
+			want(t, "behind: allowed", r.Allowed, true)
+			want(t, "behind: reset after counts the later event", r.ResetAfter, tc.longest+time.Second)
+			if ttl, lo := pttl(t, c, key), tc.longest.Milliseconds(); ttl <= lo || ttl > lo+1000 {
+				t.Fatalf("PTTL %d ms, want (%d, %d]", ttl, lo, lo+1000)
+			}
+			r = tc.allow(t, eb, key)
+			want(t, "behind, short window full: allowed", r.Allowed, false)
+			want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, short.Window)
+			want(t, "behind: reset after", r.ResetAfter, tc.longest+time.Second)
+		})
 	}
-	r = mustAllowN(t, eb, key, l, 1)
-	want(t, "behind, full: allowed", r.Allowed, false)
-	want(t, "behind, full: retry after", r.RetryAfter, 10*time.Second)
 }
 
 // The key's expiry is set in milliseconds, rounded up, and is relative: a caller's clock far
 // from the server's still gets a key that lives one window.
+//
+// The TTL the script set is read exactly, however long the reads take: PEXPIRETIME is the
+// server's millisecond at the script's start plus that TTL, and that millisecond is known
+// whenever the server's TIME reads the same millisecond before the decision and after the
+// PEXPIRETIME. Attempts are repeated until one does; every attempt must bracket the TTL.
 func TestExpiry(t *testing.T) {
 	c := server.Client(t)
+	ctx := context.Background()
+	millis := func(t *testing.T, r valkey.ValkeyResult) int64 {
+		t.Helper()
+		tm := valkeytest.Must(t, "TIME", r, valkey.ValkeyResult.AsIntSlice)
+		return tm[0]*1000 + tm[1]/1000
+	}
 	for _, tc := range []struct {
 		name   string
 		window time.Duration
@@ -423,12 +440,32 @@ func TestExpiry(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			skew := tc.skew
-			e := newEngine(t, c, engine.WithClock(func() time.Time { return time.Now().Add(skew) }))
-			key := newKey(t)
-			mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
-			ttl := pttl(t, c, key)
-			if tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1 {
-				t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
+			e := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Now().Add(skew) }))
+			attempts := 0
+			err := valkeytest.WaitFor(ctx, time.Minute, "a decision within one server millisecond", func() (bool, error) {
+				attempts++
+				key := newKey(t)
+				before := millis(t, c.Do(ctx, c.B().Time().Build()))
+				mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
+				rs := c.DoMulti(ctx, c.B().Pexpiretime().Key(prefix+key).Build(), c.B().Time().Build())
+				expireAt := valkeytest.Must(t, "PEXPIRETIME", rs[0], valkey.ValkeyResult.AsInt64)
+				after := millis(t, rs[1])
+				if ttl := pttl(t, c, key); attempts == 1 && (tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1) {
+					t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
+				}
+				if expireAt == -2 && before != after {
+					return false, nil // a short-lived key gone before PEXPIRETIME: try again
+				}
+				if set := expireAt - before; before == after && set != tc.maxTTL {
+					t.Fatalf("the script set a TTL of %d ms, want %d", set, tc.maxTTL)
+				}
+				if expireAt-after > tc.maxTTL || expireAt-before < tc.maxTTL {
+					t.Fatalf("PEXPIRETIME %d with the server's clock at %d to %d ms: the TTL set is not %d ms", expireAt, before, after, tc.maxTTL)
+				}
+				return before == after, nil
+			})
+			if err != nil {
+				t.Fatalf("%v (%d attempts)", err, attempts)
 			}
 		})
 	}
@@ -438,7 +475,7 @@ func TestExpiry(t *testing.T) {
 // after RetryAfter the key admits again.
 func TestSubSecondWindowServerClock(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	l := engine.Limit{Max: 5, Window: 50 * time.Millisecond}
 	for attempt := 1; ; attempt++ {
 		key := newKey(t)
@@ -476,7 +513,7 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 // Many events in the same microsecond (a caller's clock fixed at one instant) are all kept:
 // no member collides with another.
 func TestSameMicrosecondBurst(t *testing.T) {
-	clock := &fixedClock{t: t0}
+	clock := enginetest.NewClock(enginetest.T0)
 	es, c := engines(t, 4, engine.WithClock(clock.Now))
 	l := engine.PerMinute(200)
 
@@ -493,8 +530,8 @@ func TestSameMicrosecondBurst(t *testing.T) {
 	want(t, "admitted at one instant", admitted, l.Max)
 	want(t, "log size", zcard(t, c, key), int64(l.Max))
 	for _, z := range zrange(t, c, key) {
-		if z.Score != float64(t0.UnixMicro()) {
-			t.Fatalf("member %q has score %v, want %d", z.Member, z.Score, t0.UnixMicro())
+		if z.Score != float64(enginetest.T0.UnixMicro()) {
+			t.Fatalf("member %q has score %v, want %d", z.Member, z.Score, enginetest.T0.UnixMicro())
 		}
 	}
 
@@ -510,7 +547,7 @@ func TestSameMicrosecondBurst(t *testing.T) {
 
 func TestReset(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	key, l := newKey(t), engine.PerMinute(2)
 	mustAllowN(t, e, key, l, 2)
 	want(t, "full", mustAllowN(t, e, key, l, 1).Allowed, false)
@@ -525,7 +562,7 @@ func TestReset(t *testing.T) {
 
 func TestPrefix(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithPrefix("other:"))
+	e := enginetest.New(t, c, engine.WithPrefix("other:"))
 	key := newKey(t)
 	mustAllowN(t, e, key, engine.PerMinute(1), 1)
 	for k, n := range map[string]int64{"other:" + key: 1, prefix + key: 0} {
@@ -542,9 +579,9 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	c := server.Client(t)
 	ctx := context.Background()
 	good := engine.PerMinute(3)
-	e := newEngine(t, c)
-	zero := newEngine(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
-	far := newEngine(t, c, engine.WithClock(func() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }))
+	e := enginetest.New(t, c)
+	zero := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
+	far := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC) }))
 
 	calls := []struct {
 		name string
@@ -588,23 +625,7 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	for _, existing := range []bool{false, true} {
 		for _, tc := range calls {
 			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
-				key := newKey(t)
-				var before []valkey.ZScore
-				if existing {
-					mustAllowN(t, e, key, good, 2)
-					before = zrange(t, c, key)
-				}
-				err := tc.call(key)
-				if !errors.Is(err, engine.ErrInvalidArgument) {
-					t.Fatalf("err = %v, want ErrInvalidArgument", err)
-				}
-				after := zrange(t, c, key)
-				if fmt.Sprint(after) != fmt.Sprint(before) {
-					t.Fatalf("log changed from %v to %v", before, after)
-				}
-				if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
-					t.Fatalf("PTTL %d after a refused call", ttl)
-				}
+				wantRefused(t, c, existing, func(key string) { mustAllowN(t, e, key, good, 2) }, tc.call)
 			})
 		}
 	}
@@ -617,11 +638,34 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	}
 }
 
+// wantRefused runs call on a fresh key, absent or (existing) holding the events fill adds, and
+// fails t unless call answers ErrInvalidArgument and the key keeps its log and its expiry: at
+// most a minute for an existing key, none for an absent one.
+func wantRefused(t *testing.T, c valkey.Client, existing bool, fill func(key string), call func(key string) error) {
+	t.Helper()
+	key := newKey(t)
+	var before []valkey.ZScore
+	if existing {
+		fill(key)
+		before = zrange(t, c, key)
+	}
+	if err := call(key); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("err = %v, want ErrInvalidArgument", err)
+	}
+	after := zrange(t, c, key)
+	if fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("log changed from %v to %v", before, after)
+	}
+	if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
+		t.Fatalf("PTTL %d after a refused call", ttl)
+	}
+}
+
 // After SCRIPT FLUSH the next call still succeeds: EVALSHA answers NOSCRIPT and the source
 // goes with EVAL, once.
 func TestScriptFlushFallsBackToEval(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	key, l := newKey(t), engine.PerMinute(3)
 	ctx := context.Background()
 	mustAllowN(t, e, key, l, 1)
@@ -641,7 +685,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 func TestServerDownAndBack(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	key, l := newKey(t), engine.PerMinute(3)
 	mustAllowN(t, e, key, l, 1)
 
@@ -660,25 +704,24 @@ func TestServerDownAndBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The restarted server has neither the data (no persistence) nor the scripts.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := e.Allow(ctx, key, l)
-		if err == nil {
-			want(t, "first decision after restart: remaining", r.Remaining, 2)
-			break
+	var r engine.Result
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "a decision after the restart", func() (bool, error) {
+		var err error
+		if r, err = e.Allow(ctx, key, l); errors.Is(err, engine.ErrUnavailable) {
+			return false, nil
 		}
-		if !errors.Is(err, engine.ErrUnavailable) || time.Now().After(deadline) {
-			t.Fatalf("Allow after restart: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil, err
+	}); err != nil {
+		t.Fatalf("Allow after restart: %v", err)
 	}
+	want(t, "first decision after restart: remaining", r.Remaining, 2)
 }
 
 // Pipelined mode behaves like the article one request at a time: three admitted, the
 // fourth denied.
 func TestPipelinedSequential(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithMode(engine.Pipelined))
+	e := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
 	key, l := newKey(t), engine.PerMinute(3)
 	for i := 0; i < 3; i++ {
 		r := mustAllowN(t, e, key, l, 1)
@@ -698,35 +741,46 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 		return e.Allow(context.Background(), key, l)
 	})
 	admitted := 0
+	var counts []int // the log size each admitted request counted: Max - Remaining
 	for _, r := range results {
 		if r.Allowed {
 			admitted++
+			counts = append(counts, l.Max-r.Remaining)
 		}
 	}
 	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, zcard(t, c, key))
 	if admitted > l.Max {
 		t.Fatalf("admitted %d, more than Max %d", admitted, l.Max)
 	}
+	// Each request counts the log after its own add, and within the hour nothing leaves it: the
+	// request whose count ran i-th counted at least i events. So the i-th smallest count among
+	// the admitted is at least i, whatever the interleaving (what bounds admitted by Max).
+	slices.Sort(counts)
+	for i, n := range counts {
+		if n < i+1 {
+			t.Fatalf("admitted requests counted %v: the %d-th smallest is %d, below %d", counts, i+1, n, i+1)
+		}
+	}
 	want(t, "log size (every attempt)", zcard(t, c, key), int64(800))
 
-	// False denial, deterministic: 3 admitted at t0, 3 denied retries at t0+0.5s. At t0+1s no
+	// False denial, deterministic: 3 admitted at enginetest.T0, 3 denied retries at enginetest.T0+0.5s. At enginetest.T0+1s no
 	// admitted event is in the window, yet the request is denied: the retries fill the log.
-	clock := &fixedClock{t: t0}
-	p := newEngine(t, c, engine.WithMode(engine.Pipelined), engine.WithClock(clock.Now))
-	a := newEngine(t, c, engine.WithClock(clock.Now))
+	clock := enginetest.NewClock(enginetest.T0)
+	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithClock(clock.Now))
+	a := enginetest.New(t, c, engine.WithClock(clock.Now))
 	l = engine.PerSecond(3)
 	pk, ak := newKey(t), newKey(t)
 	for _, eng := range []struct {
 		e   *engine.Engine
 		key string
 	}{{p, pk}, {a, ak}} {
-		clock.Set(t0)
+		clock.Set(enginetest.T0)
 		mustAllowN(t, eng.e, eng.key, l, 3)
-		clock.Set(t0.Add(500 * time.Millisecond))
+		clock.Set(enginetest.T0.Add(500 * time.Millisecond))
 		for i := 0; i < 3; i++ {
 			want(t, "retry in a full window: allowed", mustAllowN(t, eng.e, eng.key, l, 1).Allowed, false)
 		}
-		clock.Set(t0.Add(time.Second))
+		clock.Set(enginetest.T0.Add(time.Second))
 	}
 	want(t, "pipelined, window free of admitted events: allowed", mustAllowN(t, p, pk, l, 1).Allowed, false)
 	want(t, "atomic, window free of admitted events: allowed", mustAllowN(t, a, ak, l, 1).Allowed, true)
@@ -736,22 +790,14 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 // why; WithPreload(false) defers the failure to the first decision.
 func TestNewFailsWhenScriptingIsRefused(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
-	admin := own.Client(t)
+	c := own.NewUser(t, "noscripts", "secret", "+@all", "-@scripting")
 	ctx := context.Background()
-	if err := admin.Do(ctx, admin.B().Arbitrary("ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "+@all", "-@scripting").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, Username: "noscripts", Password: "secret"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 
-	_, err = engine.New(c)
+	_, err := engine.New(c)
 	if !errors.Is(err, loader.ErrPreload) || errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("New without scripting: %v, want a preload error that is not ErrUnavailable", err)
 	}
-	e := newEngine(t, c, engine.WithPreload(false))
+	e := enginetest.New(t, c, engine.WithPreload(false))
 	if _, err := e.Allow(ctx, newKey(t), engine.PerMinute(1)); err == nil || errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("Allow without scripting: %v, want the server's refusal", err)
 	}

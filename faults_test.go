@@ -12,6 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -20,8 +21,8 @@ import (
 func TestFailOpenAndFailClosed(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
-	closed := newEngine(t, c)
-	open := newEngine(t, c, engine.WithFailOpen(true))
+	closed := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
 	key, l := newKey(t), engine.PerMinute(3)
 	ctx := context.Background()
 
@@ -66,19 +67,20 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	admin := valkeytest.NewClient(t, own.Addr)
-	e := newEngine(t, c)
-	open := newEngine(t, c, engine.WithFailOpen(true))
+	e := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
 	key, l := newKey(t), engine.PerMinute(5)
 	ctx := context.Background()
 
-	pause := func(ms string) time.Time {
+	// CLIENT PAUSE answers once the pause is in force.
+	pause := func(cmd valkey.Completed) {
 		t.Helper()
-		if err := admin.Do(ctx, admin.B().Arbitrary("CLIENT", "PAUSE", ms, "WRITE").Build()).Error(); err != nil {
+		if err := admin.Do(ctx, cmd).Error(); err != nil {
 			t.Fatal(err)
 		}
-		return time.Now()
 	}
-	until := pause("1500").Add(1500 * time.Millisecond)
+	pause(admin.B().ClientPause().Timeout(1500).Write().Build())
+	until := time.Now().Add(1500 * time.Millisecond)
 	tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	start := time.Now()
 	_, err := e.Allow(tctx, key, l)
@@ -95,7 +97,18 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	if err != nil || !r.Allowed || !errors.Is(r.BackendErr, context.DeadlineExceeded) {
 		t.Fatalf("fail-open Allow on a paused server: %+v, %v; want admitted with a deadline BackendErr", r, err)
 	}
-	time.Sleep(time.Until(until) + 100*time.Millisecond)
+	// The paused server holds the two abandoned requests, each as a blocked client, and runs
+	// them when the pause ends (or drops one whose connection was closed). Once the pause is
+	// over and no client is blocked any more, no abandoned request can still land.
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the pause to end and release every held request", func() (bool, error) {
+		if time.Now().Before(until) {
+			return false, nil
+		}
+		info, err := valkeytest.ReadInfo(ctx, admin, "clients")
+		return info["blocked_clients"] == "0", err
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The two abandoned requests ran after the pause, or not: never more than once each.
 	phantom := zcard(t, c, key)
@@ -113,17 +126,17 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	want(t, "told yes plus abandoned", int64(told)+phantom, int64(l.Max))
 	want(t, "log size", zcard(t, c, key), int64(l.Max))
 
-	// A script blocking the server (DEBUG SLEEP) times out a read just the same.
-	go func() { _ = admin.Do(ctx, admin.B().Arbitrary("DEBUG", "SLEEP", "1").Build()).Error() }()
-	time.Sleep(50 * time.Millisecond)
+	// A server that runs no command at all (CLIENT PAUSE ALL, in force once it answers) times
+	// out a read just the same.
+	pause(admin.B().ClientPause().Timeout(1000).All().Build())
 	tctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start = time.Now()
 	if _, err := e.Peek(tctx, key, l); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Peek on a sleeping server: %v, want context.DeadlineExceeded", err)
+		t.Fatalf("Peek on a paused server: %v, want context.DeadlineExceeded", err)
 	}
 	if waited := time.Since(start); waited > 900*time.Millisecond {
-		t.Fatalf("Peek took %s to honour a 200ms deadline", waited)
+		t.Fatalf("Peek on a paused server took %s to honour a 200ms deadline", waited)
 	}
 }
 
@@ -163,14 +176,7 @@ func TestEvictionPolicyCheck(t *testing.T) {
 
 	// A user that may not run CONFIG (as on many managed services) is not checked.
 	setPolicy("allkeys-lru")
-	if err := c.Do(ctx, c.B().Arbitrary("ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "+@all", "-config").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	limited, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, Username: "noconfig", Password: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer limited.Close()
+	limited := own.NewUser(t, "noconfig", "pw", "+@all", "-config")
 	if _, err := engine.New(limited); err != nil {
 		t.Fatalf("New without CONFIG permission: %v", err)
 	}

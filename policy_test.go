@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -13,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valkey-io/valkey-go"
-
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/scripts"
 )
 
@@ -31,9 +29,8 @@ func mustAllowPolicy(t *testing.T, e *engine.Engine, key string, p engine.Policy
 // "3 per second and 5 per minute": the short window denies while the long one has room, then
 // the long one denies while the short one has room; each RetryAfter names the binding window.
 func TestPolicyStacking(t *testing.T) {
-	clock := &fixedClock{t: t0}
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, c)
 	key := newKey(t)
 	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
 
@@ -47,7 +44,7 @@ func TestPolicyStacking(t *testing.T) {
 	want(t, "4th: remaining", r.Remaining, 0)
 	want(t, "4th: retry after (the second ends)", r.RetryAfter, time.Second)
 
-	clock.Set(t0.Add(time.Second))
+	clock.Set(enginetest.T0.Add(time.Second))
 	r = mustAllowPolicy(t, e, key, p, 1)
 	want(t, "next second: allowed", r.Allowed, true)
 	want(t, "next second: remaining (the minute's: 5-3-1)", r.Remaining, 1)
@@ -59,9 +56,9 @@ func TestPolicyStacking(t *testing.T) {
 	want(t, "minute full: reset after", r.ResetAfter, time.Minute)
 	want(t, "log size", zcard(t, c, key), int64(5))
 
-	clock.Set(t0.Add(time.Minute - time.Microsecond))
+	clock.Set(enginetest.T0.Add(time.Minute - time.Microsecond))
 	want(t, "1µs before the minute: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
-	clock.Set(t0.Add(time.Minute))
+	clock.Set(enginetest.T0.Add(time.Minute))
 	r = mustAllowPolicy(t, e, key, p, 3)
 	want(t, "3 when the first three left the minute: allowed", r.Allowed, true)
 	want(t, "remaining", r.Remaining, 0)
@@ -90,18 +87,17 @@ func TestPolicyRetryAfterExact(t *testing.T) {
 			55 * ms},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := &fixedClock{}
-			e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+			e, clock := enginetest.Clocked(t, server.Client(t))
 			key := newKey(t)
 			for _, at := range tc.events {
-				clock.Set(t0.Add(at))
+				clock.Set(enginetest.T0.Add(at))
 				want(t, fmt.Sprintf("event at %s", at), mustAllowPolicy(t, e, key, p, 1).Allowed, true)
 			}
 			if tc.burst > 0 {
-				clock.Set(t0.Add(tc.burst))
+				clock.Set(enginetest.T0.Add(tc.burst))
 				want(t, "burst of 2", mustAllowPolicy(t, e, key, p, 2).Allowed, true)
 			}
-			deniedAt := t0.Add(tc.at)
+			deniedAt := enginetest.T0.Add(tc.at)
 			clock.Set(deniedAt)
 			r := mustAllowPolicy(t, e, key, p, tc.n)
 			want(t, "at the denial: allowed", r.Allowed, false)
@@ -119,9 +115,8 @@ func TestPolicyRetryAfterExact(t *testing.T) {
 
 // ResetAfter is the newest event plus the longest window, and the key expires then.
 func TestPolicyResetAfter(t *testing.T) {
-	clock := &fixedClock{t: t0}
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, c)
 	key := newKey(t)
 	p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 10, Window: 10 * time.Second}}
 
@@ -129,36 +124,13 @@ func TestPolicyResetAfter(t *testing.T) {
 	if ttl := pttl(t, c, key); ttl <= 9_000 || ttl > 10_000 {
 		t.Fatalf("PTTL %d ms, want close to the longest window", ttl)
 	}
-	clock.Set(t0.Add(300 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(300 * time.Millisecond))
 	want(t, "second: reset after", mustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
-	clock.Set(t0.Add(700 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(700 * time.Millisecond))
 	r := mustAllowPolicy(t, e, key, p, 1)
 	want(t, "denied by the second: allowed", r.Allowed, false)
 	want(t, "denied: reset after (the 300ms event leaves the longest window)", r.ResetAfter, 9600*time.Millisecond)
 	want(t, "denied: retry after (the first event leaves the second)", r.RetryAfter, 300*time.Millisecond)
-}
-
-// All or nothing across windows: a request that one window refuses adds nothing to any.
-func TestPolicyAllowNAllOrNothing(t *testing.T) {
-	clock := &fixedClock{t: t0}
-	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
-	key := newKey(t)
-	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
-
-	r := mustAllowPolicy(t, e, key, p, 3)
-	want(t, "3: allowed", r.Allowed, true)
-	want(t, "3: remaining", r.Remaining, 0)
-	clock.Set(t0.Add(time.Second))
-	r = mustAllowPolicy(t, e, key, p, 3)
-	want(t, "3 more (the second has room, the minute has 2): allowed", r.Allowed, false)
-	want(t, "3 more: remaining", r.Remaining, 2)
-	want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
-	want(t, "log size after the denial", zcard(t, c, key), int64(3))
-	r = mustAllowPolicy(t, e, key, p, 2)
-	want(t, "2 more: allowed", r.Allowed, true)
-	want(t, "2 more: remaining", r.Remaining, 0)
-	want(t, "log size", zcard(t, c, key), int64(5))
 }
 
 // 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
@@ -237,14 +209,13 @@ func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
 // Random requests against three stacked limits, on a clock that moves forward by random steps:
 // every Result equals the model's, and the log never holds more than the longest window's Max.
 func TestPolicyMatchesModel(t *testing.T) {
-	clock := &fixedClock{t: t0}
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, c)
 	key := newKey(t)
 	p := engine.Policy{{Max: 4, Window: 10 * time.Millisecond}, {Max: 20, Window: 200 * time.Millisecond}, {Max: 9, Window: 50 * time.Millisecond}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var m policyModel
-	now := t0
+	now := enginetest.T0
 	var denied int
 	for i := 0; i < 2000; i++ {
 		now = now.Add(time.Duration(rng.IntN(4000)) * time.Microsecond)
@@ -254,7 +225,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 		wantR := m.decide(now.UnixMicro(), p, n)
 		if got.Allowed != wantR.Allowed || got.Remaining != wantR.Remaining || got.RetryAfter != wantR.RetryAfter ||
 			got.ResetAfter != wantR.ResetAfter || !got.At.Equal(wantR.At) || got.Window != wantR.Window {
-			t.Fatalf("request %d (n=%d at +%s): got %+v, want %+v", i, n, now.Sub(t0), got, wantR)
+			t.Fatalf("request %d (n=%d at +%s): got %+v, want %+v", i, n, now.Sub(enginetest.T0), got, wantR)
 		}
 		if !got.Allowed {
 			denied++
@@ -271,7 +242,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 // The server's clock: the limits hold and the decision is taken at the server's time.
 func TestPolicyServerClock(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	key := newKey(t)
 	p := engine.Policy{{Max: 3, Window: time.Hour}, {Max: 10, Window: 24 * time.Hour}}
 	start := time.Now()
@@ -293,35 +264,12 @@ func TestPolicyServerClock(t *testing.T) {
 	}
 }
 
-// A caller whose clock lags another's counts the other's later events in every window, and the
-// key lives until the latest of them leaves the longest window.
-func TestPolicyCallersClocksDisagree(t *testing.T) {
-	ahead, behind := &fixedClock{t: t0.Add(time.Second)}, &fixedClock{t: t0}
-	c := server.Client(t)
-	ea := newEngine(t, c, engine.WithClock(ahead.Now))
-	eb := newEngine(t, c, engine.WithClock(behind.Now))
-	key := newKey(t)
-	p := engine.Policy{{Max: 2, Window: 10 * time.Second}, {Max: 3, Window: 20 * time.Second}}
-
-	mustAllowPolicy(t, ea, key, p, 1)
-	r := mustAllowPolicy(t, eb, key, p, 1)
-	want(t, "behind: allowed", r.Allowed, true)
-	want(t, "behind: reset after counts the later event", r.ResetAfter, 21*time.Second)
-	if ttl := pttl(t, c, key); ttl <= 20_000 || ttl > 21_000 {
-		t.Fatalf("PTTL %d ms, want (20000, 21000]", ttl)
-	}
-	r = mustAllowPolicy(t, eb, key, p, 1)
-	want(t, "behind, short window full: allowed", r.Allowed, false)
-	want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, 10*time.Second)
-	want(t, "behind: reset after", r.ResetAfter, 21*time.Second)
-}
-
 // Events of one microsecond get distinct members: the bare timestamp with its exact digits
 // first, then "<now>:<seq>"; nothing is lost to a collision.
 func TestPolicySameMicrosecond(t *testing.T) {
 	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
 	c := server.Client(t)
-	e := newEngine(t, c, engine.WithClock(func() time.Time { return at }))
+	e := enginetest.New(t, c, engine.WithClock(func() time.Time { return at }))
 	key := newKey(t)
 	p := engine.Policy{{Max: 1500, Window: time.Second}, {Max: 2000, Window: time.Minute}}
 	for i := 0; i < 5; i++ {
@@ -354,13 +302,12 @@ func TestPolicySameMicrosecond(t *testing.T) {
 func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
 	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
 		t.Run(mode.String(), func(t *testing.T) {
-			clock := &fixedClock{t: t0}
 			c := server.Client(t)
-			e := newEngine(t, c, engine.WithMode(mode), engine.WithClock(clock.Now))
+			e, clock := enginetest.Clocked(t, c, engine.WithMode(mode))
 			k1, k2 := newKey(t), newKey(t)+"2"
 			l := engine.Limit{Max: 3, Window: time.Second}
 			for i := 0; i < 5; i++ {
-				clock.Set(t0.Add(time.Duration(i) * 100 * time.Millisecond))
+				clock.Set(enginetest.T0.Add(time.Duration(i) * 100 * time.Millisecond))
 				a, b := mustAllowN(t, e, k1, l, 1), mustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
 				if a != b {
 					t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
@@ -381,8 +328,8 @@ func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
 func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 	c := server.Client(t)
 	ctx := context.Background()
-	e := newEngine(t, c)
-	zero := newEngine(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
+	e := enginetest.New(t, c)
+	zero := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
 	good := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
 	tooMany := make(engine.Policy, engine.MaxPolicyLimits+1)
 	for i := range tooMany {
@@ -413,30 +360,16 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 	} {
 		for _, existing := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
-				key := newKey(t)
-				var before []valkey.ZScore
-				if existing {
-					mustAllowPolicy(t, e, key, good, 2)
-					before = zrange(t, c, key)
-				}
-				callKey := key
-				if tc.key == "" {
-					callKey = ""
-				}
-				r, err := tc.e.AllowPolicy(ctx, callKey, tc.p, tc.n)
-				if !errors.Is(err, engine.ErrInvalidArgument) {
-					t.Fatalf("err = %v, want ErrInvalidArgument", err)
-				}
-				if r.Allowed {
-					t.Fatalf("refused call returned an admitting Result %+v", r)
-				}
-				after := zrange(t, c, key)
-				if fmt.Sprint(after) != fmt.Sprint(before) {
-					t.Fatalf("log changed from %v to %v", before, after)
-				}
-				if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
-					t.Fatalf("PTTL %d after a refused call", ttl)
-				}
+				wantRefused(t, c, existing, func(key string) { mustAllowPolicy(t, e, key, good, 2) }, func(key string) error {
+					if tc.key == "" {
+						key = ""
+					}
+					r, err := tc.e.AllowPolicy(ctx, key, tc.p, tc.n)
+					if r.Allowed {
+						t.Fatalf("refused call returned an admitting Result %+v", r)
+					}
+					return err
+				})
 			})
 		}
 	}
@@ -450,7 +383,7 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	sum := sha1.Sum([]byte(scripts.SlidingWindowPolicy()))
 	loaded, err := c.Do(ctx, c.B().ScriptExists().Sha1(hex.EncodeToString(sum[:])).Build()).AsIntSlice()
 	if err != nil || len(loaded) != 1 || loaded[0] != 1 {

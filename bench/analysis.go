@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -46,8 +47,8 @@ func analyze(decisions []Decision, limit int, window time.Duration) Exactness {
 			denied = append(denied, d.AtMicros)
 		}
 	}
-	sortInt64(admitted)
-	sortInt64(denied)
+	slices.Sort(admitted)
+	slices.Sort(denied)
 	ex := Exactness{Requests: len(decisions), Admitted: len(admitted)}
 	if len(admitted) == 0 {
 		ex.FalseDenials = len(denied)
@@ -115,5 +116,3 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	rank = min(max(rank, 1), len(sorted))
 	return sorted[rank-1]
 }
-
-func sortInt64(s []int64) { sort.Slice(s, func(i, j int) bool { return s[i] < s[j] }) }

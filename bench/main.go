@@ -69,7 +69,8 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	srv, err := provision(ctx, cfg.Addr)
+	// The server at -addr when given (checked to answer, used as is), else one like the tests'.
+	srv, err := valkeytest.Start(ctx, valkeytest.Addr(cfg.Addr))
 	if err != nil {
 		return err
 	}
@@ -118,14 +119,6 @@ func (c config) validate() error {
 	return fmt.Errorf("-scenario %q: want one of %s, or all", c.Scenario, strings.Join(scenarios, ", "))
 }
 
-// provision uses addr when given, else starts a throwaway server like the tests do.
-func provision(ctx context.Context, addr string) (*valkeytest.Server, error) {
-	if addr != "" {
-		os.Setenv(valkeytest.EnvAddr, addr) // Start checks it answers and uses it as is
-	}
-	return valkeytest.Start(ctx)
-}
-
 // Settings records what the run ran on.
 type Settings struct {
 	Config        config `json:"config"`
@@ -139,14 +132,13 @@ type Settings struct {
 }
 
 func serverVersion(ctx context.Context, c valkey.Client) string {
-	info, err := c.Do(ctx, c.B().Info().Section("server").Build()).ToString()
+	info, err := valkeytest.ReadInfo(ctx, c, "server")
 	if err != nil {
 		return "unknown"
 	}
-	for _, field := range []string{"valkey_version:", "redis_version:"} {
-		if i := strings.Index(info, field); i >= 0 {
-			v := info[i+len(field):]
-			return "Valkey " + strings.TrimSpace(v[:strings.IndexAny(v, "\r\n")])
+	for _, field := range []string{"valkey_version", "redis_version"} {
+		if v := info[field]; v != "" {
+			return "Valkey " + v
 		}
 	}
 	return "unknown"

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 )
 
@@ -18,9 +19,9 @@ func writeMarkdown(w io.Writer, r *Report) {
 		table(w, []string{"mode", "requests/s", "admitted", "full windows", "admitted per window min / mean / max", "limit",
 			"max in any window", "overshoot", "false denials", "log entries: largest seen / at end", "timestamps"})
 		for _, e := range r.Exactness {
-			row(w, e.Mode, f0(e.OfferedPS), d(e.Admitted), d(e.FullWindows),
-				fmt.Sprintf("%d / %.1f / %d", e.PerWindowMin, e.PerWindowMean, e.PerWindowMax), d(e.Limit),
-				d(e.MaxInAnyWindow), d(e.Overshoot), d(e.FalseDenials), fmt.Sprintf("%d / %d", e.LogMax, e.LogEntries), e.Clock)
+			row(w, e.Mode, f0(e.OfferedPS), strconv.Itoa(e.Admitted), strconv.Itoa(e.FullWindows),
+				fmt.Sprintf("%d / %.1f / %d", e.PerWindowMin, e.PerWindowMean, e.PerWindowMax), strconv.Itoa(e.Limit),
+				strconv.Itoa(e.MaxInAnyWindow), strconv.Itoa(e.Overshoot), strconv.Itoa(e.FalseDenials), fmt.Sprintf("%d / %d", e.LogMax, e.LogEntries), e.Clock)
 		}
 	}
 	if len(r.Throughput) > 0 {
@@ -48,7 +49,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "\n### Memory per key (MEMORY USAGE)\n\n")
 		table(w, []string{"mode", "limit", "attempts", "log entries", "bytes", "bytes/entry", "encoding"})
 		for _, m := range r.Memory {
-			row(w, m.Mode, d(m.Limit), d(m.Attempts), d(int(m.Entries)), d(int(m.Bytes)), f1(m.BytesPerEntry), m.Encoding)
+			row(w, m.Mode, strconv.Itoa(m.Limit), strconv.Itoa(m.Attempts), strconv.Itoa(int(m.Entries)), strconv.Itoa(int(m.Bytes)), f1(m.BytesPerEntry), m.Encoding)
 		}
 	}
 	if len(r.Ceiling) > 0 {
@@ -79,7 +80,6 @@ func table(w io.Writer, header []string) {
 
 func row(w io.Writer, cells ...string) { fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | ")) }
 
-func d(n int) string       { return fmt.Sprintf("%d", n) }
 func f0(x float64) string  { return fmt.Sprintf("%.0f", x) }
 func f1(x float64) string  { return fmt.Sprintf("%.1f", x) }
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -478,7 +478,7 @@ func (b *bencher) ceiling(ctx context.Context, engineRate float64) ([]CeilingRow
 		if err != nil {
 			return nil, "", err
 		}
-		row := CeilingRow{Tool: toolName(tool), Connections: shape[0], Pipeline: shape[1], Requests: requests,
+		row := CeilingRow{Tool: filepath.Base(tool), Connections: shape[0], Pipeline: shape[1], Requests: requests,
 			RequestsPerSec: res.rps, P50ms: res.p50ms, P99ms: res.p99ms,
 			ServerUSPerCall: (after.usec([]string{"evalsha"}) - before.usec([]string{"evalsha"})) / float64(requests)}
 		if engineRate > 0 && res.rps > 0 {
@@ -489,8 +489,6 @@ func (b *bencher) ceiling(ctx context.Context, engineRate float64) ([]CeilingRow
 	}
 	return rows, "", nil
 }
-
-func toolName(path string) string { return path[strings.LastIndexByte(path, '/')+1:] }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

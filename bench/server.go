@@ -12,6 +12,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
 )
@@ -42,28 +43,17 @@ func readServerStats(ctx context.Context, c valkey.Client) (serverStats, error) 
 	return parseServerStats(info, cpu), nil
 }
 
-// parseServerStats reads lines like "cmdstat_evalsha:calls=10,usec=123,..." and
-// "used_cpu_sys:1.5".
+// parseServerStats reads the texts of INFO commandstats ("cmdstat_evalsha:calls=10,usec=123,...")
+// and INFO cpu ("used_cpu_sys:1.5").
 func parseServerStats(commandstats, cpu string) serverStats {
 	s := serverStats{usecByCommand: map[string]float64{}}
-	for _, line := range strings.Split(commandstats, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		for _, f := range strings.Split(fields, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				n, _ := strconv.ParseFloat(v, 64)
-				s.usecByCommand[strings.TrimPrefix(name, "cmdstat_")] = n
-			}
-		}
+	for name, st := range valkeytest.ParseInfo(commandstats).CommandStats() {
+		s.usecByCommand[name] = st.Usec
 	}
-	for _, line := range strings.Split(cpu, "\n") {
-		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
-			n, _ := strconv.ParseFloat(v, 64)
-			s.cpuSeconds += n
-		}
+	info := valkeytest.ParseInfo(cpu)
+	for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
+		n, _ := strconv.ParseFloat(info[name], 64)
+		s.cpuSeconds += n
 	}
 	return s
 }

@@ -8,13 +8,14 @@ import (
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/httplimit"
+	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
 // BenchmarkMiddleware measures what the middleware adds to a bare handler: one admitted
 // decision against a real Valkey (the two-limit policy script) plus the header fields.
 func BenchmarkMiddleware(b *testing.B) {
 	bare := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	e := newEngine(b, server.Client(b))
+	e := enginetest.New(b, server.Client(b))
 	// Limits no benchmark reaches, so every request is admitted; the 1s window keeps the log short.
 	p := engine.Policy{{Max: engine.MaxEvents, Window: time.Second}, {Max: engine.MaxEvents, Window: 2 * time.Second}}
 	for _, bc := range []struct {

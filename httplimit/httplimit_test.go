@@ -20,6 +20,7 @@ import (
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/httplimit"
+	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -85,8 +86,7 @@ func wantStatus(t *testing.T, what string, rec *httptest.ResponseRecorder, code 
 // "3 per second and 5 per hour" through the middleware: the fields on admissions and denials,
 // whichever limit binds, with exact values from a fixed clock.
 func TestHeadersAdmittedAndDenied(t *testing.T) {
-	clock := &fixedClock{t: t0}
-	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, server.Client(t))
 	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Hour}}
 	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
 	const policyField = `"1s";q=3;w=1, "1h";q=5;w=3600`
@@ -117,7 +117,7 @@ func TestHeadersAdmittedAndDenied(t *testing.T) {
 		t.Fatalf("denied body %q of type %q, want short plain text", rec.Body.String(), ct)
 	}
 
-	clock.Set(t0.Add(1500 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(1500 * time.Millisecond))
 	for i := 0; i < 2; i++ {
 		wantStatus(t, "next second", do(h, client, nil), http.StatusOK)
 	}
@@ -131,15 +131,14 @@ func TestHeadersAdmittedAndDenied(t *testing.T) {
 	if got := rec.Header().Get("RateLimit"); got != `"1h";r=0;t=3599` {
 		t.Fatalf("RateLimit %q when the hour binds, want the hour named", got)
 	}
-	clock.Set(t0.Add(time.Hour))
+	clock.Set(enginetest.T0.Add(time.Hour))
 	wantStatus(t, "after Retry-After", do(h, client, nil), http.StatusOK)
 }
 
 // Windows that are not whole seconds: w and t are rounded up, never down; Retry-After is never
 // earlier than the engine's RetryAfter.
 func TestSubSecondWindowsRoundUp(t *testing.T) {
-	clock := &fixedClock{t: t0}
-	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	e, clock := enginetest.Clocked(t, server.Client(t))
 	p := engine.Policy{{Max: 2, Window: 500 * time.Millisecond}, {Max: 10, Window: 1500 * time.Millisecond}}
 	var engineRetry time.Duration
 	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)),
@@ -148,13 +147,13 @@ func TestSubSecondWindowsRoundUp(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}))(ok)
 	do(h, "192.0.2.1:1", nil)
-	clock.Set(t0.Add(100 * time.Millisecond))
+	clock.Set(enginetest.T0.Add(100 * time.Millisecond))
 	rec := do(h, "192.0.2.1:1", nil)
 	checkPolicyField(t, rec.Header(), `"500ms";q=2;w=1, "1500ms";q=10;w=2`)
 	if _, r, reset := rateLimit(t, rec.Header()); r != 0 || reset != 1 {
 		t.Fatalf("RateLimit %q, want r=0 and t=1 (500ms rounded up)", rec.Header().Get("RateLimit"))
 	}
-	clock.Set(t0.Add(100*time.Millisecond + 3*time.Microsecond))
+	clock.Set(enginetest.T0.Add(100*time.Millisecond + 3*time.Microsecond))
 	rec = do(h, "192.0.2.1:1", nil)
 	wantStatus(t, "third", rec, http.StatusTooManyRequests)
 	if engineRetry != 400*time.Millisecond-3*time.Microsecond {
@@ -167,8 +166,7 @@ func TestSubSecondWindowsRoundUp(t *testing.T) {
 
 // The legacy X-RateLimit-* fields carry the same numbers when asked for, and only then.
 func TestLegacyHeaders(t *testing.T) {
-	clock := &fixedClock{t: t0}
-	e := newEngine(t, server.Client(t), engine.WithClock(clock.Now))
+	e, _ := enginetest.Clocked(t, server.Client(t))
 	prefix := uniquePrefix(t)
 	l := engine.PerMinute(2)
 	legacy := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix), httplimit.WithLegacyHeaders(true))(ok)
@@ -190,7 +188,7 @@ func TestLegacyHeaders(t *testing.T) {
 // address: exactly Max answers are 2xx, each with a different r; every other is a 429 whose
 // Retry-After is never earlier than the engine's RetryAfter.
 func TestRealServerUnderConcurrency(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	p := engine.Policy{{Max: 20, Window: time.Hour}, {Max: 30, Window: 2 * time.Hour}}
 	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)),
 		httplimit.WithDeniedHandler(func(w http.ResponseWriter, _ *http.Request, res engine.Result) {
@@ -318,7 +316,7 @@ func exists(t *testing.T, c valkey.Client, k string) bool {
 // itself is never read.
 func TestClientIPKey(t *testing.T) {
 	c := server.Client(t)
-	e := newEngine(t, c)
+	e := enginetest.New(t, c)
 	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48"))
 	for _, tc := range []struct {
 		name   string
@@ -368,7 +366,7 @@ func TestClientIPKey(t *testing.T) {
 
 // An unusable RemoteAddr is refused with 400 and counts nothing.
 func TestBadRemoteAddr(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	h := httplimit.Limit(e, engine.PerMinute(5), httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
 	rec := do(h, "not-an-address", nil)
 	wantStatus(t, "bad RemoteAddr", rec, http.StatusBadRequest)
@@ -380,7 +378,7 @@ func TestBadRemoteAddr(t *testing.T) {
 // Keys from a header: each value has its own count; a request without it is a 400, as is a
 // value longer than MaxKeyLength.
 func TestHeaderKey(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	h := httplimit.Limit(e, engine.PerMinute(2), httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithKeyHeader("x-api-key"))(ok)
 	a, b := http.Header{"X-Api-Key": {"a"}}, http.Header{"X-Api-Key": {"b"}}
 	wantStatus(t, "a 1", do(h, "192.0.2.1:1", a), http.StatusOK)
@@ -395,7 +393,7 @@ func TestHeaderKey(t *testing.T) {
 // A key function's error is a 400 by default; a custom error handler receives it wrapped in
 // ErrKey and chooses the answer.
 func TestKeyFuncError(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	errNoUser := errors.New("no user")
 	keyFunc := httplimit.WithKeyFunc(func(r *http.Request) (string, error) {
 		if u := r.URL.Query().Get("user"); u != "" {
@@ -430,7 +428,7 @@ func TestKeyFuncError(t *testing.T) {
 // Middlewares on one engine with different prefixes count apart; with the same prefix they
 // share the clients' counts.
 func TestKeyPrefixes(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	prefix := uniquePrefix(t)
 	l := engine.PerMinute(1)
 	a := httplimit.Limit(e, l, httplimit.WithKeyPrefix(prefix+"a:"))(ok)
@@ -444,7 +442,7 @@ func TestKeyPrefixes(t *testing.T) {
 // A custom denied handler answers denials, with the fields already set, and the next handler
 // is not called.
 func TestDeniedHandler(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	called := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { called++ })
 	h := httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(uniquePrefix(t)),
@@ -466,8 +464,8 @@ func TestDeniedHandler(t *testing.T) {
 func TestBackendDown(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
-	closed := newEngine(t, c)
-	open := newEngine(t, c, engine.WithFailOpen(true))
+	closed := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
 	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
 	called := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { called++ })
@@ -518,7 +516,7 @@ func TestBackendDown(t *testing.T) {
 
 // New refuses a nil engine and an invalid policy at once, naming the problem.
 func TestNewPanicsOnInvalidPolicy(t *testing.T) {
-	e := newEngine(t, server.Client(t))
+	e := enginetest.New(t, server.Client(t))
 	for name, f := range map[string]func(){
 		"nil engine":       func() { httplimit.New(nil, engine.Policy{engine.PerSecond(1)}) },
 		"empty policy":     func() { httplimit.New(e, nil) },

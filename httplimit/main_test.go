@@ -2,18 +2,13 @@ package httplimit_test
 
 import (
 	"fmt"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/valkey-io/valkey-go"
 
-	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -21,29 +16,7 @@ import (
 // prefix. Tests that stop a server start their own.
 var server *valkeytest.Server
 
-func TestMain(m *testing.M) {
-	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
-}
-
-var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-
-// fixedClock is a caller's clock the test moves by hand.
-type fixedClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fixedClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fixedClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
-
-func newEngine(tb testing.TB, c valkey.Client, opts ...engine.Option) *engine.Engine {
-	tb.Helper()
-	e, err := engine.New(c, opts...)
-	if err != nil {
-		tb.Fatalf("engine.New: %v", err)
-	}
-	return e
-}
+func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
 
 // uniquePrefix is a key prefix no other test or run uses.
 func uniquePrefix(tb testing.TB) string { return tb.Name() + ":" + uuid.NewString() + ":" }

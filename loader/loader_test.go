@@ -17,18 +17,13 @@ import (
 // commandCalls reads INFO commandstats: calls per command name, e.g. "evalsha".
 func commandCalls(t *testing.T, c valkey.Client) map[string]int {
 	t.Helper()
-	info, err := c.Do(context.Background(), c.B().Info().Section("commandstats").Build()).ToString()
+	info, err := valkeytest.ReadInfo(context.Background(), c, "commandstats")
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := map[string]int{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	for name, st := range info.CommandStats() {
+		calls[name] = int(st.Calls)
 	}
 	return calls
 }
@@ -101,15 +96,9 @@ func TestExecUsesEvalshaAndEvalOnlyAfterNoscript(t *testing.T) {
 // A server that refuses scripting fails Preload with ErrPreload and the server's reason.
 func TestPreloadFailsWhenScriptingIsRefused(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
-	admin := srv.Client(t)
-	do(t, admin, admin.B().Arbitrary("ACL", "SETUSER", "noscripts", "on", ">secret", "~*", "+@all", "-@scripting").Build())
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{srv.Addr}, Username: "noscripts", Password: "secret"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := srv.NewUser(t, "noscripts", "secret", "+@all", "-@scripting")
 
-	err = loader.Preload(context.Background(), c, loader.New("decide", scripts.SlidingWindow()))
+	err := loader.Preload(context.Background(), c, loader.New("decide", scripts.SlidingWindow()))
 	if !errors.Is(err, loader.ErrPreload) || !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "decide") {
 		t.Fatalf("Preload without scripting permission: %v, want ErrPreload naming the script and NOPERM", err)
 	}

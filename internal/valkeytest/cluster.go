@@ -33,8 +33,9 @@ type Node struct {
 	// Slots is the slot range [First, Last] the node owned when the cluster started.
 	First, Last int
 
-	bus  string // the cluster bus port
-	proc *process
+	bus    string // the cluster bus port
+	proc   *process
+	client valkey.Client // to this node alone; closed by Cluster.Close
 }
 
 // NodeTimeout is the cluster-node-timeout of the clusters StartCluster builds: short, so that a
@@ -80,8 +81,9 @@ func StartCluster(ctx context.Context, primaries, replicasPerPrimary int) (*Clus
 		}
 	}
 	for _, n := range nodes {
-		if n.ID, err = command(ctx, n.Addr, "CLUSTER", "MYID"); err != nil {
-			return nil, err
+		cl := n.client
+		if n.ID, err = cl.Do(ctx, cl.B().ClusterMyid().Build()).ToString(); err != nil {
+			return nil, fmt.Errorf("valkeytest: CLUSTER MYID on %s: %w", n.Addr, err)
 		}
 	}
 	per := 16384 / primaries
@@ -90,19 +92,25 @@ func StartCluster(ctx context.Context, primaries, replicasPerPrimary int) (*Clus
 		if i == primaries-1 {
 			p.Last = 16383
 		}
-		if _, err := command(ctx, p.Addr, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(p.First), strconv.Itoa(p.Last)); err != nil {
-			return nil, err
+		cl := p.client
+		add := cl.B().ClusterAddslotsrange().StartSlotEndSlot().StartSlotEndSlot(int64(p.First), int64(p.Last)).Build()
+		if err := cl.Do(ctx, add).Error(); err != nil {
+			return nil, fmt.Errorf("valkeytest: CLUSTER ADDSLOTSRANGE on %s: %w", p.Addr, err)
 		}
 	}
-	host, port, _ := net.SplitHostPort(nodes[0].Addr)
+	host, portText, _ := net.SplitHostPort(nodes[0].Addr)
+	port, _ := strconv.ParseInt(portText, 10, 64)
+	bus, _ := strconv.ParseInt(nodes[0].bus, 10, 64)
 	for _, n := range nodes[1:] {
-		if _, err := command(ctx, n.Addr, "CLUSTER", "MEET", host, port, nodes[0].bus); err != nil {
-			return nil, err
+		cl := n.client
+		if err := cl.Do(ctx, cl.B().ClusterMeet().Ip(host).Port(port).ClusterBusPort(bus).Build()).Error(); err != nil {
+			return nil, fmt.Errorf("valkeytest: CLUSTER MEET on %s: %w", n.Addr, err)
 		}
 	}
-	if err := waitFor(ctx, 30*time.Second, "every node to know every other", func() (bool, error) {
+	if err := WaitFor(ctx, 30*time.Second, "every node to know every other", func() (bool, error) {
 		for _, n := range nodes {
-			out, err := command(ctx, n.Addr, "CLUSTER", "NODES")
+			cl := n.client
+			out, err := cl.Do(ctx, cl.B().ClusterNodes().Build()).ToString()
 			if err != nil {
 				return false, err
 			}
@@ -115,9 +123,10 @@ func StartCluster(ctx context.Context, primaries, replicasPerPrimary int) (*Clus
 		return nil, err
 	}
 	for i, r := range c.Replicas {
-		r.First, r.Last = c.Primaries[i%primaries].First, c.Primaries[i%primaries].Last
-		if _, err := command(ctx, r.Addr, "CLUSTER", "REPLICATE", c.Primaries[i%primaries].ID); err != nil {
-			return nil, err
+		p := c.Primaries[i%primaries]
+		r.First, r.Last = p.First, p.Last
+		if err := r.client.Do(ctx, r.client.B().ClusterReplicate().NodeId(p.ID).Build()).Error(); err != nil {
+			return nil, fmt.Errorf("valkeytest: CLUSTER REPLICATE on %s: %w", r.Addr, err)
 		}
 	}
 	if err := c.WaitHealthy(ctx); err != nil {
@@ -135,25 +144,13 @@ func StartCluster(ctx context.Context, primaries, replicasPerPrimary int) (*Clus
 // so a write on each primary starts the offsets first.
 func (c *Cluster) waitShardsOnline(ctx context.Context) error {
 	for _, p := range c.Primaries {
-		if _, err := command(ctx, p.Addr, "INCR", fmt.Sprintf("valkeytest:warmup{%s}", slotTag(p))); err != nil {
-			return err
+		if err := p.client.Do(ctx, p.client.B().Incr().Key(p.ownedKey("valkeytest:warmup:")).Build()).Error(); err != nil {
+			return fmt.Errorf("valkeytest: warm-up write on %s: %w", p.Addr, err)
 		}
 	}
-	var clients []valkey.Client
-	defer func() {
-		for _, cl := range clients {
-			cl.Close()
-		}
-	}()
-	for _, n := range c.Nodes() {
-		cl, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{n.Addr}, ForceSingleClient: true})
-		if err != nil {
-			return err
-		}
-		clients = append(clients, cl)
-	}
-	return waitFor(ctx, 30*time.Second, "every node to be online in CLUSTER SHARDS", func() (bool, error) {
-		for _, cl := range clients {
+	return WaitFor(ctx, 30*time.Second, "every node to be online in CLUSTER SHARDS", func() (bool, error) {
+		for _, n := range c.Nodes() {
+			cl := n.client
 			shards, err := cl.Do(ctx, cl.B().ClusterShards().Build()).ToArray()
 			if err != nil {
 				return false, nil
@@ -179,16 +176,24 @@ func (c *Cluster) waitShardsOnline(ctx context.Context) error {
 	})
 }
 
-// slotTag returns a hash tag whose slot the primary owns, found by asking it.
-func slotTag(p *Node) string {
+// KeySlot returns the cluster slot (0 to 16383) of key, computed here as CLUSTER KEYSLOT
+// would answer it: the CRC16 of the key, or of its hash tag, by valkey-go's own routing code.
+func KeySlot(key string) int {
+	cmd := valkey.Completed{}.SetSlot(key)
+	return int(cmd.Slot())
+}
+
+// Owns reports whether key's slot is in the node's range [First, Last].
+func (n *Node) Owns(key string) bool {
+	slot := KeySlot(key)
+	return slot >= n.First && slot <= n.Last
+}
+
+// ownedKey returns prefix followed by the first number (0, 1, 2 ...) that makes a key the node owns.
+func (n *Node) ownedKey(prefix string) string {
 	for i := 0; ; i++ {
-		tag := strconv.Itoa(i)
-		out, err := command(context.Background(), p.Addr, "CLUSTER", "KEYSLOT", tag)
-		if err != nil {
-			return tag
-		}
-		if slot, _ := strconv.Atoi(out); slot >= p.First && slot <= p.Last {
-			return tag
+		if key := prefix + strconv.Itoa(i); n.Owns(key) {
+			return key
 		}
 	}
 }
@@ -196,18 +201,9 @@ func slotTag(p *Node) string {
 // NewCluster starts a cluster for a test and stops it in tb's cleanup.
 func NewCluster(tb testing.TB, primaries, replicasPerPrimary int) *Cluster {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := StartCluster(ctx, primaries, replicasPerPrimary)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			tb.Errorf("valkeytest: stop cluster: %v", err)
-		}
+	return forTest(tb, "cluster", func(ctx context.Context) (*Cluster, error) {
+		return StartCluster(ctx, primaries, replicasPerPrimary)
 	})
-	return c
 }
 
 func startNode(ctx context.Context, bin, dir string) (*Node, error) {
@@ -234,7 +230,12 @@ func startNode(ctx context.Context, bin, dir string) (*Node, error) {
 			"--cluster-replica-validity-factor", "0",
 		}}
 		if lastErr = p.start(ctx); lastErr == nil {
-			return &Node{Addr: p.addr(), bus: bus, proc: p}, nil
+			n := &Node{Addr: p.addr(), bus: bus, proc: p}
+			// No retry: the harness's waits poll, and a dead node should answer at once.
+			if n.client, lastErr = dial(n.Addr, valkey.ClientOption{DisableRetry: true, DisableCache: true}); lastErr == nil {
+				return n, nil
+			}
+			p.kill()
 		}
 		_ = os.Remove(filepath.Join(dir, "nodes.conf"))
 	}
@@ -273,6 +274,9 @@ func (c *Cluster) Client(tb testing.TB, opt valkey.ClientOption) valkey.Client {
 // Close stops every node and removes the cluster's files.
 func (c *Cluster) Close() error {
 	for _, n := range c.Nodes() {
+		if n.client != nil {
+			n.client.Close()
+		}
 		if n.proc != nil {
 			n.proc.kill()
 		}
@@ -293,47 +297,44 @@ func (n *Node) Alive() bool {
 	}
 }
 
-// Command sends one command to the node on a fresh connection and returns the reply as text
-// (status, integer or bulk string).
-func (n *Node) Command(ctx context.Context, args ...string) (string, error) {
-	return command(ctx, n.Addr, args...)
-}
-
-// Commands sends several commands to the node on one connection and returns the last reply:
-// for AUTH or READONLY before the command that needs them.
-func (n *Node) Commands(ctx context.Context, cmds ...[]string) (string, error) {
-	return commands(ctx, n.Addr, cmds...)
-}
+// Client returns the node's own client: connected to this node alone and never redirected to
+// another (a command for a key of other slots gets the MOVED error), logged in as the default
+// user, without retries. The Cluster closes it; callers must not. For READONLY before a read
+// on a replica, send both with DoMulti: they then go on one connection, in order.
+func (n *Node) Client() valkey.Client { return n.client }
 
 // Role returns "master" or "slave" as the node's INFO replication says.
 func (n *Node) Role(ctx context.Context) (string, error) {
-	info, err := command(ctx, n.Addr, "INFO", "replication")
+	info, err := ReadInfo(ctx, n.client, "replication")
 	if err != nil {
 		return "", err
 	}
-	return infoField(info, "role"), nil
+	return info["role"], nil
+}
+
+// clusterInfo reads the node's CLUSTER INFO.
+func (n *Node) clusterInfo(ctx context.Context) (Info, error) {
+	text, err := n.client.Do(ctx, n.client.B().ClusterInfo().Build()).ToString()
+	if err != nil {
+		return nil, err
+	}
+	return ParseInfo(text), nil
 }
 
 // WaitHealthy waits until every live node reports cluster_state:ok, every slot is served by a
 // live primary, and every live replica's link to its primary is up.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	return waitFor(ctx, 60*time.Second, "the cluster to be healthy", func() (bool, error) {
+	return WaitFor(ctx, 60*time.Second, "the cluster to be healthy", func() (bool, error) {
 		for _, n := range c.Nodes() {
 			if !n.Alive() {
 				continue
 			}
-			info, err := command(ctx, n.Addr, "CLUSTER", "INFO")
-			if err != nil {
+			info, err := n.clusterInfo(ctx)
+			if err != nil || info["cluster_state"] != "ok" {
 				return false, nil
 			}
-			if infoField(info, "cluster_state") != "ok" {
-				return false, nil
-			}
-			repl, err := command(ctx, n.Addr, "INFO", "replication")
-			if err != nil {
-				return false, nil
-			}
-			if infoField(repl, "role") == "slave" && infoField(repl, "master_link_status") != "up" {
+			repl, err := ReadInfo(ctx, n.client, "replication")
+			if err != nil || repl["role"] == "slave" && repl["master_link_status"] != "up" {
 				return false, nil
 			}
 		}
@@ -345,14 +346,14 @@ func (c *Cluster) WaitHealthy(ctx context.Context) error {
 // returns it: the replica that took over after old failed.
 func (c *Cluster) WaitPromoted(ctx context.Context, old *Node) (*Node, error) {
 	var promoted *Node
-	err := waitFor(ctx, 60*time.Second, "a replica of "+old.Addr+" to be promoted", func() (bool, error) {
+	err := WaitFor(ctx, 60*time.Second, "a replica of "+old.Addr+" to be promoted", func() (bool, error) {
 		for _, n := range c.Nodes() {
 			if n == old || !n.Alive() || n.First != old.First {
 				continue
 			}
 			if role, err := n.Role(ctx); err == nil && role == "master" {
-				info, err := command(ctx, n.Addr, "CLUSTER", "INFO")
-				if err == nil && infoField(info, "cluster_state") == "ok" {
+				info, err := n.clusterInfo(ctx)
+				if err == nil && info["cluster_state"] == "ok" {
 					promoted = n
 					return true, nil
 				}
@@ -361,26 +362,4 @@ func (c *Cluster) WaitPromoted(ctx context.Context, old *Node) (*Node, error) {
 		return false, nil
 	})
 	return promoted, err
-}
-
-// waitFor polls cond every 50ms until it holds, it fails, ctx ends or limit passes.
-func waitFor(ctx context.Context, limit time.Duration, what string, cond func() (bool, error)) error {
-	deadline := time.Now().Add(limit)
-	for {
-		done, err := cond()
-		if err != nil {
-			return fmt.Errorf("valkeytest: waiting for %s: %w", what, err)
-		}
-		if done {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("valkeytest: %s did not happen within %s", what, limit)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("valkeytest: waiting for %s: %w", what, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -28,6 +28,14 @@ func TestClusterStartsHealthyAndStops(t *testing.T) {
 	if c.Primaries[0].First != 0 || c.Primaries[2].Last != 16383 {
 		t.Fatalf("slots %d-%d ... %d-%d", c.Primaries[0].First, c.Primaries[0].Last, c.Primaries[2].First, c.Primaries[2].Last)
 	}
+	// KeySlot computes here what the server answers, hash tags included.
+	node := c.Primaries[0].Client()
+	for _, key := range []string{"", "foo", "strictrate:user:1", "{user1000}.following", "x{user1000}y", "a{}b", "{}{b}", "{a", "\x00\xff"} {
+		want, err := node.Do(ctx, node.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+		if err != nil || int64(KeySlot(key)) != want {
+			t.Fatalf("KeySlot(%q) = %d; CLUSTER KEYSLOT says %d (%v)", key, KeySlot(key), want, err)
+		}
+	}
 	addrs := c.Addrs()
 	if err := c.Close(); err != nil {
 		t.Fatal(err)

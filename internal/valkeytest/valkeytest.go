@@ -1,13 +1,13 @@
 // Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks.
 //
-// Start finds a server in this order: the address in VALKEY_ADDR; else a valkey-server (or
-// redis-server) binary on PATH, started on a free loopback port in a temporary directory with
-// persistence off; else a valkey/valkey:8 container through a local Docker engine. Whatever it
-// starts, Close stops; New ties that to the test's cleanup, so it runs when a test fails too.
+// Start finds a server in this order: the address given with Addr; else the address in
+// VALKEY_ADDR; else a valkey-server (or redis-server) binary on PATH, started on a free loopback
+// port in a temporary directory with persistence off; else a valkey/valkey:8 container through
+// a local Docker engine. Whatever it starts, Close stops; New ties that to the test's cleanup,
+// so it runs when a test fails too. The package talks to servers through valkey-go only.
 package valkeytest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -37,7 +37,8 @@ var ErrNoServer = errors.New("no Valkey server for the tests: set VALKEY_ADDR=ho
 type Server struct {
 	// Addr is the server's address, host:port.
 	Addr string
-	// Source says where the server came from: "env", the binary's name, or "docker".
+	// Source says where the server came from: "addr" (the Addr option), "env", the binary's
+	// name, or "docker".
 	Source string
 
 	proc  *process     // set when Start launched a binary
@@ -49,17 +50,29 @@ type Option func(*config)
 
 type config struct {
 	allowExternal bool
+	addr          string
 }
 
 // OwnServer makes Start launch a server of its own even when VALKEY_ADDR is set: for tests
 // that stop, restart or reconfigure the server, which they must never do to a shared one.
 func OwnServer() Option { return func(c *config) { c.allowExternal = false } }
 
+// Addr makes Start use the server at addr (host:port) as it is, once it answers PING, before
+// anything else the package comment lists; Close then leaves it running. An empty addr changes
+// nothing, so a command's -addr flag can be passed through whether it was given or not.
+func Addr(addr string) Option { return func(c *config) { c.addr = addr } }
+
 // Start provisions a server as the package comment describes. The caller must Close it.
 func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	cfg := config{allowExternal: true}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.addr != "" {
+		if err := ping(ctx, cfg.addr); err != nil {
+			return nil, fmt.Errorf("valkeytest: %s does not answer PING: %w", cfg.addr, err)
+		}
+		return &Server{Addr: cfg.addr, Source: "addr"}, nil
 	}
 	if addr := os.Getenv(EnvAddr); addr != "" && cfg.allowExternal {
 		if err := ping(ctx, addr); err != nil {
@@ -81,25 +94,41 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 // ErrNoServer's advice when no server can be had.
 func New(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
+	return forTest(tb, "server", func(ctx context.Context) (*Server, error) { return Start(ctx, opts...) })
+}
+
+// forTest runs start with a deadline of two minutes, fails tb if it fails, and closes what it
+// started in tb's cleanup: New and NewCluster.
+func forTest[T interface{ Close() error }](tb testing.TB, what string, start func(context.Context) (T, error)) T {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Start(ctx, opts...)
+	v, err := start(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			tb.Errorf("valkeytest: stop server: %v", err)
+		if err := v.Close(); err != nil {
+			tb.Errorf("valkeytest: stop %s: %v", what, err)
 		}
 	})
-	return s
+	return v
 }
 
-// RunWithServer is the body of a TestMain whose tests share one server: it starts the server,
-// hands it to set, runs the tests and stops the server. A server that cannot be had fails the
-// run with ErrNoServer's advice. Use it as
+// Main is the whole TestMain of a package whose tests share one server: it starts the server,
+// stores it in *server, runs the tests, stops the server and exits with the run's code. Use it
+// as
 //
-//	func TestMain(m *testing.M) { os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s })) }
+//	var server *valkeytest.Server
+//
+//	func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
+func Main(m *testing.M, server **Server) {
+	os.Exit(RunWithServer(m, func(s *Server) { *server = s }))
+}
+
+// RunWithServer is Main for a TestMain that wants the server in another shape (set receives
+// it) or has more to do: it returns the exit code instead of exiting. A server that cannot be
+// had fails the run with ErrNoServer's advice.
 func RunWithServer(m *testing.M, set func(*Server)) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	s, err := Start(ctx)
@@ -132,6 +161,41 @@ func NewClient(tb testing.TB, addrs ...string) valkey.Client {
 	}
 	tb.Cleanup(c.Close)
 	return c
+}
+
+// NewUser creates (or redefines) the ACL user name on the server, with password, access to
+// every key and channel, and the given rules (e.g. "+@all", "-@scripting"), and returns a
+// client logged in as that user, closed in tb's cleanup. The server must be one the test may
+// reconfigure (OwnServer).
+func (s *Server) NewUser(tb testing.TB, name, password string, rules ...string) valkey.Client {
+	tb.Helper()
+	admin := s.Client(tb)
+	acl := admin.B().AclSetuser().Username(name).Rule(append([]string{"on", ">" + password, "~*", "&*"}, rules...)...).Build()
+	if err := admin.Do(context.Background(), acl).Error(); err != nil {
+		tb.Fatalf("valkeytest: create user %s: %v", name, err)
+	}
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{s.Addr}, Username: name, Password: password})
+	if err != nil {
+		tb.Fatalf("valkeytest: connect as %s: %v", name, err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// dial connects a client to the one server at addr, whatever it is (a standalone server, or a
+// cluster node before or after it joins a cluster): it never asks for the cluster's layout and
+// is never redirected to another node. opt sets everything else, e.g. Username and Password.
+func dial(addr string, opt valkey.ClientOption) (valkey.Client, error) {
+	opt.InitAddress = []string{addr}
+	opt.ForceSingleClient = true
+	c, err := valkey.NewClient(opt)
+	if err != nil {
+		if c != nil { // ForceSingleClient returns the client even when its first dial failed
+			c.Close()
+		}
+		return nil, err
+	}
+	return c, nil
 }
 
 // Close stops the server if Start launched it, and removes its files. It is safe to call twice.
@@ -336,26 +400,16 @@ func startDocker(ctx context.Context) (*Server, error) {
 	return &Server{Addr: addr, Source: "docker", close: func() error { return pool.Purge(res) }}, nil
 }
 
-// ping sends one inline PING and expects +PONG.
+// ping connects to addr on a fresh connection and sends PING, once: no retry.
 func ping(ctx context.Context, addr string) error {
-	d := net.Dialer{Timeout: time.Second}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	c, err := dial(addr, valkey.ClientOption{DisableRetry: true, DisableCache: true, Dialer: net.Dialer{Timeout: time.Second}})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
-	}
-	return nil
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return c.Do(ctx, c.B().Ping().Build()).Error()
 }
 
 func freePort() (string, error) {
@@ -379,4 +433,15 @@ func tail(path string) string {
 		lines = lines[len(lines)-5:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Must returns r's value as conv reads it (e.g. valkey.ValkeyResult.AsInt64), and fails tb,
+// naming what was sent, if the command failed or its reply is not of that type.
+func Must[T any](tb testing.TB, what string, r valkey.ValkeyResult, conv func(valkey.ValkeyResult) (T, error)) T {
+	tb.Helper()
+	v, err := conv(r)
+	if err != nil {
+		tb.Fatalf("%s: %v", what, err)
+	}
+	return v
 }

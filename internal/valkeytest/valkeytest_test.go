@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -82,5 +83,75 @@ func TestNoServerSaysHowToGetOne(t *testing.T) {
 	_, err := Start(context.Background())
 	if !errors.Is(err, ErrNoServer) {
 		t.Fatalf("Start with nothing available: %v, want ErrNoServer", err)
+	}
+}
+
+func TestParseInfo(t *testing.T) {
+	info := ParseInfo("txt:# Replication\r\nrole:slave\r\nmaster_link_status:up\r\n\r\n# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=10,usec=150,usec_per_call=15.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_client|list:calls=2,usec=9.5,usec_per_call=4.75\r\nused_cpu_sys:1.25\r\n")
+	if info["role"] != "slave" || info["master_link_status"] != "up" || info["used_cpu_sys"] != "1.25" || info["absent"] != "" {
+		t.Fatalf("ParseInfo = %v", info)
+	}
+	if cs := ParseInfo("txt:cluster_state:ok\r\ncluster_slots_ok:16384\r\n"); cs["cluster_state"] != "ok" || len(cs) != 2 {
+		t.Fatalf("ParseInfo of a CLUSTER INFO verbatim string = %v", cs)
+	}
+	if _, ok := info["# Replication"]; ok {
+		t.Fatalf("a section header was read as a field: %v", info)
+	}
+	stats := info.CommandStats()
+	if len(stats) != 2 || stats["evalsha"] != (CommandStat{Calls: 10, Usec: 150}) || stats["client|list"] != (CommandStat{Calls: 2, Usec: 9.5}) {
+		t.Fatalf("CommandStats = %+v", stats)
+	}
+}
+
+func TestAddrIsUsedAsIs(t *testing.T) {
+	own := New(t, OwnServer())
+	t.Setenv(EnvAddr, "")
+	s, err := Start(context.Background(), Addr(own.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Addr != own.Addr || s.Source != "addr" {
+		t.Fatalf("Start with Addr: addr %s source %s, want %s addr", s.Addr, s.Source, own.Addr)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(context.Background(), own.Addr); err != nil {
+		t.Fatalf("closing a given server must not stop it: %v", err)
+	}
+	if _, err := Start(context.Background(), Addr(freeAddr(t))); err == nil {
+		t.Fatal("Start with an Addr that does not answer: no error")
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "127.0.0.1:" + port
+}
+
+func TestWaitFor(t *testing.T) {
+	ctx := context.Background()
+	tries := 0
+	if err := WaitFor(ctx, time.Minute, "three tries", func() (bool, error) { tries++; return tries == 3, nil }); err != nil || tries != 3 {
+		t.Fatalf("WaitFor: %v after %d tries, want nil after 3", err, tries)
+	}
+	boom := errors.New("boom")
+	if err := WaitFor(ctx, time.Minute, "an error", func() (bool, error) { return false, boom }); !errors.Is(err, boom) {
+		t.Fatalf("WaitFor with a failing condition: %v, want it wrapped", err)
+	}
+	if err := WaitFor(ctx, 0, "never", func() (bool, error) { return false, nil }); err == nil || !strings.Contains(err.Error(), "never") {
+		t.Fatalf("WaitFor past its limit: %v, want an error naming what was awaited", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := WaitFor(cancelled, time.Minute, "never", func() (bool, error) { return false, nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitFor with a cancelled context: %v", err)
 	}
 }

@@ -1,0 +1,52 @@
+// Package enginetest holds what the tests of the packages built on engine share: a caller's
+// clock the test moves by hand, the instant those clocks start at, and a constructor that fails
+// the test instead of returning an error. Servers are valkeytest's business, not this package's.
+package enginetest
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+// T0 is the instant the tests' clocks start at: a fixed date, so that every figure a test
+// derives from a caller's clock is exact.
+var T0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// Clock is a caller's clock the test moves by hand: pass its Now to engine.WithClock. It is
+// safe for concurrent use. The zero Clock reads the zero time until Set.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a Clock that reads t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the time the clock was last set to.
+func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+// Set moves the clock to t, forward or back.
+func (c *Clock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+// New returns an engine on c with opts, and fails tb if engine.New refuses.
+func New(tb testing.TB, c valkey.Client, opts ...engine.Option) *engine.Engine {
+	tb.Helper()
+	e, err := engine.New(c, opts...)
+	if err != nil {
+		tb.Fatalf("engine.New: %v", err)
+	}
+	return e
+}
+
+// Clocked returns an engine on c with opts whose clock is a new Clock reading T0, and that
+// Clock, for the test to move.
+func Clocked(tb testing.TB, c valkey.Client, opts ...engine.Option) (*engine.Engine, *Clock) {
+	tb.Helper()
+	clock := NewClock(T0)
+	return New(tb, c, append(opts[:len(opts):len(opts)], engine.WithClock(clock.Now))...), clock
+}
