@@ -16,7 +16,6 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
-	"github.com/strictrate/strictrate/loader"
 )
 
 // server is the one Valkey every test in this package shares; tests keep apart by key.
@@ -794,7 +793,7 @@ func TestNewFailsWhenScriptingIsRefused(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := engine.New(c)
-	if !errors.Is(err, loader.ErrPreload) || errors.Is(err, engine.ErrUnavailable) {
+	if !errors.Is(err, engine.ErrPreload) || errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("New without scripting: %v, want a preload error that is not ErrUnavailable", err)
 	}
 	e := enginetest.New(t, c, engine.WithPreload(false))
