@@ -3,7 +3,6 @@ package engine_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -14,20 +13,29 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// exampleAddr is the address of the Valkey the examples use, started by TestMain.
-var exampleAddr string
+// exampleServer is the Valkey the examples use, started by TestMain.
+var exampleServer *valkeytest.Server
 
-func TestMain(m *testing.M) {
-	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { exampleAddr = s.Addr }))
-}
+func TestMain(m *testing.M) { valkeytest.Main(m, &exampleServer) }
 
 // exampleClient connects to the examples' server; a program would connect to its own Valkey.
 func exampleClient() valkey.Client {
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{exampleAddr}})
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{exampleServer.Addr}})
 	if err != nil {
 		panic(err)
 	}
 	return c
+}
+
+// exampleEngine is what ExampleEngine_Allow spells out: an engine on its own client, deciding
+// with a caller's clock that reads *now. close closes the client.
+func exampleEngine(now *time.Time) (e *engine.Engine, close func()) {
+	client := exampleClient()
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return *now }))
+	if err != nil {
+		panic(err)
+	}
+	return e, client.Close
 }
 
 // exampleKey is a key no other run uses, so the examples' output is the same every time.
@@ -59,13 +67,9 @@ func ExampleEngine_Allow() {
 }
 
 func ExampleEngine_AllowN() {
-	client := exampleClient()
-	defer client.Close()
 	now := noon
-	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
-	if err != nil {
-		panic(err)
-	}
+	e, done := exampleEngine(&now)
+	defer done()
 	key, limit := exampleKey("allown"), engine.PerMinute(10)
 	for _, n := range []int{6, 5, 4} { // all or nothing: 5 does not fit after 6, 4 does
 		r, err := e.AllowN(context.Background(), key, limit, n)
@@ -82,12 +86,9 @@ func ExampleEngine_AllowN() {
 }
 
 func ExampleEngine_Peek() {
-	client := exampleClient()
-	defer client.Close()
-	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
-	if err != nil {
-		panic(err)
-	}
+	now := noon
+	e, done := exampleEngine(&now)
+	defer done()
 	ctx, key, limit := context.Background(), exampleKey("peek"), engine.PerHour(3)
 	if _, err := e.Allow(ctx, key, limit); err != nil {
 		panic(err)
@@ -105,13 +106,9 @@ func ExampleEngine_Peek() {
 }
 
 func ExampleEngine_AllowPolicy() {
-	client := exampleClient()
-	defer client.Close()
 	now := noon
-	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
-	if err != nil {
-		panic(err)
-	}
+	e, done := exampleEngine(&now)
+	defer done()
 	// 2 per second and 3 per minute, decided together in one atomic call.
 	p := engine.Policy{engine.PerSecond(2), engine.PerMinute(3)}
 	key := exampleKey("policy")
