@@ -23,18 +23,22 @@ var files embed.FS
 // includePrefix starts a line that a part's text replaces.
 const includePrefix = "-- include: "
 
-// SlidingWindow returns the source of the atomic decision script: trim, count, add the events
-// only when they fit, and set the key's expiry, all in one call.
-func SlidingWindow() string { return mustCompose("sliding_window.lua") }
+// Decide returns the source of the atomic decision script: trim the log, count every limit's
+// window, add the request's entry only when every limit has room, and set the key's expiry,
+// all in one call.
+func Decide() string { return mustCompose("decide.lua") }
 
-// SlidingWindowPeek returns the source of the read-only script that takes the same decision as
-// SlidingWindow without recording anything.
-func SlidingWindowPeek() string { return mustCompose("sliding_window_peek.lua") }
+// Peek returns the source of the read-only script that takes the same decision as Decide
+// without recording anything.
+func Peek() string { return mustCompose("peek.lua") }
 
-// SlidingWindowPolicy returns the source of the atomic decision script for several limits on
-// one key: trim to the longest window, count every window, add the events only when every
-// limit has room, and set the key's expiry, all in one call.
-func SlidingWindowPolicy() string { return mustCompose("sliding_window_policy.lua") }
+// Settle returns the source of the script that lowers an admitted request's entry to the cost
+// it ended with, or refunds it.
+func Settle() string { return mustCompose("settle.lua") }
+
+// Inspect returns the source of the read-only script that returns a key's log as stored: its
+// header's totals and each entry's time and cost.
+func Inspect() string { return mustCompose("inspect.lua") }
 
 // mustCompose composes an embedded script. The files are compiled in, so a missing part is a
 // defect of the build that the package's tests catch; it panics rather than return a script

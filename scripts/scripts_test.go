@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -19,9 +20,10 @@ func TestMain(m *testing.M) {
 }
 
 var all = map[string]func() string{
-	"sliding_window.lua":        SlidingWindow,
-	"sliding_window_peek.lua":   SlidingWindowPeek,
-	"sliding_window_policy.lua": SlidingWindowPolicy,
+	"decide.lua":  Decide,
+	"peek.lua":    Peek,
+	"settle.lua":  Settle,
+	"inspect.lua": Inspect,
 }
 
 // Composition replaces every include line with its part, and nothing else changes.
@@ -75,7 +77,7 @@ func TestComposedScriptsRun(t *testing.T) {
 	}
 
 	const now, window, max = 1_790_000_000_000_000, 1_000_000, 3
-	eval := func(name, key string, args ...string) []int64 {
+	run := func(name, key string, args ...string) []int64 {
 		t.Helper()
 		sum := sha1.Sum([]byte(all[name]()))
 		vals, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
@@ -85,29 +87,39 @@ func TestComposedScriptsRun(t *testing.T) {
 		return vals
 	}
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
-	for _, name := range []string{"sliding_window.lua", "sliding_window_policy.lua"} {
+	for name, limits := range map[string][]string{
+		"one limit":  {itoa(window), itoa(max)},
+		"two limits": {itoa(window / 2), itoa(max + 1), itoa(window), itoa(max)},
+	} {
 		key := "scripts-test:" + name
-		args := func(at int64) []string {
-			if name == "sliding_window.lua" {
-				return []string{itoa(at), itoa(window), itoa(max), "1"}
-			}
-			return []string{itoa(at), "1", itoa(window / 2), itoa(max + 1), itoa(window), itoa(max)}
-		}
+		args := func(at int64, n int) []string { return append([]string{itoa(at), strconv.Itoa(n)}, limits...) }
 		for i := int64(0); i < max; i++ {
-			if r := eval(name, key, args(now+i)...); r[0] != max-1-i || len(r) >= 3 && r[2] != 0 {
+			if r := run("decide.lua", key, args(now+i, 1)...); r[0] != max-1-i || len(r) >= 3 && r[2] != 0 {
 				t.Fatalf("%s: event %d: reply %v, want admitted with %d remaining", name, i+1, r, max-1-i)
 			}
 		}
-		r := eval(name, key, args(now+max)...)
+		r := run("decide.lua", key, args(now+max, 1)...)
 		if len(r) < 3 || r[0] != 0 || r[2] != window-max {
 			t.Fatalf("%s: event %d: reply %v, want denied, 0 remaining, retry after %d", name, max+1, r, window-max)
 		}
-		peek := eval("sliding_window_peek.lua", key, itoa(now+max), itoa(window), itoa(max), "1")
-		if peek[0] != 0 || peek[2] != window-max {
-			t.Fatalf("peek after %d events: reply %v, want 0 remaining, retry after %d", max, peek, window-max)
+		if peek := run("peek.lua", key, args(now+max, 1)...); peek[0] != 0 || peek[2] != window-max {
+			t.Fatalf("%s: peek after %d events: reply %v, want 0 remaining, retry after %d", name, max, peek, window-max)
 		}
-		if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err != nil || n != max {
-			t.Fatalf("%s: log holds %d (%v), want %d", name, n, err, max)
+		// The second event is refunded: its room comes back at once, and a second refund
+		// gives nothing more.
+		if got := run("settle.lua", key, itoa(now+1), "1", "1", "0"); got[0] != 1 || got[1] != 1 {
+			t.Fatalf("%s: refund: reply %v, want 1 event back, entry found", name, got)
+		}
+		if got := run("settle.lua", key, itoa(now+1), "1", "1", "0"); got[0] != 0 || got[1] != 1 {
+			t.Fatalf("%s: second refund: reply %v, want nothing back, entry found", name, got)
+		}
+		log := run("inspect.lua", key, "0")
+		want := []int64{max - 1, max, now + max - 1, 1, log[4], now, 1, now + 1, 0, now + 2, 1}
+		if fmt.Sprint(log) != fmt.Sprint(want) {
+			t.Fatalf("%s: inspect: %v, want %v", name, log, want)
+		}
+		if r := run("decide.lua", key, args(now+max, 1)...); r[0] != 0 || len(r) >= 3 && r[2] != 0 {
+			t.Fatalf("%s: after the refund: reply %v, want admitted with 0 remaining", name, r)
 		}
 	}
 }

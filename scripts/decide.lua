@@ -1,0 +1,74 @@
+-- decide.lua: one atomic decision for one key against one or more limits.
+--
+-- Trims the entries that left the longest window, counts every window, adds one entry of cost
+-- n only when every limit has room for it, and sets the key's expiry. Runs as EVALSHA; nothing
+-- can interleave, so the counts are exact. The server's work does not grow with n: a request
+-- is one entry, and each entry is trimmed once.
+--
+-- KEYS[1]  the key's log (lib_log.lua: a list, its header first)
+-- ARGV[1]  now in integer microseconds, or "" to read the server's clock (TIME)
+-- ARGV[2]  n: the request's cost in events, all or nothing (1 <= n <= every max)
+-- ARGV[3]  window of the first limit in integer microseconds (>= 1000)
+-- ARGV[4]  max of the first limit: events admitted in any trailing window (>= 1)
+--          ... then one (window, max) pair per further limit, windows strictly ascending
+--
+-- Reply: an array of 2 to 6 integers; a missing trailing value takes its default
+--   [1] remaining: the least, over the limits, of the events that would still be admitted
+--       now, after this decision (>= 0)
+--   [2] now in microseconds: the instant the decision was taken at
+--   [3] retry_after in microseconds: 0 (the default) when admitted; when denied (always > 0),
+--       the wait until every limit has room for n: per denying limit, until the entry that
+--       brings enough events out of its window leaves it
+--   [4] reset_after in microseconds: the wait until the log holds no event (its newest entry
+--       plus the longest window); default: the longest window
+--   [5] tightest: the 1-based position of the limit [1] speaks for (the least room; the
+--       shortest window among equals); default 1
+--   [6] seq: when admitted, the entry's position among the key's entries of this microsecond
+--       (its identity, with [2], for refunds); default 1
+--
+-- The common path (one limit, the server's clock, a log of up to 32 live entries) makes four
+-- server calls: TIME, LINDEX (the header, which holds the newest entries), LSET (the header
+-- with the new entry), PEXPIRE. A bigger log adds an LRANGE of its oldest entries when some
+-- leave the window, and now and then an RPUSH or an LTRIM.
+
+-- include: lib_clock.lua
+-- include: lib_log.lua
+
+local key = KEYS[1]
+local now = read_clock(ARGV[1])
+local n = tonumber(ARGV[2])
+local limits = {}
+for i = 3, #ARGV do
+  limits[i - 2] = tonumber(ARGV[i])
+end
+local longest = limits[#limits - 1]
+
+local h = read_header(key)
+local remaining, tightest, retry_after, newest, seq
+if #limits == 2 then
+  remaining, tightest, retry_after, newest, seq = decide_small(key, h, now, n, limits[1], limits[2])
+end
+if remaining == nil then
+  local g = general()
+  local log = g.read_log(key, h, true)
+  local count
+  remaining, tightest, retry_after, count, seq = g.decide(log, now, n, limits, true)
+  g.save(log)
+  newest = log.newest
+end
+if retry_after > 0 then
+  return {remaining, now, retry_after, newest + longest - now, tightest}
+end
+-- The log empties one longest window after its newest entry: the one added now, unless a
+-- caller's clock lags an entry another caller recorded. PEXPIRE takes whole milliseconds:
+-- round up so the key never goes before its newest entry.
+local reset_after = newest + longest - now
+redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
+if seq ~= 1 then
+  return {remaining, now, 0, reset_after, tightest, seq}
+elseif tightest ~= 1 then
+  return {remaining, now, 0, reset_after, tightest}
+elseif reset_after ~= longest then
+  return {remaining, now, 0, reset_after}
+end
+return {remaining, now}

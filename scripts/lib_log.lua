@@ -1,0 +1,689 @@
+-- lib_log.lua: a part included by the scripts (not a script of its own): a key's log.
+--
+-- A key's log is one admitted request per entry, in time order (oldest first), each carrying
+-- its time and its cost in events. It is stored as one Valkey list:
+--
+--   element 0        the header: the log's totals, its cursors, then the newest entries (the
+--                    open chunk, up to 32 of them) as one string
+--   elements 1..     the older entries, one element each: first "gone" entries that have left
+--                    every window and wait to be dropped, then "closed" live ones; a closed
+--                    cost-1 entry is its 7 bytes of time alone (9 bytes of listpack)
+--
+-- Most keys hold few live entries, so their whole log is the header: a decision reads one
+-- element, rewrites it, and sets the expiry. When the open chunk is full, its entries move
+-- behind the header in one RPUSH; entries that left the window there are dropped a few at a
+-- time with one LTRIM.
+--
+-- An entry is 7 bytes of time (microseconds since the Unix epoch, big-endian two's
+-- complement), then its cost: one byte below 254; 254 and 2 bytes; 255 and 4 bytes (all
+-- big-endian). A cost-1 entry is 8 bytes in the open chunk, 7 as an element. A refund lowers the cost in place (to 0 for a full
+-- refund); an entry only leaves when its time leaves the longest window, so an entry's
+-- identity, its time and its position among the entries of that microsecond (seq, from 1), is
+-- never reused. The first byte of a time between the years 1827 and 2112 is 0x00-0x0F or
+-- 0xF0-0xFF, so no entry or header reads as a decimal integer: the list keeps them as strings.
+--
+-- The header opens with nine 7-byte big-endian fields: total (the live entries' cost), count
+-- (live entries), newest (the newest entry's time), seq (its position in its microsecond),
+-- gone, closed (see above), oldest and oldest_cost (the oldest closed entry's time and cost,
+-- when closed > 0), cursors (how many follow). A cursor, five fields, is kept per shorter
+-- window a policy counts on this key: window, idx (the live entries at or before the window's
+-- start are entries [0, idx)), partial (their cost), before and after (the times of entries
+-- idx-1 and idx; -2^54 and 2^54 where there is none). A cursor moves only as far as the clock
+-- did, so counting a shorter window costs amortized O(1), like trimming the longest. The open
+-- chunk's entries follow the cursors.
+--
+-- Counting: the events in a window at now are the cost of the entries with a time after
+-- now - window, later than now included (callers' clocks may disagree: that can deny early,
+-- never admit too many). Live entries are numbered from 0: the closed ones, then the open
+-- chunk's.
+--
+-- Speed: EVALSHA makes every function of a script anew on each call, and a function costs
+-- more to make the more of the script's locals it captures; every redis.call, every element
+-- of its reply and every table cost more than most Lua. So the common decision (one limit, a
+-- small log) is decide_small, which works on the header string and locals alone; everything
+-- else goes through general(), whose functions are made only by the calls that need them.
+-- Constants are written out where they are used.
+
+-- make_entry encodes an entry.
+local function make_entry(t, cost)
+  if cost < 254 then
+    return struct.pack('>i7B', t, cost)
+  elseif cost < 65536 then
+    return struct.pack('>i7BI2', t, 254, cost)
+  end
+  return struct.pack('>i7BI4', t, 255, cost)
+end
+
+-- read_entry decodes the entry at byte pos of s: its time, its cost and the position after it.
+local function read_entry(s, pos)
+  local t = struct.unpack('>i7', s, pos)
+  local b = string.byte(s, pos + 7)
+  if b < 254 then
+    return t, b, pos + 8
+  elseif b == 254 then
+    return t, (struct.unpack('>I2', s, pos + 8)), pos + 10
+  end
+  return t, (struct.unpack('>I4', s, pos + 8)), pos + 12
+end
+
+-- read_header reads key's header: the string, false when the key does not exist, or the
+-- server's error as a table (the key holds something else).
+local function read_header(key)
+  return redis.pcall('LINDEX', key, 0)
+end
+
+-- write_small writes a small header: total, count, newest, seq, then the open chunk, given in
+-- two parts.
+local function write_small(key, exists, total, count, newest, seq, open, more)
+  local header = 'S' .. struct.pack('>i7i7i7i7', total, count, newest, seq) .. open .. more
+  if exists then
+    redis.call('LSET', key, 0, header)
+  else
+    redis.call('RPUSH', key, header)
+  end
+end
+
+-- general returns the functions of the general path: the log as a table, for policies,
+-- peeks, settles, big logs and callers' clocks out of step. They are made on the first call
+-- that needs them (see Speed, above).
+local general_functions
+local function general()
+  if general_functions ~= nil then
+    return general_functions
+  end
+  local g = {}
+  general_functions = g
+
+  -- make_element encodes an entry as an element of its own (a closed entry): as in the open
+  -- chunk, but a cost-1 entry is its 7 bytes of time alone, since the element's length tells.
+  function g.make_element(t, cost)
+    if cost == 1 then
+      return struct.pack('>i7', t)
+    end
+    return make_entry(t, cost)
+  end
+
+  -- read_element decodes a closed entry: its time and cost.
+  function g.read_element(e)
+    if #e == 7 then
+      return (struct.unpack('>i7', e)), 1
+    end
+    local t, cost = read_entry(e, 1)
+    return t, cost
+  end
+
+  -- read_log makes the log from key's header h (read_header's reply). convert allows turning a
+  -- log of the first releases' layout into this one (the writing scripts do; a read-only script
+  -- cannot).
+  function g.read_log(key, h, convert)
+    if type(h) == 'table' then
+      if not convert or redis.call('TYPE', key).ok ~= 'zset' then
+        error(h)
+      end
+      -- The first releases' layout: a sorted set, one member per event, scored by its time.
+      -- Rewrite it in place, one entry per microsecond carrying that microsecond's events, all
+      -- of them closed (behind an empty open chunk); the key keeps its expiry.
+      local pttl = redis.call('PTTL', key)
+      local members = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+      redis.call('DEL', key)
+      local log = g.read_log(key, false, false)
+      local out, at, cost = {'-'}, nil, 0
+      for i = 2, #members + 2, 2 do
+        local t = tonumber(members[i])
+        if t ~= at and at ~= nil then
+          out[#out + 1] = g.make_element(at, cost)
+          log.total, log.newest, log.seq, cost = log.total + cost, at, 1, 0
+        end
+        at, cost = t, cost + 1
+      end
+      if #out > 1 then
+        for i = 1, #out, 1000 do
+          redis.call('RPUSH', key, unpack(out, i, math.min(i + 999, #out)))
+        end
+        if pttl > 0 then
+          redis.call('PEXPIRE', key, pttl)
+        end
+        log.count, log.closed, log.exists, log.dirty = #out - 1, #out - 1, true, true
+        log.oldest, log.oldest_cost = g.read_element(out[2])
+      end
+      return log
+    end
+    if not h then
+      return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = -2 ^ 54,
+        seq = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = ''}
+    end
+    local kind = string.byte(h, 1)
+    local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
+    local gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0
+    if kind == 70 then -- 'F', a full header
+      gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+    elseif kind ~= 83 then -- nor 'S', a small one
+      error({err = 'WRONGTYPE strictrate: the key holds a list that is not a strictrate log'})
+    end
+    local log = {key = key, exists = true, dirty = false, total = total, count = count,
+      newest = newest, seq = seq, gone = gone, closed = closed, oldest = oldest,
+      oldest_cost = oldest_cost, cursors = {}, open = nil}
+    for i = 1, ncursors do
+      local c = {}
+      c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+      log.cursors[i] = c
+    end
+    log.open = string.sub(h, pos)
+    return log
+  end
+
+  -- save writes the header when it changed.
+  function g.save(log)
+    if not log.dirty then
+      return
+    end
+    local cursors, parts = log.cursors, {}
+    for k = 1, #cursors do
+      local c = cursors[k]
+      -- When more windows than a policy may hold (16) have been counted on this key, keep the
+      -- cursors this call used.
+      if #cursors <= 16 or c.used then
+        parts[#parts + 1] = struct.pack('>i7i7i7i7i7', c.window, c.idx, c.partial, c.before, c.after)
+      end
+    end
+    if log.gone == 0 and log.closed == 0 and #parts == 0 then
+      write_small(log.key, log.exists, log.total, log.count, log.newest, log.seq, log.open, '')
+    else
+      local header = 'F' .. struct.pack('>i7i7i7i7i7i7i7i7i7', log.total, log.count, log.newest,
+        log.seq, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts) .. log.open
+      if log.exists then
+        redis.call('LSET', log.key, 0, header)
+      else
+        redis.call('RPUSH', log.key, header)
+      end
+    end
+    log.exists = true
+  end
+
+  -- shift_cursors moves every cursor back by dropped entries of cost cost that left the log's
+  -- front; after is the time of the new first entry.
+  function g.shift_cursors(log, dropped, cost, after)
+    local cursors = log.cursors
+    for k = 1, #cursors do
+      local c = cursors[k]
+      if c.idx >= dropped then
+        c.idx = c.idx - dropped
+        c.partial = c.partial - cost
+        if c.idx == 0 then
+          c.before = -2 ^ 54
+        end
+      else
+        -- The trim reached inside this cursor's window (a shorter limit trimmed the log).
+        c.idx, c.partial, c.before, c.after = 0, 0, -2 ^ 54, after
+      end
+    end
+  end
+
+  -- open_entries decodes the open chunk once per call: times, costs, and byte positions.
+  function g.open_entries(log)
+    if log.open_ts == nil then
+      local ts, cs, ps, pos, s = {}, {}, {}, 1, log.open
+      while pos <= #s do
+        ps[#ps + 1] = pos
+        ts[#ts + 1], cs[#cs + 1], pos = read_entry(s, pos)
+      end
+      ps[#ps + 1] = pos
+      log.open_ts, log.open_cs, log.open_ps = ts, cs, ps
+    end
+    return log.open_ts, log.open_cs, log.open_ps
+  end
+
+  -- set_open replaces the open chunk, forgetting its decoded form.
+  function g.set_open(log, s)
+    log.open, log.open_ts, log.open_cs, log.open_ps = s, nil, nil, nil
+  end
+
+  -- entries returns the times and costs of live entries [from, to] (clamped to the last).
+  function g.entries(log, from, to)
+    if to >= log.count then
+      to = log.count - 1
+    end
+    local ts, cs = {}, {}
+    if from < log.closed then
+      local last = to
+      if last >= log.closed then
+        last = log.closed - 1
+      end
+      local skip = 1 + log.gone
+      local es = redis.call('LRANGE', log.key, from + skip, last + skip)
+      for i = 1, #es do
+        ts[i], cs[i] = g.read_element(es[i])
+      end
+    end
+    if to >= log.closed then
+      local ots, ocs = g.open_entries(log)
+      local first = from
+      if first < log.closed then
+        first = log.closed
+      end
+      for i = first, to do
+        ts[#ts + 1], cs[#cs + 1] = ots[i - log.closed + 1], ocs[i - log.closed + 1]
+      end
+    end
+    return ts, cs
+  end
+
+  -- entry_at returns the time and cost of live entry i.
+  function g.entry_at(log, i)
+    local ts, cs = g.entries(log, i, i)
+    return ts[1], cs[1]
+  end
+
+  -- oldest_time is the time of the oldest live entry, or 2^54 when there is none.
+  function g.oldest_time(log)
+    if log.count == 0 then
+      return 2 ^ 54
+    elseif log.closed > 0 then
+      return log.oldest
+    end
+    return (read_entry(log.open, 1))
+  end
+
+  -- trim_closed is trim's part for a log with closed entries: it drops them (and, when they
+  -- all left, the open chunk's) up to cutoff, and returns how many left and their cost.
+  function g.trim_closed(log, cutoff)
+    local dropped, cost, chunk = 0, 0, 4
+    while dropped < log.closed do
+      local ts, cs = g.entries(log, dropped, math.min(dropped + chunk, log.closed) - 1)
+      for i = 1, #ts do
+        if ts[i] > cutoff then
+          log.oldest, log.oldest_cost = ts[i], cs[i]
+          chunk = 0
+          break
+        end
+        dropped = dropped + 1
+        cost = cost + cs[i]
+      end
+      if chunk == 0 then
+        break
+      end
+      chunk = chunk * 4
+    end
+    log.gone = log.gone + dropped
+    log.closed = log.closed - dropped
+    if log.gone > 2 or log.closed == 0 then
+      -- Drop the gone entries with the header's element: the last one stays as the header's
+      -- place, which save overwrites.
+      redis.call('LTRIM', log.key, log.gone, -1)
+      log.gone = 0
+    end
+    return dropped, cost
+  end
+
+  -- move puts cursor c at bound: entries [0, c.idx) have times at or before bound, the rest
+  -- after it. It reports whether c moved.
+  function g.move(log, c, bound)
+    local moved = false
+    local chunk = 4
+    while c.after <= bound do
+      local ts, cs = g.entries(log, c.idx, c.idx + chunk - 1)
+      for i = 1, #ts do
+        local t = ts[i]
+        if t > bound then
+          c.after = t
+          break
+        end
+        c.partial = c.partial + cs[i]
+        c.idx = c.idx + 1
+        c.before = t
+      end
+      if c.idx == log.count then
+        c.after = 2 ^ 54
+      end
+      chunk = chunk * 4
+      moved = true
+    end
+    chunk = 4
+    while c.before > bound do
+      local first = c.idx - chunk
+      if first < 0 then
+        first = 0
+      end
+      local ts, cs = g.entries(log, first, c.idx - 1)
+      for i = #ts, 1, -1 do
+        local t = ts[i]
+        if t <= bound then
+          c.before = t
+          break
+        end
+        c.partial = c.partial - cs[i]
+        c.idx = c.idx - 1
+        c.after = t
+      end
+      if c.idx == 0 then
+        c.before = -2 ^ 54
+      end
+      chunk = chunk * 4
+      moved = true
+    end
+    return moved
+  end
+
+  -- cursor returns a cursor for window at now: with keep, the log's own (made if need be, and
+  -- marked used), else a copy the caller may move without writing it.
+  function g.cursor(log, window, now, keep)
+    local c
+    for _, stored in ipairs(log.cursors) do
+      if stored.window == window then
+        c = stored
+        break
+      end
+    end
+    if c == nil then
+      c = {window = window, idx = 0, partial = 0, before = -2 ^ 54, after = g.oldest_time(log)}
+      if keep then
+        log.cursors[#log.cursors + 1] = c
+        log.dirty = true
+      end
+    elseif not keep then
+      c = {window = window, idx = c.idx, partial = c.partial, before = c.before, after = c.after}
+    end
+    if g.move(log, c, now - window) and keep then
+      log.dirty = true
+    end
+    c.used = true
+    return c
+  end
+
+  -- covering returns the time of the first entry, from live entry from on, at which the
+  -- entries' cost reaches need: when it leaves a window, need events have left that window.
+  function g.covering(log, from, need)
+    if from == 0 and log.closed > 0 and log.oldest_cost >= need then
+      return log.oldest
+    end
+    local sum, i, chunk = 0, from, 4
+    while i < log.count do
+      local ts, cs = g.entries(log, i, i + chunk - 1)
+      for j = 1, #ts do
+        sum = sum + cs[j]
+        if sum >= need then
+          return ts[j]
+        end
+      end
+      i = i + #ts
+      chunk = chunk * 4
+    end
+    error('strictrate: the log holds fewer events than its header counts')
+  end
+
+  -- flush moves the open chunk's entries behind the header, as closed entries.
+  function g.flush(log)
+    local ts, cs = g.open_entries(log)
+    if #ts == 0 then
+      return
+    end
+    local es = {}
+    for i = 1, #ts do
+      es[i] = g.make_element(ts[i], cs[i])
+    end
+    redis.call('RPUSH', log.key, unpack(es))
+    if log.closed == 0 then
+      log.oldest, log.oldest_cost = ts[1], cs[1]
+    end
+    log.closed = log.closed + #ts
+    g.set_open(log, '')
+  end
+
+  -- insert_before adds an entry of cost at time t behind the last entry at or before t, when
+  -- a later entry exists (a caller's clock behind another's), and returns its index and seq.
+  function g.insert_before(log, t, cost)
+    local same, p, hi, chunk, done = 0, nil, log.count - 1, 4, false
+    while hi >= 0 and not done do
+      local lo = hi - chunk + 1
+      if lo < 0 then
+        lo = 0
+      end
+      local ts = g.entries(log, lo, hi)
+      for j = #ts, 1, -1 do
+        if ts[j] > t then
+          p = lo + j - 1
+        elseif ts[j] == t then
+          same = same + 1
+        else
+          done = true
+          break
+        end
+      end
+      hi = lo - 1
+      chunk = chunk * 4
+    end
+    if p >= log.closed then
+      local _, _, ps = g.open_entries(log)
+      local at = ps[p - log.closed + 1]
+      g.set_open(log, string.sub(log.open, 1, at - 1) .. make_entry(t, cost) .. string.sub(log.open, at))
+    else
+      -- Every element before entry p (the header, gone entries, entries at or before t)
+      -- differs from it, so the first element equal to it is entry p.
+      local pt, pc = g.entry_at(log, p)
+      redis.call('LINSERT', log.key, 'BEFORE', g.make_element(pt, pc), g.make_element(t, cost))
+      log.closed = log.closed + 1
+      if p == 0 then
+        log.oldest, log.oldest_cost = t, cost
+      end
+    end
+    return p, same + 1
+  end
+
+  -- find returns the live index of the entry with time t and position seq among the entries
+  -- of that microsecond, or nil when the log holds none.
+  function g.find(log, t, seq)
+    if log.count == 0 or t > log.newest or t < g.oldest_time(log) then
+      return nil
+    end
+    -- The first entry at or after t: most lookups are of recent entries, in the open chunk.
+    local lo, hi = 0, log.count - 1
+    if log.count > log.closed and g.entry_at(log, log.closed) < t then
+      lo = log.closed
+    end
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if g.entry_at(log, mid) < t then
+        lo = mid + 1
+      else
+        hi = mid
+      end
+    end
+    local at = lo + seq - 1
+    if at >= log.count or g.entry_at(log, at) ~= t then
+      return nil
+    end
+    return at
+  end
+
+  -- set_cost rewrites live entry i's cost.
+  function g.set_cost(log, i, cost)
+    local t = g.entry_at(log, i)
+    if i < log.closed then
+      redis.call('LSET', log.key, 1 + log.gone + i, g.make_element(t, cost))
+      if i == 0 then
+        log.oldest_cost = cost
+      end
+    else
+      local _, _, ps = g.open_entries(log)
+      local k = i - log.closed + 1
+      g.set_open(log, string.sub(log.open, 1, ps[k] - 1) .. make_entry(t, cost) .. string.sub(log.open, ps[k + 1]))
+    end
+  end
+
+  -- trim takes the entries whose time is at or before cutoff out of the log: they have left
+  -- every window. A log whose every entry left is deleted whole, and save writes it anew.
+  function g.trim(log, cutoff)
+    if log.count == 0 or log.newest <= cutoff then
+      if log.exists and log.count + log.gone > 0 then
+        redis.call('DEL', log.key)
+        log.exists, log.total, log.count, log.gone, log.closed = false, 0, 0, 0, 0
+        log.newest, log.seq, log.open, log.dirty = -2 ^ 54, 0, '', true
+        local cursors = log.cursors
+        for k = 1, #cursors do
+          local c = cursors[k]
+          c.idx, c.partial, c.before, c.after = 0, 0, -2 ^ 54, 2 ^ 54
+        end
+      end
+      return
+    end
+    local dropped, cost = 0, 0
+    if log.closed > 0 then
+      if log.oldest > cutoff then
+        return
+      end
+      dropped, cost = g.trim_closed(log, cutoff)
+    end
+    local after
+    if log.closed == 0 then
+      -- The open chunk, read in place: drop its entries up to cutoff.
+      local s, pos = log.open, 1
+      while true do
+        local t, c, next_pos = read_entry(s, pos)
+        if t > cutoff then
+          after = t
+          break
+        end
+        dropped, cost, pos = dropped + 1, cost + c, next_pos
+      end
+      if pos > 1 then
+        log.open, log.open_ts = string.sub(s, pos), nil
+      end
+    else
+      after = log.oldest
+    end
+    if dropped == 0 then
+      return
+    end
+    log.total = log.total - cost
+    log.count = log.count - dropped
+    g.shift_cursors(log, dropped, cost, after)
+    log.dirty = true
+  end
+
+  -- insert adds an entry of cost at time t, after every entry at or before t, and returns its
+  -- seq.
+  function g.insert(log, t, cost)
+    local p, seq
+    if log.count == 0 or t >= log.newest then
+      p, seq = log.count, 1
+      if log.count > 0 and t == log.newest then
+        seq = log.seq + 1
+      end
+      log.newest, log.seq = t, seq
+      if log.count - log.closed >= 32 then
+        g.flush(log)
+      end
+      log.open, log.open_ts = log.open .. make_entry(t, cost), nil
+    else
+      p, seq = g.insert_before(log, t, cost)
+    end
+    local cursors = log.cursors
+    for k = 1, #cursors do
+      local c = cursors[k]
+      if p < c.idx then
+        c.idx = c.idx + 1
+        c.partial = c.partial + cost
+      elseif p == c.idx then
+        c.after = t
+      end
+    end
+    log.total = log.total + cost
+    log.count = log.count + 1
+    log.dirty = true
+    return seq
+  end
+
+  -- decide judges a request of n events at now against limits, a flat list of (window, max)
+  -- pairs with windows ascending, and records it when every limit has room. write false only
+  -- judges (a peek): nothing moves, and the longest window skips the entries that have left it
+  -- instead of trimming them. It returns the least room left (after recording), the 1-based
+  -- position of the limit it belongs to (the shortest window among equals), the wait until
+  -- every limit has room for n (0: admitted), the events in the longest window before
+  -- recording, and the entry's seq.
+  function g.decide(log, now, n, limits, write)
+    local last = #limits / 2
+    if write then
+      g.trim(log, now - limits[2 * last - 1])
+    end
+    local remaining, tightest, retry_after, count = nil, 1, 0, 0
+    for i = 1, last do
+      local window, max = limits[2 * i - 1], limits[2 * i]
+      local first = 0
+      count = log.total
+      if i < last or not write then
+        local c = g.cursor(log, window, now, write)
+        count, first = log.total - c.partial, c.idx
+      end
+      if remaining == nil or max - count < remaining then
+        remaining, tightest = max - count, i
+      end
+      if count + n > max then
+        local wait = g.covering(log, first, count + n - max) + window - now
+        if wait > retry_after then
+          retry_after = wait
+        end
+      end
+    end
+    if retry_after > 0 or not write then
+      if remaining < 0 then
+        remaining = 0
+      end
+      return remaining, tightest, retry_after, count, 0
+    end
+    return remaining - n, tightest, 0, count, g.insert(log, now, n)
+  end
+
+  return g
+end
+
+-- decide_small is decide for the common case, without making a log: a write against one
+-- limit, on a log whose live entries all sit in the header's open chunk (at most 32, no
+-- cursors, nothing gone), by a request at or after its newest entry. It returns nil when the
+-- case is not that one, and the caller runs decide; else what decide returns, but the log's
+-- newest entry's time in place of the count.
+local function decide_small(key, h, now, n, window, max)
+  local total, count, newest, seq, pos = 0, 0, -2 ^ 54, 0, 1
+  if not h then
+    h = ''
+  elseif type(h) == 'table' or string.byte(h, 1) ~= 83 then
+    return nil -- not a small header ('S')
+  else
+    total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
+  end
+  if now < newest or count >= 32 then
+    return nil
+  end
+  -- Trim: the entries at or before cutoff leave, from the front of the open chunk.
+  local cutoff = now - window
+  local first, changed = pos, false
+  if count > 0 and newest <= cutoff then
+    first, total, count, changed = #h + 1, 0, 0, true
+  else
+    while count > 0 do
+      local t, cost, next_pos = read_entry(h, first)
+      if t > cutoff then
+        break
+      end
+      first, total, count, changed = next_pos, total - cost, count - 1, true
+    end
+  end
+  if total + n > max then
+    -- Denied: the events that must leave, from the oldest on, and the entry that takes them.
+    local need, p, t, cost = total + n - max, first, 0, 0
+    while need > 0 do
+      t, cost, p = read_entry(h, p)
+      need = need - cost
+    end
+    if changed then
+      write_small(key, true, total, count, newest, seq, string.sub(h, first), '')
+    end
+    return math.max(max - total, 0), 1, t + window - now, newest, 0
+  end
+  if count > 0 and now == newest then
+    seq = seq + 1
+  else
+    seq = 1
+  end
+  write_small(key, #h > 0, total + n, count + 1, now, seq, string.sub(h, first), make_entry(now, n))
+  return max - total - n, 1, 0, now, seq
+end

@@ -1,0 +1,37 @@
+-- peek.lua: the decision decide.lua would take, without recording it.
+--
+-- Read-only (runs as EVALSHA_RO, so replicas may serve it): it neither trims nor adds nor
+-- moves the log's cursors; it counts from them, skipping the entries that have left.
+--
+-- KEYS[1]  the key's log, as in decide.lua
+-- ARGV     as decide.lua's: now or "", n, then (window, max) pairs, windows ascending
+--
+-- Reply: an array of 5 integers, shaped as decide.lua's
+--   [1] remaining: the least room, over the limits, now (nothing is recorded) (>= 0)
+--   [2] now in microseconds: the instant the decision was taken at
+--   [3] retry_after in microseconds: 0 when n would be admitted; else (> 0) the wait until
+--       every limit would have room for n
+--   [4] reset_after in microseconds: the wait until the log holds no event; 0 when it holds
+--       none now
+--   [5] tightest: the 1-based position of the limit [1] speaks for
+
+-- include: lib_clock.lua
+-- include: lib_log.lua
+
+local key = KEYS[1]
+local now = read_clock(ARGV[1])
+local n = tonumber(ARGV[2])
+local limits = {}
+for i = 3, #ARGV do
+  limits[i - 2] = tonumber(ARGV[i])
+end
+local longest = limits[#limits - 1]
+
+local g = general()
+local log = g.read_log(key, read_header(key), false)
+local remaining, tightest, retry_after, count = g.decide(log, now, n, limits, false)
+local reset_after = 0
+if count > 0 then
+  reset_after = log.newest + longest - now
+end
+return {remaining, now, retry_after, reset_after, tightest}
