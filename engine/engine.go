@@ -1,10 +1,11 @@
 // Package engine is strictrate's sliding-window-log rate limiter on Valkey.
 //
-// Every admitted event is a member of the key's sorted set, scored by its time in integer
-// microseconds. A request for n events is admitted when the events in the trailing window plus
-// n are at most the limit's Max. In Atomic mode (the default) one Lua script trims, counts,
-// adds only when admitted and sets the expiry in a single EVALSHA, so the count is exact under
-// any concurrency. Pipelined mode is the common non-atomic design, kept for comparison.
+// Every admitted request is one entry in the key's log, carrying its time in integer
+// microseconds and its cost in events. A request for n events is admitted when the events in
+// the trailing window plus n are at most the limit's Max. In Atomic mode (the default) one Lua
+// script trims, counts, adds only when admitted and sets the expiry in a single EVALSHA, so
+// the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
+// is the common non-atomic design (a sorted set, one member per event), kept for comparison.
 package engine
 
 import (
@@ -46,7 +47,27 @@ type Result struct {
 	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,
 	// RetryAfter and ResetAfter are then 0, and At is the caller's clock.
 	BackendErr error
+	// Entry identifies the log entry an admitted request wrote, for Refund and Settle. It is
+	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission, or
+	// Pipelined mode (whose log is the article's, one member per event).
+	Entry EntryID
 }
+
+// EntryID identifies one admitted request's entry in its key's log: its time and its position
+// among the key's entries of that microsecond. It is a plain value: copy it, store it, send it
+// to another process, and Refund or Settle there.
+type EntryID struct {
+	// At is the entry's time, to the microsecond: the decision's Result.At.
+	At time.Time
+	// Seq is the entry's position among the key's entries of that microsecond, from 1; 0 when
+	// there is no entry.
+	Seq int
+	// Cost is the cost in events the entry was admitted with.
+	Cost int
+}
+
+// IsZero reports whether id names no entry.
+func (id EntryID) IsZero() bool { return id.Seq == 0 }
 
 // Limiter is the interface of the classic sliding-window-log article, so code written against
 // it can switch to Engine. Check and Record return ErrRateLimitExceeded (as a *DeniedError)
@@ -68,9 +89,10 @@ type Engine struct {
 	prefix string
 	clock  func() time.Time // nil: the server's clock (Atomic) or time.Now (Pipelined)
 
-	decide *loader.Script
-	peek   *loader.Script
-	policy *loader.Script // sliding_window_policy.lua, for AllowPolicy
+	decide  *loader.Script // decide.lua: Allow, AllowN, AllowPolicy
+	peek    *loader.Script // peek.lua: Peek, Check
+	settle  *loader.Script // settle.lua: Refund, Settle
+	inspect *loader.Script // inspect.lua: Inspect
 
 	failOpen    bool
 	ackReplicas int
@@ -97,13 +119,14 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidArgument, int(o.mode))
 	}
 	e := &Engine{
-		client: client,
-		mode:   o.mode,
-		prefix: o.prefix,
-		clock:  o.clock,
-		decide: loader.New("sliding_window", scripts.SlidingWindow()),
-		peek:   loader.NewReadOnly("sliding_window_peek", scripts.SlidingWindowPeek()),
-		policy: loader.New("sliding_window_policy", scripts.SlidingWindowPolicy()),
+		client:  client,
+		mode:    o.mode,
+		prefix:  o.prefix,
+		clock:   o.clock,
+		decide:  loader.New("decide", scripts.Decide()),
+		peek:    loader.NewReadOnly("peek", scripts.Peek()),
+		settle:  loader.New("settle", scripts.Settle()),
+		inspect: loader.NewReadOnly("inspect", scripts.Inspect()),
 
 		failOpen:    o.failOpen,
 		ackReplicas: o.ackReplicas,
@@ -261,20 +284,21 @@ func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at cloc
 	return e.runScript(ctx, e.peek, "peek", key, l, n, at)
 }
 
+// runScript runs the decision or peek script for one limit.
 func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string, l Limit, n int, at clockReading) (Result, error) {
 	nowArg, err := at.arg()
 	if err != nil {
 		return Result{}, err
 	}
-	args := []string{nowArg, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max), strconv.Itoa(n)}
-	return e.runDecision(ctx, s, op, key, args, []Limit{l})
+	args := []string{nowArg, strconv.Itoa(n), strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max)}
+	return e.runDecision(ctx, s, op, key, n, args, []Limit{l})
 }
 
 // maxReplyValues is the longest reply a decision script gives.
-const maxReplyValues = 5
+const maxReplyValues = 6
 
 // parseReply reads a decision script's reply into its integers, then decodeReply reads them.
-func parseReply(reply valkey.ValkeyResult, limits []Limit) (Result, error) {
+func parseReply(reply valkey.ValkeyResult, n int, limits []Limit) (Result, error) {
 	vals, err := reply.ToArray()
 	if err != nil {
 		return Result{}, err
@@ -288,20 +312,21 @@ func parseReply(reply valkey.ValkeyResult, limits []Limit) (Result, error) {
 			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
 		}
 	}
-	return decodeReply(v[:len(vals)], limits)
+	return decodeReply(v[:len(vals)], n, limits)
 }
 
 // decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
-// retry_after µs (default 0: admitted), reset_after µs (default: the longest window) and the
+// retry_after µs (default 0: admitted), reset_after µs (default: the longest window), the
 // 1-based position in limits (ascending windows) of the limit Remaining speaks for (default 1),
-// which sets Result.Window. A denial always has retry_after > 0.
-func decodeReply(v []int64, limits []Limit) (Result, error) {
+// which sets Result.Window, and the admitted entry's seq (default 1). A denial always has
+// retry_after > 0. n is the request's cost; 0 for a Peek, which records no entry.
+func decodeReply(v []int64, n int, limits []Limit) (Result, error) {
 	if len(v) < 2 || len(v) > maxReplyValues {
 		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(v), maxReplyValues)
 	}
-	full := [maxReplyValues]int64{2: 0, 3: limits[len(limits)-1].windowMicros(), 4: 1}
+	full := [maxReplyValues]int64{2: 0, 3: limits[len(limits)-1].windowMicros(), 4: 1, 5: 1}
 	copy(full[:], v)
-	remaining, now, retry, reset, tightest := full[0], full[1], full[2], full[3], full[4]
+	remaining, now, retry, reset, tightest, seq := full[0], full[1], full[2], full[3], full[4], full[5]
 	switch {
 	case remaining < 0:
 		return Result{}, fmt.Errorf("script reply: remaining %d is negative", remaining)
@@ -309,15 +334,21 @@ func decodeReply(v []int64, limits []Limit) (Result, error) {
 		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", retry, reset)
 	case tightest < 1 || tightest > int64(len(limits)):
 		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", tightest, len(limits))
+	case seq < 1:
+		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", seq)
 	}
-	return Result{
+	r := Result{
 		Allowed:    retry == 0,
 		Remaining:  int(remaining),
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
 		At:         time.UnixMicro(now),
 		Window:     limits[tightest-1].Window,
-	}, nil
+	}
+	if r.Allowed && n > 0 {
+		r.Entry = EntryID{At: r.At, Seq: int(seq), Cost: n}
+	}
+	return r, nil
 }
 
 // allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted

@@ -158,15 +158,29 @@ func TestServerCannotAnswer(t *testing.T) {
 // decodeReply fills the defaults of a short reply and refuses replies no script gives.
 func TestDecodeReply(t *testing.T) {
 	limits := []Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}}
-	r, err := decodeReply([]int64{4, 1_000_000}, limits)
+	r, err := decodeReply([]int64{4, 1_000_000}, 1, limits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, At: time.UnixMicro(1_000_000), Window: time.Second}
+	at := time.UnixMicro(1_000_000)
+	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, At: at, Window: time.Second,
+		Entry: EntryID{At: at, Seq: 1, Cost: 1}}
 	if r != want {
 		t.Fatalf("short reply: %+v, want %+v", r, want)
 	}
-	r, err = decodeReply([]int64{0, 7, 250, 9_000, 2}, limits)
+	r, err = decodeReply([]int64{2, 1_000_000, 0, 5_000, 1, 3}, 7, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = Result{Allowed: true, Remaining: 2, ResetAfter: 5 * time.Millisecond, At: at, Window: time.Second,
+		Entry: EntryID{At: at, Seq: 3, Cost: 7}}
+	if r != want {
+		t.Fatalf("reply with a seq: %+v, want %+v", r, want)
+	}
+	if r, err = decodeReply([]int64{4, 1_000_000}, 0, limits); err != nil || !r.Entry.IsZero() {
+		t.Fatalf("a peek's reply: %+v, %v; want no entry", r, err)
+	}
+	r, err = decodeReply([]int64{0, 7, 250, 9_000, 2}, 1, limits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,14 +191,15 @@ func TestDecodeReply(t *testing.T) {
 	for name, bad := range map[string][]int64{
 		"empty":              {},
 		"one value":          {1},
-		"six values":         {1, 2, 0, 3, 1, 9},
+		"seven values":       {1, 2, 0, 3, 1, 1, 9},
+		"seq 0":              {1, 2, 0, 3, 1, 0},
 		"negative remaining": {-1, 7},
 		"negative retry":     {0, 7, -5},
 		"negative reset":     {0, 7, 5, -1},
 		"limit position 0":   {0, 7, 5, 10, 0},
 		"limit position 3":   {0, 7, 5, 10, 3},
 	} {
-		if r, err := decodeReply(bad, limits); err == nil {
+		if r, err := decodeReply(bad, 1, limits); err == nil {
 			t.Errorf("%s: decoded %+v, want an error", name, r)
 		}
 	}
@@ -197,7 +212,7 @@ func TestParseReplyMalformed(t *testing.T) {
 		"transport error": valkey.NewErrorResult(errors.New("connection reset")),
 		"not an array":    valkey.NewResult(valkey.ValkeyMessage{}, nil),
 	} {
-		if r, err := parseReply(reply, limits); err == nil {
+		if r, err := parseReply(reply, 1, limits); err == nil {
 			t.Errorf("%s: parsed %+v, want an error", name, r)
 		}
 	}

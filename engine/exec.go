@@ -13,14 +13,16 @@ import (
 )
 
 // scripts lists every script the engine runs, for Preload.
-func (e *Engine) scripts() []*loader.Script { return []*loader.Script{e.decide, e.peek, e.policy} }
+func (e *Engine) scripts() []*loader.Script {
+	return []*loader.Script{e.decide, e.peek, e.settle, e.inspect}
+}
 
 // runDecision sends one decision script for key and turns its reply into a Result. Every
 // scripted decision goes through here, so the replica-ack and fail-open policies apply to all
-// of them. The reply is the shape sliding_window.lua documents; limits are the decision's
-// limits in the order the script got them (ascending windows), which the reply's limit
-// position and default reset_after refer to.
-func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, args []string, limits []Limit) (Result, error) {
+// of them. The reply is the shape decide.lua documents; n is the request's cost; limits are
+// the decision's limits in the order the script got them (ascending windows), which the
+// reply's limit position and default reset_after refer to.
+func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, n int, args []string, limits []Limit) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
 	what := func() string { return "strictrate: " + op + " " + strconv.Quote(key) }
 	keys := []string{e.prefix + key}
@@ -34,7 +36,10 @@ func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key stri
 	if err := reply.Error(); err != nil {
 		return e.backendFailure(ctx, classify(what(), err))
 	}
-	r, err := parseReply(reply, limits)
+	if s.ReadOnly() {
+		n = 0 // a peek records no entry
+	}
+	r, err := parseReply(reply, n, limits)
 	if err != nil {
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}

@@ -15,12 +15,12 @@ const MaxPolicyLimits = 16
 
 // Policy is a set of limits on one key that must all hold at once, such as "5 per second and
 // 100 per hour": a request is admitted only when every limit has room for it, and then it
-// counts against all of them. A sliding window log answers every window from the same events,
-// so a Policy costs one sorted set and one script call, however many limits it holds.
+// counts against all of them. A sliding window log answers every window from the same entries,
+// so a Policy costs one log and one script call, however many limits it holds.
 //
 // A valid Policy has 1 to MaxPolicyLimits valid limits, no two with the same Window. The key's
-// log holds at most the Max of the longest window (a shorter window with a larger Max than a
-// longer one never binds, and is allowed).
+// log holds at most the Max of the longest window in events (a shorter window with a larger
+// Max than a longer one never binds, and is allowed).
 type Policy []Limit
 
 // Validate reports whether p is a valid Policy; the error wraps ErrInvalidArgument and names
@@ -83,6 +83,9 @@ func (p Policy) Longest() Limit {
 // limits always runs the atomic script, also on an engine in Pipelined mode (the pipelined
 // design has no per-window count to offer): the engine's clock applies as usual (WithClock, or
 // time.Now in Pipelined mode).
+//
+// The admitted request is one entry of the key's log, whatever the number of limits: Refund
+// and Settle give its cost back to every window at once.
 func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
@@ -106,5 +109,5 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	for _, l := range sorted {
 		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
 	}
-	return e.runDecision(ctx, e.policy, "allow_policy", key, args, sorted)
+	return e.runDecision(ctx, e.decide, "allow_policy", key, n, args, sorted)
 }

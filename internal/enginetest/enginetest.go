@@ -4,6 +4,7 @@
 package enginetest
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -49,4 +50,36 @@ func Clocked(tb testing.TB, c valkey.Client, opts ...engine.Option) (*engine.Eng
 	tb.Helper()
 	clock := NewClock(T0)
 	return New(tb, c, append(opts[:len(opts):len(opts)], engine.WithClock(clock.Now))...), clock
+}
+
+// Log reads key's log (the key without the engine's prefix) through engine.Inspect on an
+// engine with the given prefix, and fails tb when it cannot. A key that does not exist has an
+// empty log.
+func Log(tb testing.TB, c valkey.Client, prefix, key string) engine.Log {
+	tb.Helper()
+	e := New(tb, c, engine.WithPrefix(prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore))
+	l, err := e.Inspect(context.Background(), key, 0)
+	if err != nil {
+		tb.Fatalf("inspect %q: %v", key, err)
+	}
+	return l
+}
+
+// Events returns the events key's log holds: the total cost of its entries, or, for
+// Pipelined mode's sorted set, its members (ZCARD). Entries that left the window but were not
+// trimmed yet count, until the next decision trims them.
+func Events(tb testing.TB, c valkey.Client, prefix, key string) int64 {
+	tb.Helper()
+	kind, err := c.Do(context.Background(), c.B().Type().Key(prefix+key).Build()).ToString()
+	if err != nil {
+		tb.Fatalf("TYPE %q: %v", key, err)
+	}
+	if kind == "zset" {
+		n, err := c.Do(context.Background(), c.B().Zcard().Key(prefix+key).Build()).AsInt64()
+		if err != nil {
+			tb.Fatalf("ZCARD %q: %v", key, err)
+		}
+		return n
+	}
+	return int64(Log(tb, c, prefix, key).Events)
 }

@@ -1,0 +1,55 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Log is a key's log as stored, read by Inspect.
+type Log struct {
+	// Events is the cost of every entry in the log, those that have left the longest window
+	// but are not trimmed yet included: the log is trimmed by the next decision.
+	Events int
+	// Count is the number of entries in the log.
+	Count int
+	// Cursors is how many shorter windows the log keeps a count for (policies).
+	Cursors int
+	// Entries are the newest entries, oldest first: all of them, or as many as asked for.
+	Entries []LogEntry
+}
+
+// LogEntry is one admitted request's entry.
+type LogEntry struct {
+	// At is the request's time, to the microsecond.
+	At time.Time
+	// Cost is the events it counts for; 0 after a full Refund.
+	Cost int
+}
+
+// Inspect reads key's log as stored, for operators (the strictrate command) and tests: its
+// totals and its newest entries, at most most of them (0: all). It reads through the same
+// script code the decisions use, and changes nothing. A key that does not exist has an empty
+// Log. In Pipelined mode the key holds the article's sorted set, which Inspect does not read.
+func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error) {
+	if err := validateKey(key); err != nil {
+		return Log{}, err
+	}
+	if most < 0 {
+		return Log{}, fmt.Errorf("%w: most %d is negative", ErrInvalidArgument, most)
+	}
+	what := "strictrate: inspect " + strconv.Quote(key)
+	vals, err := e.inspect.Exec(ctx, e.client, []string{e.prefix + key}, []string{strconv.Itoa(most)}).AsIntSlice()
+	if err != nil {
+		return Log{}, classify(what, err)
+	}
+	if len(vals) < 5 || (len(vals)-5)%2 != 0 {
+		return Log{}, fmt.Errorf("%s: reply has %d values, want 5 and pairs", what, len(vals))
+	}
+	l := Log{Events: int(vals[0]), Count: int(vals[1]), Cursors: int(vals[4])}
+	for i := 5; i < len(vals); i += 2 {
+		l.Entries = append(l.Entries, LogEntry{At: time.UnixMicro(vals[i]), Cost: int(vals[i+1])})
+	}
+	return l, nil
+}

@@ -1,0 +1,259 @@
+package engine_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+// modelEntry is one admitted request in the model's log.
+type modelEntry struct {
+	at   int64 // µs
+	seq  int
+	cost int
+	was  int // the cost it was admitted with
+}
+
+// modelLog is the sliding window log as the contract states it, computed the obvious way:
+// every entry in a list, every count a sum over it. The engine must answer exactly as it does.
+type modelLog struct{ entries []modelEntry }
+
+func (m *modelLog) trim(cutoff int64) {
+	i := 0
+	for i < len(m.entries) && m.entries[i].at <= cutoff {
+		i++
+	}
+	m.entries = m.entries[i:]
+}
+
+// count is the events in window at now: entries after now-window, later than now included.
+func (m *modelLog) count(now, window int64) int {
+	sum := 0
+	for _, e := range m.entries {
+		if e.at > now-window {
+			sum += e.cost
+		}
+	}
+	return sum
+}
+
+// covering is the time of the entry in window at which need events have been counted, oldest
+// first.
+func (m *modelLog) covering(now, window int64, need int) int64 {
+	sum := 0
+	for _, e := range m.entries {
+		if e.at > now-window {
+			if sum += e.cost; sum >= need {
+				return e.at
+			}
+		}
+	}
+	panic("covering: not enough events")
+}
+
+func (m *modelLog) newest() int64 { return m.entries[len(m.entries)-1].at }
+
+// decide is AllowPolicy (write) or Peek (read-only) in the model, limits ascending.
+func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) engine.Result {
+	longest := micros(limits[len(limits)-1].Window)
+	if write {
+		m.trim(now - longest)
+	}
+	remaining, tightest, retry := 0, 0, int64(0)
+	for i, l := range limits {
+		w := micros(l.Window)
+		c := m.count(now, w)
+		if i == 0 || l.Max-c < remaining {
+			remaining, tightest = l.Max-c, i
+		}
+		if c+n > l.Max {
+			retry = max(retry, m.covering(now, w, c+n-l.Max)+w-now)
+		}
+	}
+	r := engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}
+	if retry > 0 {
+		r.Remaining = max(remaining, 0)
+		r.RetryAfter = time.Duration(retry) * time.Microsecond
+		r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+		return r
+	}
+	r.Allowed = true
+	if !write {
+		r.Remaining = remaining
+		if m.count(now, longest) > 0 {
+			r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+		}
+		return r
+	}
+	r.Remaining = remaining - n
+	p, seq := len(m.entries), 1
+	for i, e := range m.entries {
+		if e.at > now {
+			p = i
+			break
+		}
+		if e.at == now {
+			seq++
+		}
+	}
+	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, cost: n, was: n})
+	r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+	r.Entry = engine.EntryID{At: r.At, Seq: seq, Cost: n}
+	return r
+}
+
+func (m *modelLog) settle(id engine.EntryID, actual int) {
+	for i := range m.entries {
+		e := &m.entries[i]
+		if e.at == id.At.UnixMicro() && e.seq == id.Seq && e.cost <= id.Cost {
+			e.cost = min(e.cost, actual)
+		}
+	}
+}
+
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// steppedClock is a caller's clock the test sets before each call.
+type steppedClock struct{ now time.Time }
+
+func (c *steppedClock) Now() time.Time { return c.now }
+
+// Thousands of random operations on a few keys, with callers' clocks that jump forward, lag
+// behind each other and stand still, single limits and policies of up to four windows on the
+// same key, costs from 1 to Max, peeks, refunds and settles (retried, and of entries long
+// gone), and 20 different windows on one key (more than the log keeps cursors for): every
+// Result field equals the model's, and the stored log holds the model's entries.
+func TestLogAgainstModel(t *testing.T) {
+	client := exampleClient()
+	defer client.Close()
+	clock := &steppedClock{}
+	e, err := engine.New(client, engine.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for seed := uint64(1); seed <= 12; seed++ {
+		// Seeds past 6 keep logs long (larger limits, smaller steps), so that the log's oldest
+		// entries move behind its header and back out.
+		long := seed > 6
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 42))
+			step, maxes, ops := int64(400_000), 30, 700
+			if long {
+				step, maxes, ops = 40_000, 300, 1500
+			}
+			longest := 0
+			key := exampleKey(fmt.Sprint("model-", seed))
+			model := &modelLog{}
+			base := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).UnixMicro()
+			now := base
+			// The windows this key sees: a few common ones, and now and then a rare one.
+			windows := []time.Duration{2 * time.Second, 3 * time.Second, 5 * time.Second, 8 * time.Second}
+			var admitted []engine.Result
+			for op := 0; op < ops; op++ {
+				switch k := rng.IntN(100); {
+				case k < 55:
+					now += rng.Int64N(step) // forward
+				case k < 70 && !long, k < 62:
+					now -= rng.Int64N(4 * step) // a caller behind the others
+				case k < 72 && !long:
+					now += 4_000_000 // a pause: most entries leave
+				}
+				clock.now = time.UnixMicro(now)
+				var limits []engine.Limit
+				count := 1 + rng.IntN(4)
+				if long {
+					count = 1 + rng.IntN(2)
+				}
+				pool := slices.Clone(windows)
+				if seed%2 == 0 && rng.IntN(10) == 0 {
+					pool = append(pool, time.Duration(1+rng.IntN(20))*time.Second+time.Duration(op)*time.Microsecond)
+				}
+				rng.Shuffle(len(pool), func(i, j int) { pool[i], pool[j] = pool[j], pool[i] })
+				for _, w := range pool[:min(count, len(pool))] {
+					limits = append(limits, engine.Limit{Max: maxes/3 + rng.IntN(maxes), Window: w})
+				}
+				slices.SortFunc(limits, func(a, b engine.Limit) int { return cmp.Compare(a.Window, b.Window) })
+				smallest := slices.MinFunc(limits, func(a, b engine.Limit) int { return cmp.Compare(a.Max, b.Max) }).Max
+				n := 1 + rng.IntN(smallest)
+				if rng.IntN(3) > 0 {
+					n = 1 + rng.IntN(min(3, smallest))
+				}
+
+				var got, want engine.Result
+				what := ""
+				switch k := rng.IntN(100); {
+				case k < 12:
+					what = fmt.Sprintf("Peek %v at +%dµs", limits, now-base)
+					if len(limits) == 1 {
+						got, err = e.Peek(ctx, key, limits[0])
+						want = model.decide(now, 1, limits, false)
+					} else {
+						continue
+					}
+				case k < 24 && len(admitted) > 0:
+					r := admitted[rng.IntN(len(admitted))]
+					actual := rng.IntN(r.Entry.Cost + 1)
+					if rng.IntN(2) == 0 {
+						actual = 0
+					}
+					if err := e.Settle(ctx, key, r, actual); err != nil {
+						t.Fatalf("op %d: Settle(%+v, %d): %v", op, r.Entry, actual, err)
+					}
+					model.settle(r.Entry, actual)
+					continue
+				default:
+					what = fmt.Sprintf("AllowPolicy(%v, %d) at +%dµs", limits, n, now-base)
+					if len(limits) == 1 && rng.IntN(2) == 0 {
+						got, err = e.AllowN(ctx, key, limits[0], n)
+					} else {
+						got, err = e.AllowPolicy(ctx, key, engine.Policy(limits), n)
+					}
+					want = model.decide(now, n, limits, true)
+				}
+				if err != nil {
+					t.Fatalf("op %d: %s: %v", op, what, err)
+				}
+				if got != want {
+					checkStored(t, e, key, model)
+					t.Fatalf("op %d: %s:\n got %+v\nwant %+v", op, what, got, want)
+				}
+				if got.Allowed && !got.Entry.IsZero() {
+					admitted = append(admitted, got)
+				}
+				longest = max(longest, len(model.entries))
+				if op%50 == 0 {
+					checkStored(t, e, key, model)
+				}
+			}
+			checkStored(t, e, key, model)
+			if long && longest < 64 {
+				t.Fatalf("the longest log held %d entries: too short to leave the header", longest)
+			}
+		})
+	}
+}
+
+// checkStored compares the log Inspect reads with the model's entries.
+func checkStored(t *testing.T, e *engine.Engine, key string, m *modelLog) {
+	t.Helper()
+	log, err := e.Inspect(context.Background(), key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []engine.LogEntry
+	events := 0
+	for _, me := range m.entries {
+		want = append(want, engine.LogEntry{At: time.UnixMicro(me.at), Cost: me.cost})
+		events += me.cost
+	}
+	if fmt.Sprint(log.Entries) != fmt.Sprint(want) || log.Events != events || log.Count != len(want) {
+		t.Fatalf("stored log: %d events, %d entries %v\nmodel: %d events, %d entries %v", log.Events, log.Count, log.Entries, events, len(want), want)
+	}
+}

@@ -1,0 +1,52 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+// Refund gives an admitted request's cost back at once: its entry's cost becomes 0, and every
+// window of the key counts that much less. Use it for a request that turned out not to count
+// (it failed before doing any work, say). r is the Result that admitted the request; a copy
+// does as well, here or in another process.
+//
+// Refund is atomic and idempotent: refunding again, or after a Settle, changes nothing more,
+// and never touches another request's entry. It is a no-op once the entry has left the key's
+// longest window. A Result that recorded nothing (a denial, a Peek, a fail-open admission,
+// Pipelined mode) is ErrInvalidArgument. Reset forgets every entry; a Result from before a
+// Reset then names nothing, except under a caller's clock frozen at that Result's microsecond.
+func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
+	return e.Settle(ctx, key, r, 0)
+}
+
+// Settle lowers an admitted request's cost to actual, the events it ended up using, and gives
+// the difference back at once to every window of the key: reserve the most a request can
+// use, then settle it to what it used. 0 <= actual <= r.Entry.Cost, else ErrInvalidArgument.
+//
+// Settle only lowers: settling again to a higher cost than the entry holds changes nothing, so
+// a retried Settle is harmless. Otherwise it is Refund, which is Settle to 0, with the same
+// atomicity, idempotence and no-ops.
+func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) error {
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	id := r.Entry
+	switch {
+	case id.IsZero():
+		return fmt.Errorf("%w: the Result recorded no entry (a denial, a Peek, fail-open or Pipelined mode)", ErrInvalidArgument)
+	case id.Seq < 0 || id.Cost < 1 || id.Cost > MaxEvents:
+		return fmt.Errorf("%w: entry %+v is not one this engine made", ErrInvalidArgument, id)
+	case actual < 0 || actual > id.Cost:
+		return fmt.Errorf("%w: settle to %d events, outside 0 to the entry's cost %d", ErrInvalidArgument, actual, id.Cost)
+	}
+	at, err := clockReading{t: id.At, set: true}.micros()
+	if err != nil {
+		return err
+	}
+	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
+	if err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).Error(); err != nil {
+		return classify("strictrate: settle "+strconv.Quote(key), err)
+	}
+	return nil
+}
