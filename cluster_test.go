@@ -80,7 +80,7 @@ func TestCluster(t *testing.T) {
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		enginetest.New(t, rc)
-		shas := []string{loader.New("", scripts.SlidingWindow()).SHA1(), loader.New("", scripts.SlidingWindowPeek()).SHA1()}
+		shas := []string{loader.New("", scripts.Decide()).SHA1(), loader.New("", scripts.Peek()).SHA1()}
 		if len(rc.Nodes()) != 6 {
 			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
 		}
@@ -121,7 +121,7 @@ func TestCluster(t *testing.T) {
 			if admitted != l.Max {
 				t.Fatalf("primary %s: %d admitted, want %d", p.Addr, admitted, l.Max)
 			}
-			if n := zcard(t, clients[0], key); n != int64(l.Max) {
+			if n := events(t, clients[0], key); n != int64(l.Max) {
 				t.Fatalf("primary %s: log holds %d, want %d", p.Addr, n, l.Max)
 			}
 		}
@@ -302,8 +302,13 @@ func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Nod
 	var got int64
 	var err error
 	if werr := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every event", func() (bool, error) {
-		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), rc.B().Zcard().Key(prefix+key).Build())
-		got, err = rs[1].AsInt64()
+		// The inspect script, read-only, on the replica: its reply opens with the log's events.
+		inspect := rc.B().EvalRo().Script(scripts.Inspect()).Numkeys(1).Key(prefix + key).Arg("1").Build()
+		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), inspect)
+		var log []int64
+		if log, err = rs[1].AsIntSlice(); err == nil {
+			got = log[0]
+		}
 		return err == nil && got == n, nil
 	}); werr != nil {
 		t.Fatalf("replica %s holds %d events (%v), want %d: %v", replica.Addr, got, err, n, werr)

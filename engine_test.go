@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,9 +47,10 @@ func mustPeek(t *testing.T, e *engine.Engine, key string, l engine.Limit) engine
 	return r
 }
 
-func zcard(t *testing.T, c valkey.Client, key string) int64 {
+// events is the events key's log holds (see enginetest.Events).
+func events(t *testing.T, c valkey.Client, key string) int64 {
 	t.Helper()
-	return valkeytest.Must(t, "ZCARD", c.Do(context.Background(), c.B().Zcard().Key(prefix+key).Build()), valkey.ValkeyResult.AsInt64)
+	return enginetest.Events(t, c, prefix, key)
 }
 
 func pttl(t *testing.T, c valkey.Client, key string) int64 {
@@ -56,10 +58,10 @@ func pttl(t *testing.T, c valkey.Client, key string) int64 {
 	return valkeytest.Must(t, "PTTL", c.Do(context.Background(), c.B().Pttl().Key(prefix+key).Build()), valkey.ValkeyResult.AsInt64)
 }
 
-func zrange(t *testing.T, c valkey.Client, key string) []valkey.ZScore {
+// entries is key's log as stored: every entry's time and cost.
+func entries(t *testing.T, c valkey.Client, key string) []engine.LogEntry {
 	t.Helper()
-	z := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Withscores().Build())
-	return valkeytest.Must(t, "ZRANGE", z, valkey.ValkeyResult.AsZScores)
+	return enginetest.Log(t, c, prefix, key).Entries
 }
 
 func want(t *testing.T, what string, got, wantV any) {
@@ -153,7 +155,7 @@ func TestWindowBoundary(t *testing.T) {
 	clock.Set(enginetest.T0.Add(l.Window))
 	want(t, "peek at the window's end: allowed", mustPeek(t, e, key, l).Allowed, true)
 	want(t, "at the window's end: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
-	want(t, "log size (the old event trimmed)", zcard(t, c, key), int64(1))
+	want(t, "log size (the old event trimmed)", events(t, c, key), int64(1))
 }
 
 // runConcurrently fires requests from goroutines spread over clients, and returns every result.
@@ -231,7 +233,7 @@ func TestAtomicExactUnderConcurrency(t *testing.T) {
 	}
 	want(t, "requests answered", len(results), 800)
 	want(t, "admitted", len(admitted), l.Max)
-	want(t, "log size", zcard(t, c, key), int64(l.Max))
+	want(t, "log size", events(t, c, key), int64(l.Max))
 	slices.Sort(admitted)
 	for i, rem := range admitted {
 		if rem != i {
@@ -262,7 +264,7 @@ func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
 	if got > int64(l.Max) || got < int64(l.Max)-2 {
 		t.Fatalf("admitted cost %d, want %d-2 to %d", got, l.Max, l.Max)
 	}
-	want(t, "log size", zcard(t, c, key), got)
+	want(t, "log size", events(t, c, key), got)
 	want(t, "peek remaining", mustPeek(t, es[0], key, l).Remaining, l.Max-int(got))
 	for i := got; i < int64(l.Max); i++ {
 		want(t, "filling single event", mustAllowN(t, es[0], key, l, 1).Allowed, true)
@@ -302,11 +304,11 @@ func TestAllowNAllOrNothing(t *testing.T) {
 			want(t, "3 more: allowed", r.Allowed, false)
 			want(t, "3 more: remaining", r.Remaining, 2)
 			want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
-			want(t, "log size after the denial", zcard(t, c, key), int64(3))
+			want(t, "log size after the denial", events(t, c, key), int64(3))
 			r = tc.allow(t, e, key, 2)
 			want(t, "2 more: allowed", r.Allowed, true)
 			want(t, "2 more: remaining", r.Remaining, 0)
-			want(t, "log size", zcard(t, c, key), int64(5))
+			want(t, "log size", events(t, c, key), int64(5))
 		})
 	}
 }
@@ -509,8 +511,8 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 	}
 }
 
-// Many events in the same microsecond (a caller's clock fixed at one instant) are all kept:
-// no member collides with another.
+// Many requests in the same microsecond (a caller's clock fixed at one instant) are all kept,
+// each its own entry with its own identity: seqs 1 to Max, none twice.
 func TestSameMicrosecondBurst(t *testing.T) {
 	clock := enginetest.NewClock(enginetest.T0)
 	es, c := engines(t, 4, engine.WithClock(clock.Now))
@@ -520,17 +522,23 @@ func TestSameMicrosecondBurst(t *testing.T) {
 	results := runConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	})
-	admitted := 0
+	var seqs []int
 	for _, r := range results {
 		if r.Allowed {
-			admitted++
+			seqs = append(seqs, r.Entry.Seq)
 		}
 	}
-	want(t, "admitted at one instant", admitted, l.Max)
-	want(t, "log size", zcard(t, c, key), int64(l.Max))
-	for _, z := range zrange(t, c, key) {
-		if z.Score != float64(enginetest.T0.UnixMicro()) {
-			t.Fatalf("member %q has score %v, want %d", z.Member, z.Score, enginetest.T0.UnixMicro())
+	want(t, "admitted at one instant", len(seqs), l.Max)
+	sort.Ints(seqs)
+	for i, seq := range seqs {
+		if seq != i+1 {
+			t.Fatalf("admitted entries' seqs %v: want each of 1..%d once", seqs, l.Max)
+		}
+	}
+	want(t, "log size", events(t, c, key), int64(l.Max))
+	for _, e := range entries(t, c, key) {
+		if !e.At.Equal(enginetest.T0) || e.Cost != 1 {
+			t.Fatalf("entry %+v, want cost 1 at %s", e, enginetest.T0)
 		}
 	}
 
@@ -541,7 +549,7 @@ func TestSameMicrosecondBurst(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		mustAllowN(t, es[1], key, big, 1)
 	}
-	want(t, "log size after 2510 events", zcard(t, c, key), int64(2510))
+	want(t, "log size after 2510 events", events(t, c, key), int64(2510))
 }
 
 func TestReset(t *testing.T) {
@@ -553,7 +561,7 @@ func TestReset(t *testing.T) {
 	if err := e.Reset(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "log size after Reset", zcard(t, c, key), int64(0))
+	want(t, "log size after Reset", events(t, c, key), int64(0))
 	r := mustAllowN(t, e, key, l, 1)
 	want(t, "after Reset: allowed", r.Allowed, true)
 	want(t, "after Reset: remaining", r.Remaining, 1)
@@ -643,15 +651,15 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 func wantRefused(t *testing.T, c valkey.Client, existing bool, fill func(key string), call func(key string) error) {
 	t.Helper()
 	key := newKey(t)
-	var before []valkey.ZScore
+	var before []engine.LogEntry
 	if existing {
 		fill(key)
-		before = zrange(t, c, key)
+		before = entries(t, c, key)
 	}
 	if err := call(key); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("err = %v, want ErrInvalidArgument", err)
 	}
-	after := zrange(t, c, key)
+	after := entries(t, c, key)
 	if fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("log changed from %v to %v", before, after)
 	}
@@ -676,7 +684,7 @@ func TestScriptFlushFallsBackToEval(t *testing.T) {
 		want(t, fmt.Sprintf("allow after flush %d", i+1), r.Remaining, 1-i)
 		want(t, fmt.Sprintf("peek after flush %d", i+1), mustPeek(t, e, key, l).Remaining, 1-i)
 	}
-	want(t, "log size", zcard(t, c, key), int64(3))
+	want(t, "log size", events(t, c, key), int64(3))
 }
 
 // A server that is down gives ErrUnavailable, writes nothing in the engine's name, and the
@@ -747,7 +755,7 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 			counts = append(counts, l.Max-r.Remaining)
 		}
 	}
-	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, zcard(t, c, key))
+	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, events(t, c, key))
 	if admitted > l.Max {
 		t.Fatalf("admitted %d, more than Max %d", admitted, l.Max)
 	}
@@ -760,7 +768,7 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 			t.Fatalf("admitted requests counted %v: the %d-th smallest is %d, below %d", counts, i+1, n, i+1)
 		}
 	}
-	want(t, "log size (every attempt)", zcard(t, c, key), int64(800))
+	want(t, "log size (every attempt)", events(t, c, key), int64(800))
 
 	// False denial, deterministic: 3 admitted at enginetest.T0, 3 denied retries at enginetest.T0+0.5s. At enginetest.T0+1s no
 	// admitted event is in the window, yet the request is denied: the retries fill the log.

@@ -111,7 +111,7 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	}
 
 	// The two abandoned requests ran after the pause, or not: never more than once each.
-	phantom := zcard(t, c, key)
+	phantom := events(t, c, key)
 	if phantom > 2 {
 		t.Fatalf("log holds %d events after two abandoned requests", phantom)
 	}
@@ -124,7 +124,7 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 		told++
 	}
 	want(t, "told yes plus abandoned", int64(told)+phantom, int64(l.Max))
-	want(t, "log size", zcard(t, c, key), int64(l.Max))
+	want(t, "log size", events(t, c, key), int64(l.Max))
 
 	// A server that runs no command at all (CLIENT PAUSE ALL, in force once it answers) times
 	// out a read just the same.

@@ -62,7 +62,7 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("AllowN(%q, %+v, %d): %v, want nil or ErrInvalidArgument", key, l, n, err)
 			}
 			if key != "" {
-				if got := zcard(t, c, key); got != 0 {
+				if got := events(t, c, key); got != 0 {
 					t.Fatalf("refused call left %d events", got)
 				}
 			}
@@ -91,7 +91,7 @@ func FuzzAllowN(f *testing.F) {
 				admitted++
 			}
 		}
-		if got := zcard(t, c, key); exact && got != int64(admitted) || got > int64(max) {
+		if got := events(t, c, key); exact && got != int64(admitted) || got > int64(max) {
 			t.Fatalf("log holds %d, admitted %d, Max %d", got, admitted, max)
 		}
 		// The server's clock moves, so only the bound holds: the log never exceeds Max.
@@ -100,7 +100,7 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("AllowN on the server's clock: %v", err)
 			}
 		}
-		if got := zcard(t, c, key); got > int64(max) {
+		if got := events(t, c, key); got > int64(max) {
 			t.Fatalf("log holds %d, Max %d", got, max)
 		}
 		if err := e.Reset(ctx, key); err != nil {

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
 
@@ -54,7 +53,7 @@ func TestPolicyStacking(t *testing.T) {
 	want(t, "minute full: remaining", r.Remaining, 0)
 	want(t, "minute full: retry after (the first events leave the minute)", r.RetryAfter, 59*time.Second)
 	want(t, "minute full: reset after", r.ResetAfter, time.Minute)
-	want(t, "log size", zcard(t, c, key), int64(5))
+	want(t, "log size", events(t, c, key), int64(5))
 
 	clock.Set(enginetest.T0.Add(time.Minute - time.Microsecond))
 	want(t, "1µs before the minute: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
@@ -62,7 +61,7 @@ func TestPolicyStacking(t *testing.T) {
 	r = mustAllowPolicy(t, e, key, p, 3)
 	want(t, "3 when the first three left the minute: allowed", r.Allowed, true)
 	want(t, "remaining", r.Remaining, 0)
-	want(t, "log size (trimmed to the minute)", zcard(t, c, key), int64(5))
+	want(t, "log size (trimmed to the minute)", events(t, c, key), int64(5))
 }
 
 // RetryAfter is exact to the microsecond whichever window binds: denied at t, still denied at
@@ -156,7 +155,7 @@ func TestPolicyExactUnderConcurrency(t *testing.T) {
 			}
 			want(t, "requests answered", len(results), 800)
 			want(t, "admitted", len(admitted), binding)
-			want(t, "log size", zcard(t, c, key), int64(binding))
+			want(t, "log size", events(t, c, key), int64(binding))
 			sort.Ints(admitted)
 			for i, rem := range admitted {
 				if rem != i {
@@ -230,7 +229,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 		if !got.Allowed {
 			denied++
 		}
-		if size := zcard(t, c, key); size > 20 || size != int64(len(m.events)) {
+		if size := events(t, c, key); size > 20 || size != int64(len(m.events)) {
 			t.Fatalf("request %d: log size %d, model %d, bound 20", i, size, len(m.events))
 		}
 	}
@@ -264,34 +263,31 @@ func TestPolicyServerClock(t *testing.T) {
 	}
 }
 
-// Events of one microsecond get distinct members: the bare timestamp with its exact digits
-// first, then "<now>:<seq>"; nothing is lost to a collision.
+// Requests of one microsecond get distinct entries, each its own identity (seq 1, 2, ...),
+// a burst of 1200 events among them as one entry; nothing is lost to a collision.
 func TestPolicySameMicrosecond(t *testing.T) {
 	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
 	c := server.Client(t)
 	e := enginetest.New(t, c, engine.WithClock(func() time.Time { return at }))
 	key := newKey(t)
 	p := engine.Policy{{Max: 1500, Window: time.Second}, {Max: 2000, Window: time.Minute}}
+	var seqs []int
 	for i := 0; i < 5; i++ {
-		mustAllowPolicy(t, e, key, p, 1)
+		seqs = append(seqs, mustAllowPolicy(t, e, key, p, 1).Entry.Seq)
 	}
-	want(t, "burst of 1200 (over one ZADD batch): allowed", mustAllowPolicy(t, e, key, p, 1200).Allowed, true)
-	want(t, "log size", zcard(t, c, key), int64(1205))
-	stamp := strconv.FormatInt(at.UnixMicro(), 10)
-	members, err := c.Do(context.Background(), c.B().Zrange().Key(prefix+key).Min("0").Max("-1").Build()).AsStrSlice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, m := range members {
-		if m != stamp && (len(m) <= len(stamp)+1 || m[:len(stamp)+1] != stamp+":") {
-			t.Fatalf("member %q is neither %s nor %s:<seq>", m, stamp, stamp)
+	r := mustAllowPolicy(t, e, key, p, 1200)
+	want(t, "burst of 1200: allowed", r.Allowed, true)
+	seqs = append(seqs, r.Entry.Seq)
+	want(t, "entry seqs", fmt.Sprint(seqs), "[1 2 3 4 5 6]")
+	want(t, "log size", events(t, c, key), int64(1205))
+	log := entries(t, c, key)
+	want(t, "entries", len(log), 6)
+	for i, le := range log {
+		if cost := []int{1, 1, 1, 1, 1, 1200}[i]; !le.At.Equal(at) || le.Cost != cost {
+			t.Fatalf("entry %d: %+v, want cost %d at %s", i, le, cost, at)
 		}
-		seen[m] = true
 	}
-	want(t, "bare timestamp present", seen[stamp], true)
-	want(t, "distinct members", len(seen), 1205)
-	r := mustAllowPolicy(t, e, key, p, 295)
+	r = mustAllowPolicy(t, e, key, p, 295)
 	want(t, "up to the short Max", r.Allowed, true)
 	want(t, "remaining", r.Remaining, 0)
 	want(t, "one more", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
@@ -318,7 +314,7 @@ func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
 			for i, wantAllowed := range []bool{true, true, false} {
 				want(t, fmt.Sprintf("policy request %d", i+1), mustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
 			}
-			want(t, "policy log size (no rejected attempt kept)", zcard(t, c, key), int64(2))
+			want(t, "policy log size (no rejected attempt kept)", events(t, c, key), int64(2))
 		})
 	}
 }
@@ -384,7 +380,7 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := enginetest.New(t, c)
-	sum := sha1.Sum([]byte(scripts.SlidingWindowPolicy()))
+	sum := sha1.Sum([]byte(scripts.Decide()))
 	loaded, err := c.Do(ctx, c.B().ScriptExists().Sha1(hex.EncodeToString(sum[:])).Build()).AsIntSlice()
 	if err != nil || len(loaded) != 1 || loaded[0] != 1 {
 		t.Fatalf("SCRIPT EXISTS after New: %v, %v; want the policy script loaded", loaded, err)
@@ -396,5 +392,5 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(t, "after flush: remaining", mustAllowPolicy(t, e, key, p, 1).Remaining, 1)
-	want(t, "log size", zcard(t, c, key), int64(2))
+	want(t, "log size", events(t, c, key), int64(2))
 }

@@ -68,16 +68,24 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		}
 	}
 
-	wantEntries := map[[2]int]bool{}
-	for _, m := range r.Memory {
-		if m.Bytes <= 0 || m.Entries != int64(m.Attempts) || (m.Mode == "atomic" && m.Attempts != m.Limit) {
-			t.Errorf("memory row %+v", m)
-		}
-		wantEntries[[2]int{m.Limit, m.Attempts}] = true
+	if len(r.Memory) != len(memoryCases) {
+		t.Errorf("memory rows: %d, want %d", len(r.Memory), len(memoryCases))
 	}
-	for _, k := range [][2]int{{10, 10}, {100, 100}, {1000, 1000}, {10, 100}, {100, 1000}, {1000, 10000}} {
-		if !wantEntries[k] {
-			t.Errorf("no memory row for limit %d with %d attempts", k[0], k[1])
+	for _, m := range r.Memory {
+		wantEntries, wantEvents := int64(m.Requests), int64(m.Requests*m.Cost)
+		if m.Mode == "atomic" && m.Events != wantEvents || m.Entries != wantEntries || m.Bytes <= 0 {
+			t.Errorf("memory row %+v: want %d entries holding %d events", m, wantEntries, wantEvents)
+		}
+		if m.Target > 0 && m.Bytes > m.Target {
+			t.Errorf("memory row %+v: %d bytes, above the target %d", m, m.Bytes, m.Target)
+		}
+	}
+	if len(r.ServerCost) != 8 {
+		t.Errorf("server cost rows: %d, want 8 (n <= Max of 3 × 3)", len(r.ServerCost))
+	}
+	for _, c := range r.ServerCost {
+		if c.Decisions != 200*25 || c.Admitted < 1 || c.ServerUSPerD <= 0 {
+			t.Errorf("server cost row %+v", c)
 		}
 	}
 

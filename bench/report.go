@@ -46,10 +46,20 @@ func writeMarkdown(w io.Writer, r *Report) {
 		}
 	}
 	if len(r.Memory) > 0 {
-		fmt.Fprintf(w, "\n### Memory per key (MEMORY USAGE)\n\n")
-		table(w, []string{"mode", "limit", "attempts", "log entries", "bytes", "bytes/entry", "encoding"})
+		fmt.Fprintf(w, "\n### Memory per key (MEMORY USAGE, window one hour)\n\n")
+		table(w, []string{"mode", "limit", "requests × cost", "log events", "log entries", "bytes", "bytes/entry", "encoding",
+			"first layout (quoted)", "target"})
 		for _, m := range r.Memory {
-			row(w, m.Mode, strconv.Itoa(m.Limit), strconv.Itoa(m.Attempts), strconv.Itoa(int(m.Entries)), strconv.Itoa(int(m.Bytes)), f1(m.BytesPerEntry), m.Encoding)
+			row(w, m.Mode, strconv.Itoa(m.Limit), fmt.Sprintf("%d × %d", m.Requests, m.Cost), strconv.FormatInt(m.Events, 10),
+				strconv.FormatInt(m.Entries, 10), strconv.FormatInt(m.Bytes, 10), f1(float64(m.Bytes)/float64(max(m.Entries, 1))),
+				m.Encoding, orDash(m.Before), orDash(m.Target))
+		}
+	}
+	if len(r.ServerCost) > 0 {
+		fmt.Fprintf(w, "\n### Server time per decision (INFO commandstats), by Max and cost n\n\n")
+		table(w, []string{"limit", "n", "decisions", "admitted", "server µs/decision"})
+		for _, c := range r.ServerCost {
+			row(w, strconv.Itoa(c.Limit), strconv.Itoa(c.Cost), strconv.Itoa(c.Decisions), strconv.Itoa(c.Admitted), f1(c.ServerUSPerD))
 		}
 	}
 	if len(r.Ceiling) > 0 {
@@ -80,6 +90,14 @@ func table(w io.Writer, header []string) {
 
 func row(w io.Writer, cells ...string) { fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | ")) }
 
-func f0(x float64) string  { return fmt.Sprintf("%.0f", x) }
+func f0(x float64) string { return fmt.Sprintf("%.0f", x) }
+
+// orDash prints a quoted figure, or "-" where none was set.
+func orDash(n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
+}
 func f1(x float64) string  { return fmt.Sprintf("%.1f", x) }
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }

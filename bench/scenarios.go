@@ -24,12 +24,14 @@ var modes = []engine.Mode{engine.Atomic, engine.Pipelined}
 
 // bencher runs the scenarios against one server with one set of clients.
 type bencher struct {
-	cfg      config
-	srv      *valkeytest.Server
-	clients  []valkey.Client
-	prefix   string // every key of this run starts with it, so runs never meet
-	progress io.Writer
-	start    time.Time
+	cfg     config
+	srv     *valkeytest.Server
+	clients []valkey.Client
+	prefix  string // every key of this run starts with it, so runs never meet
+	// inspector reads Atomic logs (engine.Inspect) under the run's prefix.
+	inspector *engine.Engine
+	progress  io.Writer
+	start     time.Time
 }
 
 func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progress io.Writer) (*bencher, error) {
@@ -43,6 +45,12 @@ func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progres
 		}
 		b.clients = append(b.clients, c)
 	}
+	es, err := b.engines(engine.Atomic)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.inspector = es[0]
 	return b, nil
 }
 
@@ -77,6 +85,7 @@ type Report struct {
 	Exactness  []ExactnessRow  `json:"exactness,omitempty"`
 	Throughput []ThroughputRow `json:"throughput,omitempty"`
 	Memory     []MemoryRow     `json:"memory,omitempty"`
+	ServerCost []ServerCostRow `json:"server_cost,omitempty"`
 	Ceiling    []CeilingRow    `json:"ceiling,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
@@ -109,6 +118,13 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("memory: %w", err)
 		}
 		r.Memory = rows
+	}
+	if b.wants("servercost") {
+		rows, err := b.serverCost(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("servercost: %w", err)
+		}
+		r.ServerCost = rows
 	}
 	if b.wants("ceiling") {
 		var atomicRate float64
@@ -152,7 +168,7 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
 	began := time.Now()
 	perG := make([][]Decision, b.cfg.Concurrency)
-	sampled := b.sampleLogSize(ctx, b.prefix+key, b.cfg.Duration)
+	sampled := b.sampleLogSize(ctx, mode, key, b.cfg.Duration)
 	err = b.drive(ctx, b.cfg.Duration, func(g int, e *engine.Engine) error {
 		r, err := e.Allow(ctx, key, limit)
 		if err != nil {
@@ -166,8 +182,7 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 	}
 	elapsed := time.Since(began)
 	decisions := slices.Concat(perG...)
-	c := b.clients[0]
-	n, err := c.Do(ctx, c.B().Zcard().Key(b.prefix+key).Build()).AsInt64()
+	n, _, err := b.logSize(ctx, mode, key)
 	if err != nil {
 		return ExactnessRow{}, err
 	}
@@ -200,13 +215,25 @@ var throughputVariants = []throughputVariant{
 	{name: "pipelined", mode: engine.Pipelined, clock: "caller"},
 }
 
-// sampleLogSize reads ZCARD of key every 20ms for d and sends the largest size it saw.
-func (b *bencher) sampleLogSize(ctx context.Context, key string, d time.Duration) <-chan int64 {
+// logSize returns the events key's log holds, and its entries: the engine's Inspect for an
+// Atomic log (one entry per admitted request), ZCARD for Pipelined mode's sorted set (one
+// member per event, admitted or not).
+func (b *bencher) logSize(ctx context.Context, mode engine.Mode, key string) (events, entries int64, err error) {
+	if mode == engine.Pipelined {
+		c := b.clients[0]
+		n, err := c.Do(ctx, c.B().Zcard().Key(b.prefix+key).Build()).AsInt64()
+		return n, n, err
+	}
+	log, err := b.inspector.Inspect(ctx, key, 1)
+	return int64(log.Events), int64(log.Count), err
+}
+
+// sampleLogSize reads the events in key's log every 20ms for d and sends the most it saw.
+func (b *bencher) sampleLogSize(ctx context.Context, mode engine.Mode, key string, d time.Duration) <-chan int64 {
 	out := make(chan int64, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		c := b.clients[0]
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		var largest int64
@@ -216,7 +243,7 @@ func (b *bencher) sampleLogSize(ctx context.Context, key string, d time.Duration
 				out <- largest
 				return
 			case <-tick.C:
-				if n, err := c.Do(ctx, c.B().Zcard().Key(key).Build()).AsInt64(); err == nil {
+				if n, _, err := b.logSize(ctx, mode, key); err == nil {
 					largest = max(largest, n)
 				}
 			}
@@ -362,62 +389,149 @@ func (b *bencher) drive(ctx context.Context, d time.Duration, op func(g int, e *
 	return errors.Join(errs...)
 }
 
-// MemoryRow is scenario 3: bytes per key for a log at Max entries.
+// MemoryRow is scenario 3: bytes per key for a log at a full window.
 type MemoryRow struct {
-	Mode          string  `json:"mode"`
-	Limit         int     `json:"limit_max"`
-	Attempts      int     `json:"attempts"`
-	Entries       int64   `json:"log_entries"`
-	Bytes         int64   `json:"memory_usage_bytes"`
-	BytesPerEntry float64 `json:"bytes_per_entry"`
-	Encoding      string  `json:"encoding"`
+	Mode     string `json:"mode"`
+	Limit    int    `json:"limit_max"`
+	Requests int    `json:"requests"`
+	Cost     int    `json:"cost_per_request"`
+	Events   int64  `json:"log_events"`
+	Entries  int64  `json:"log_entries"`
+	Bytes    int64  `json:"memory_usage_bytes"`
+	Encoding string `json:"encoding"`
+	// Before is what the first layout (a sorted set, one member per event) took for the same
+	// case, as measured before the change; Target is the aim for the current layout. Both are
+	// quoted, not measured in this run; 0 where none was set.
+	Before int64 `json:"before_bytes_quoted,omitempty"`
+	Target int64 `json:"target_bytes,omitempty"`
+}
+
+// memoryCase is one log the memory scenario fills: requests of cost each, against Max.
+type memoryCase struct {
+	mode                  engine.Mode
+	max, requests, cost   int
+	beforeBytes, aimBytes int64
+}
+
+var memoryCases = []memoryCase{
+	{mode: engine.Atomic, max: 10, requests: 10, cost: 1, beforeBytes: 304},
+	{mode: engine.Atomic, max: 100, requests: 100, cost: 1, beforeBytes: 2_128, aimBytes: 1_200},
+	{mode: engine.Atomic, max: 1_000, requests: 1_000, cost: 1, beforeBytes: 118_696, aimBytes: 12_000},
+	{mode: engine.Atomic, max: 10_000, requests: 10_000, cost: 1, beforeBytes: 1_200_000, aimBytes: 120_000},
+	{mode: engine.Atomic, max: 100_000, requests: 100, cost: 1_000, beforeBytes: 11_000_000, aimBytes: 2_500},
+	{mode: engine.Pipelined, max: 100, requests: 100, cost: 1},
+	{mode: engine.Pipelined, max: 100, requests: 1_000, cost: 1}, // its log keeps every attempt
+	{mode: engine.Pipelined, max: 1_000, requests: 1_000, cost: 1},
 }
 
 func (b *bencher) memory(ctx context.Context) ([]MemoryRow, error) {
 	began := time.Now()
 	var rows []MemoryRow
 	c := b.clients[0]
-	for _, mode := range modes {
-		es, err := b.engines(mode)
+	for _, mc := range memoryCases {
+		es, err := b.engines(mc.mode)
 		if err != nil {
 			return nil, err
 		}
-		e := es[0]
-		for _, max := range []int{10, 100, 1000} {
-			overloads := []int{1}
-			if mode == engine.Pipelined {
-				overloads = append(overloads, 10) // its log keeps every attempt
+		key := fmt.Sprintf("mem:%s:%d:%dx%d", mc.mode, mc.max, mc.requests, mc.cost)
+		limit := engine.Limit{Max: mc.max, Window: time.Hour}
+		for i := 0; i < mc.requests; i++ {
+			if _, err := es[0].AllowN(ctx, key, limit, mc.cost); err != nil {
+				return nil, err
 			}
-			for _, times := range overloads {
-				key := fmt.Sprintf("mem:%s:%d:%d", mode, max, times)
-				limit := engine.Limit{Max: max, Window: time.Hour}
-				for i := 0; i < max*times; i++ {
-					if _, err := e.Allow(ctx, key, limit); err != nil {
-						return nil, err
-					}
-				}
-				full := b.prefix + key
-				size, err := c.Do(ctx, c.B().MemoryUsage().Key(full).Samples(0).Build()).AsInt64()
-				if err != nil {
-					return nil, err
-				}
-				n, err := c.Do(ctx, c.B().Zcard().Key(full).Build()).AsInt64()
-				if err != nil {
-					return nil, err
-				}
-				enc, err := c.Do(ctx, c.B().ObjectEncoding().Key(full).Build()).ToString()
-				if err != nil {
-					return nil, err
-				}
-				rows = append(rows, MemoryRow{Mode: mode.String(), Limit: max, Attempts: max * times, Entries: n,
-					Bytes: size, BytesPerEntry: float64(size) / float64(n), Encoding: enc})
-				if err := c.Do(ctx, c.B().Del().Key(full).Build()).Error(); err != nil {
-					return nil, err
-				}
-			}
+		}
+		full := b.prefix + key
+		size, err := c.Do(ctx, c.B().MemoryUsage().Key(full).Samples(0).Build()).AsInt64()
+		if err != nil {
+			return nil, err
+		}
+		events, entries, err := b.logSize(ctx, mc.mode, key)
+		if err != nil {
+			return nil, err
+		}
+		enc, err := c.Do(ctx, c.B().ObjectEncoding().Key(full).Build()).ToString()
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, MemoryRow{Mode: mc.mode.String(), Limit: mc.max, Requests: mc.requests, Cost: mc.cost,
+			Events: events, Entries: entries, Bytes: size, Encoding: enc, Before: mc.beforeBytes, Target: mc.aimBytes})
+		if err := c.Do(ctx, c.B().Del().Key(full).Build()).Error(); err != nil {
+			return nil, err
 		}
 	}
 	b.logf("memory: %d logs measured in %s", len(rows), time.Since(began).Round(time.Millisecond))
+	return rows, nil
+}
+
+// ServerCostRow is scenario 5: what one decision costs the server (INFO commandstats, the
+// decision script's µs per call) for a limit's Max and a request's cost n.
+type ServerCostRow struct {
+	Limit        int     `json:"limit_max"`
+	Cost         int     `json:"cost_per_request"`
+	Decisions    int     `json:"decisions"`
+	Admitted     int     `json:"admitted"`
+	ServerUSPerD float64 `json:"server_us_per_decision"`
+}
+
+// serverCost takes the same number of decisions (servercostKeys keys, servercostPerKey each,
+// admitted while they fit) for every Max and n, and reads the script's server time per call.
+func (b *bencher) serverCost(ctx context.Context) ([]ServerCostRow, error) {
+	const servercostKeys, servercostPerKey = 200, 25
+	es, err := b.engines(engine.Atomic)
+	if err != nil {
+		return nil, err
+	}
+	var rows []ServerCostRow
+	for _, max := range []int{100, 10_000, 1_000_000} {
+		for _, n := range []int{1, 100, 10_000} {
+			if n > max {
+				continue
+			}
+			limit := engine.Limit{Max: max, Window: time.Hour}
+			before, err := readServerStats(ctx, b.clients[0])
+			if err != nil {
+				return nil, err
+			}
+			var mu sync.Mutex
+			admitted, calls := 0, 0
+			var wg sync.WaitGroup
+			errs := make([]error, len(es))
+			for i, e := range es {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := i; k < servercostKeys; k += len(es) {
+						key := fmt.Sprintf("cost:%d:%d:%d", max, n, k)
+						for j := 0; j < servercostPerKey; j++ {
+							r, err := e.AllowN(ctx, key, limit, n)
+							if err != nil {
+								errs[i] = err
+								return
+							}
+							mu.Lock()
+							calls++
+							if r.Allowed {
+								admitted++
+							}
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return nil, err
+			}
+			after, err := readServerStats(ctx, b.clients[0])
+			if err != nil {
+				return nil, err
+			}
+			cmds := dataCommands(engine.Atomic)
+			rows = append(rows, ServerCostRow{Limit: max, Cost: n, Decisions: calls, Admitted: admitted,
+				ServerUSPerD: (after.usec(cmds) - before.usec(cmds)) / float64(calls)})
+		}
+	}
+	b.logf("server cost: %d cells", len(rows))
 	return rows, nil
 }
 
@@ -463,8 +577,8 @@ func (b *bencher) ceiling(ctx context.Context, engineRate float64) ([]CeilingRow
 		requests := int(rate * b.cfg.Duration.Seconds())
 		args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(shape[0]), "-P", strconv.Itoa(shape[1]),
 			"-n", strconv.Itoa(requests), "-r", strconv.Itoa(b.cfg.Keys), "--csv",
-			"EVALSHA", sha, "1", b.prefix + "ceil:__rand_int__", "",
-			strconv.FormatInt(b.cfg.Window.Microseconds(), 10), strconv.Itoa(b.cfg.Limit), "1"}
+			"EVALSHA", sha, "1", b.prefix + "ceil:__rand_int__", "", "1",
+			strconv.FormatInt(b.cfg.Window.Microseconds(), 10), strconv.Itoa(b.cfg.Limit)}
 		before, err := readServerStats(ctx, b.clients[0])
 		if err != nil {
 			return nil, "", err

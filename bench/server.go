@@ -59,7 +59,7 @@ func parseServerStats(commandstats, cpu string) serverStats {
 }
 
 // decideSHA1 is the digest EVALSHA calls the atomic decision script by.
-func decideSHA1() string { return loader.New("sliding_window", scripts.SlidingWindow()).SHA1() }
+func decideSHA1() string { return loader.New("decide", scripts.Decide()).SHA1() }
 
 func splitHostPort(addr string) (string, string, error) {
 	host, port, err := net.SplitHostPort(addr)
