@@ -9,10 +9,10 @@ import (
 	"github.com/strictrate/strictrate/engine"
 )
 
-// FuzzAllowN throws arbitrary keys (any bytes, any length), limits, windows and costs at the
-// engine: it must never panic, must answer bad input with ErrInvalidArgument and write
-// nothing, and otherwise must admit exactly while the limit has room and never let the log
-// exceed Max. CI runs it for a bounded time: go test -run='^$' -fuzz=FuzzAllowN -fuzztime=20s .
+// FuzzAllowN throws arbitrary keys (any bytes, any length), limits, windows and costs (up to
+// MaxEvents) at the engine: it must never panic, must answer bad input with
+// ErrInvalidArgument and write nothing, and otherwise must admit exactly while the limit has
+// room, give back exactly a refunded request's cost, and never let the log exceed Max. CI runs it for a bounded time: go test -run='^$' -fuzz=FuzzAllowN -fuzztime=20s .
 func FuzzAllowN(f *testing.F) {
 	for _, seed := range []struct {
 		key    string
@@ -93,6 +93,15 @@ func FuzzAllowN(f *testing.F) {
 		}
 		if got := events(t, c, key); exact && got != int64(admitted) || got > int64(max) {
 			t.Fatalf("log holds %d, admitted %d, Max %d", got, admitted, max)
+		}
+		// Refunding the first request gives back its n events, once.
+		for i := 0; i < 2; i++ {
+			if err := e.Refund(ctx, key, r); err != nil {
+				t.Fatalf("Refund: %v", err)
+			}
+		}
+		if got := events(t, c, key); exact && got != int64(admitted-n) || got > int64(max) {
+			t.Fatalf("after refunding %d of %d admitted: log holds %d", n, admitted, got)
 		}
 		// The server's clock moves, so only the bound holds: the log never exceeds Max.
 		for i := 0; i < 3; i++ {

@@ -207,17 +207,19 @@ func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
 
 // Random requests against three stacked limits, on a clock that moves forward by random steps:
 // every Result equals the model's, and the log never holds more than the longest window's Max.
+// The windows are seconds long so that the key's real expiry (its TTL runs on the server's
+// clock, not the test's) never lapses between two requests of a slow run.
 func TestPolicyMatchesModel(t *testing.T) {
 	c := server.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := newKey(t)
-	p := engine.Policy{{Max: 4, Window: 10 * time.Millisecond}, {Max: 20, Window: 200 * time.Millisecond}, {Max: 9, Window: 50 * time.Millisecond}}
+	p := engine.Policy{{Max: 4, Window: time.Second}, {Max: 20, Window: 20 * time.Second}, {Max: 9, Window: 5 * time.Second}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var m policyModel
 	now := enginetest.T0
 	var denied int
 	for i := 0; i < 2000; i++ {
-		now = now.Add(time.Duration(rng.IntN(4000)) * time.Microsecond)
+		now = now.Add(time.Duration(rng.IntN(400_000)) * time.Microsecond)
 		clock.Set(now)
 		n := 1 + rng.IntN(4)
 		got := mustAllowPolicy(t, e, key, p, n)

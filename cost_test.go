@@ -1,0 +1,364 @@
+package strictrate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// scriptUsecPerCall runs calls decisions, each on a fresh key, and returns the decision
+// script's server time per call from INFO commandstats, on a server of the test's own.
+func scriptUsecPerCall(t *testing.T, c valkey.Client, e *engine.Engine, l engine.Limit, n, calls int) float64 {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < calls; i++ {
+		if r := mustAllowN(t, e, newKey(t), l, n); !r.Allowed {
+			t.Fatalf("AllowN(%d) on a fresh key with %s: denied", n, l)
+		}
+	}
+	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := info.CommandStats()["evalsha"]
+	if stats.Calls != int64(calls) {
+		t.Fatalf("evalsha calls %d, want %d", stats.Calls, calls)
+	}
+	return stats.Usec / float64(stats.Calls)
+}
+
+// A cost of a million is one entry: admitted, a log of one entry and well under a kilobyte,
+// and the script's server time no larger than for a cost of one (the first layout took 2 s).
+func TestHugeCostIsOneEntry(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	e := enginetest.New(t, c)
+	l := engine.Limit{Max: 10_000_000, Window: time.Hour}
+
+	key := newKey(t)
+	r := mustAllowN(t, e, key, l, 1_000_000)
+	want(t, "AllowN(1e6): allowed", r.Allowed, true)
+	want(t, "AllowN(1e6): remaining", r.Remaining, 9_000_000)
+	log := enginetest.Log(t, c, prefix, key)
+	want(t, "entries", log.Count, 1)
+	want(t, "events", log.Events, 1_000_000)
+	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(prefix+key).Samples(0).Build()).AsInt64()
+	if err != nil || size >= 1024 {
+		t.Fatalf("MEMORY USAGE %d (%v), want under 1 KB", size, err)
+	}
+
+	// The same number of calls of each, alternated so that a busy machine hurts both alike.
+	var one, million float64
+	for round := 0; round < 3; round++ {
+		one += scriptUsecPerCall(t, c, e, l, 1, 100)
+		million += scriptUsecPerCall(t, c, e, l, 1_000_000, 100)
+	}
+	t.Logf("server µs per call: AllowN(1) %.1f, AllowN(1e6) %.1f", one/3, million/3)
+	if million > 1.5*one+3*20 {
+		t.Fatalf("AllowN(1e6) costs the server %.1f µs per call, AllowN(1) %.1f: cost grows with n", million/3, one/3)
+	}
+}
+
+// weightedDecision is one decision of the weighted audit: when the server took it, its cost,
+// and whether it was admitted.
+type weightedDecision struct {
+	at      int64 // µs, the server's clock
+	cost    int
+	allowed bool
+}
+
+// auditWeighted checks decisions against the limit on their server timestamps: no trailing
+// window holds more than Max of admitted cost (at or before each admission, the admission
+// included), and no request was denied while its trailing window had room for it (admitted
+// cost strictly before it in the window, plus its cost, at most Max; decisions of the same
+// microsecond count as before it, the benefit of the doubt going to the denial).
+func auditWeighted(t *testing.T, ds []weightedDecision, l engine.Limit) (admitted int) {
+	t.Helper()
+	slices.SortStableFunc(ds, func(a, b weightedDecision) int { return int(a.at - b.at) })
+	w := l.Window.Microseconds()
+	for i, d := range ds {
+		inWindow := 0 // admitted cost in (d.at - w, d.at], this decision's microsecond included
+		for j := i; j >= 0 && ds[j].at > d.at-w; j-- {
+			if ds[j].allowed {
+				inWindow += ds[j].cost
+			}
+		}
+		for j := i + 1; j < len(ds) && ds[j].at == d.at; j++ {
+			if ds[j].allowed {
+				inWindow += ds[j].cost
+			}
+		}
+		switch {
+		case d.allowed && inWindow > l.Max:
+			t.Fatalf("admitted cost %d in the window ending at %d, over Max %d", inWindow, d.at, l.Max)
+		case !d.allowed && inWindow+d.cost <= l.Max:
+			t.Fatalf("cost %d denied at %d with %d admitted in its window of Max %d: a false denial", d.cost, d.at, inWindow, l.Max)
+		}
+		if d.allowed {
+			admitted += d.cost
+		}
+	}
+	return admitted
+}
+
+// 64 goroutines over 4 clients ask for random costs against a limit for several windows:
+// audited on the server's timestamps, no window over Max and no false denial. Costs 1 to 50
+// against Max 1000 keep about 40 entries in a window (the log's older entries leave its
+// header); costs 1 to 8 against Max 60 keep it within the header.
+func TestWeightedExactUnderConcurrency(t *testing.T) {
+	for _, tc := range []struct {
+		max, maxCost int
+	}{{1000, 50}, {60, 8}} {
+		t.Run(fmt.Sprintf("Max %d, costs 1 to %d", tc.max, tc.maxCost), func(t *testing.T) {
+			es, _ := engines(t, 4)
+			key, l := newKey(t), engine.Limit{Max: tc.max, Window: 200 * time.Millisecond}
+			var mu sync.Mutex
+			var ds []weightedDecision
+			deadline := time.Now().Add(5 * l.Window)
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for g := 0; g < 64; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 9))
+					e := es[g%len(es)]
+					for time.Now().Before(deadline) {
+						n := 1 + rng.IntN(tc.maxCost)
+						r, err := e.AllowN(context.Background(), key, l, n)
+						if err != nil {
+							errs <- err
+							return
+						}
+						mu.Lock()
+						ds = append(ds, weightedDecision{at: r.At.UnixMicro(), cost: n, allowed: r.Allowed})
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			admitted := auditWeighted(t, ds, l)
+			t.Logf("%d decisions, %d events admitted over about 5 windows of Max %d", len(ds), admitted, l.Max)
+			if admitted < 4*l.Max {
+				t.Fatalf("admitted %d events over 5 windows of Max %d: the limit was not reached", admitted, l.Max)
+			}
+		})
+	}
+}
+
+// Refund gives a request's room back at once, Settle the part it did not use; both are
+// idempotent, and work on a policy's entry in every window.
+func TestRefundAndSettle(t *testing.T) {
+	c := server.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	ctx := context.Background()
+	key, l := newKey(t), engine.PerHour(10)
+
+	first := mustAllowN(t, e, key, l, 4)
+	second := mustAllowN(t, e, key, l, 6)
+	want(t, "full: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+	if err := e.Refund(ctx, key, first); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "after refunding 4: remaining", mustPeek(t, e, key, l).Remaining, 4)
+	if err := e.Refund(ctx, key, first); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "after refunding it again: remaining", mustPeek(t, e, key, l).Remaining, 4)
+	copied := second // a Result is a plain value
+	if err := e.Settle(ctx, key, copied, 2); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "after settling 6 to 2: remaining", mustPeek(t, e, key, l).Remaining, 8)
+	if err := e.Settle(ctx, key, second, 5); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "settling up again changes nothing: remaining", mustPeek(t, e, key, l).Remaining, 8)
+	want(t, "8 more: allowed", mustAllowN(t, e, key, l, 8).Allowed, true)
+	want(t, "one more: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+	want(t, "log events", events(t, c, key), int64(10))
+
+	// Same microsecond: refunding the first request, twice, never touches the second.
+	key = newKey(t)
+	a := mustAllowN(t, e, key, l, 3)
+	b := mustAllowN(t, e, key, l, 3)
+	want(t, "same microsecond: distinct seqs", a.Entry.Seq != b.Entry.Seq, true)
+	for i := 0; i < 2; i++ {
+		if err := e.Refund(ctx, key, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want(t, "after refunding the first twice: events", events(t, c, key), int64(3))
+
+	// A policy's entry counts in every window; its refund frees every window.
+	key = newKey(t)
+	p := engine.Policy{engine.PerSecond(5), engine.PerMinute(8)}
+	r := mustAllowPolicy(t, e, key, p, 5)
+	clock.Set(enginetest.T0.Add(2 * time.Second))
+	want(t, "the minute has 3 left", mustAllowPolicy(t, e, key, p, 3).Allowed, true)
+	want(t, "the minute is full", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+	if err := e.Refund(ctx, key, r); err != nil {
+		t.Fatal(err)
+	}
+	r = mustAllowPolicy(t, e, key, p, 2)
+	want(t, "after the refund: allowed", r.Allowed, true)
+	want(t, "after the refund: remaining (the second's)", r.Remaining, 0)
+
+	// Once the entry left the window, a refund is a no-op and gives nothing back.
+	key = newKey(t)
+	clock.Set(enginetest.T0)
+	old := mustAllowN(t, e, key, engine.PerSecond(2), 2)
+	clock.Set(enginetest.T0.Add(time.Second))
+	mustAllowN(t, e, key, engine.PerSecond(2), 2) // trims the old entry, fills the window
+	if err := e.Refund(ctx, key, old); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "refund of an entry that left: allowed", mustAllowN(t, e, key, engine.PerSecond(2), 1).Allowed, false)
+}
+
+// Refunds race with admissions from many goroutines: the log never holds more than Max, and
+// at the end holds exactly what was admitted and not refunded.
+func TestRefundRacingAdmissions(t *testing.T) {
+	es, c := engines(t, 4)
+	key, l := newKey(t), engine.PerHour(50)
+	var net atomic.Int64 // events admitted minus events refunded, as callers saw them
+	stop := make(chan struct{})
+	sampled := make(chan int64, 1)
+	go func() { // an independent reader of the log
+		largest := int64(0)
+		defer func() { sampled <- largest }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			largest = max(largest, events(t, c, key))
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			e := es[g%len(es)]
+			for i := 0; i < 60; i++ {
+				n := 1 + rng.IntN(5)
+				r, err := e.AllowN(context.Background(), key, l, n)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !r.Allowed {
+					continue
+				}
+				net.Add(int64(n))
+				if rng.IntN(2) == 0 {
+					continue
+				}
+				actual := rng.IntN(n)
+				for try := 0; try < 2; try++ { // a retried settle changes nothing more
+					if err := e.Settle(context.Background(), key, r, actual); err != nil {
+						errs <- err
+						return
+					}
+				}
+				net.Add(int64(actual - n))
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if most := <-sampled; most > int64(l.Max) {
+		t.Fatalf("the log held %d events, over Max %d", most, l.Max)
+	}
+	want(t, "events left", events(t, c, key), net.Load())
+	if net.Load() > int64(l.Max) {
+		t.Fatalf("net admitted %d, over Max %d", net.Load(), l.Max)
+	}
+}
+
+// Refund and Settle refuse, before sending anything, what names no entry or an impossible cost.
+func TestSettleInvalidArguments(t *testing.T) {
+	c := server.Client(t)
+	e, _ := enginetest.Clocked(t, c)
+	ctx, l := context.Background(), engine.PerMinute(2)
+	key := newKey(t)
+	admitted := mustAllowN(t, e, key, l, 2)
+	denied := mustAllowN(t, e, key, l, 1)
+	peeked := mustPeek(t, e, key, l)
+	for name, call := range map[string]func() error{
+		"empty key":          func() error { return e.Refund(ctx, "", admitted) },
+		"zero Result":        func() error { return e.Refund(ctx, key, engine.Result{}) },
+		"denied Result":      func() error { return e.Refund(ctx, key, denied) },
+		"peeked Result":      func() error { return e.Refund(ctx, key, peeked) },
+		"actual negative":    func() error { return e.Settle(ctx, key, admitted, -1) },
+		"actual above cost":  func() error { return e.Settle(ctx, key, admitted, 3) },
+		"pipelined Result":   func() error { return e.Refund(ctx, key, pipelinedResult(t, c)) },
+		"entry of cost zero": func() error { r := admitted; r.Entry.Cost = 0; return e.Refund(ctx, key, r) },
+	} {
+		if err := call(); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	want(t, "log events after refused calls", events(t, c, key), int64(2))
+}
+
+func pipelinedResult(t *testing.T, c valkey.Client) engine.Result {
+	t.Helper()
+	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
+	return mustAllowN(t, p, newKey(t), engine.PerMinute(1), 1)
+}
+
+// A log of the first releases' layout (a sorted set, one member per event) is converted in
+// place by the first decision: its events still count, and its expiry stays.
+func TestFirstLayoutConverted(t *testing.T) {
+	c := server.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	ctx := context.Background()
+	key := newKey(t)
+	t0 := enginetest.T0.UnixMicro()
+	add := c.B().Zadd().Key(prefix + key).ScoreMember()
+	for i, at := range []int64{t0 - 3_000_000, t0 - 2_000_000, t0 - 2_000_000, t0 - 1_000} {
+		add = add.ScoreMember(float64(at), fmt.Sprint("m", i))
+	}
+	if err := c.Do(ctx, add.Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, c.B().Pexpire().Key(prefix+key).Milliseconds(60_000).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	r := mustAllowN(t, e, key, engine.PerMinute(6), 1)
+	want(t, "first decision: allowed", r.Allowed, true)
+	want(t, "first decision: remaining (4 old events and this one)", r.Remaining, 1)
+	log := entries(t, c, key)
+	want(t, "entries (one per microsecond)", len(log), 4)
+	want(t, "the shared microsecond's cost", log[1].Cost, 2)
+	clock.Set(enginetest.T0.Add(57500 * time.Millisecond))
+	want(t, "after the oldest left: remaining", mustPeek(t, e, key, engine.PerMinute(6)).Remaining, 2)
+}
