@@ -1,0 +1,164 @@
+// Command strictrate is the operator's tool for strictrate's keys: it shows what a key's log
+// holds and deletes it.
+//
+//	go run ./cmd/strictrate inspect -addr host:port [-prefix p] [-limit 100/1m ...] KEY
+//	go run ./cmd/strictrate reset -addr host:port [-prefix p] KEY
+//
+// inspect prints the key's entries (time, cost, age), oldest first, and, for each -limit
+// (repeat it for a policy's limits), the events in that window now, the room left and when
+// the log empties. It reads the log through the engine (engine.Inspect and engine.Peek), the
+// same code the decisions run, and changes nothing. reset deletes the key's log, as
+// engine.Reset does. -addr takes a comma-separated list: the nodes of a cluster, or one server.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "strictrate:", err)
+		os.Exit(2)
+	}
+}
+
+// errUsage is wrapped by the errors of a command line the tool cannot run.
+var errUsage = errors.New("usage: strictrate inspect|reset -addr host:port [-prefix p] [-limit max/window ...] [-most n] KEY")
+
+// limitsFlag collects repeated -limit max/window values.
+type limitsFlag []engine.Limit
+
+func (f *limitsFlag) String() string { return fmt.Sprint(*f) }
+
+// Set parses "100/1m": Max, then the window as a Go duration.
+func (f *limitsFlag) Set(s string) error {
+	l, err := parseLimit(s)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, l)
+	return nil
+}
+
+// validate checks every limit as the engine would.
+func (f limitsFlag) validate() error {
+	for _, l := range f {
+		if err := (engine.Policy{l}).Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func parseLimit(s string) (engine.Limit, error) {
+	maxText, windowText, ok := strings.Cut(s, "/")
+	if !ok {
+		return engine.Limit{}, fmt.Errorf("limit %q: want max/window, such as 100/1m", s)
+	}
+	max, err := strconv.Atoi(maxText)
+	if err != nil {
+		return engine.Limit{}, fmt.Errorf("limit %q: max: %w", s, err)
+	}
+	window, err := time.ParseDuration(windowText)
+	if err != nil {
+		return engine.Limit{}, fmt.Errorf("limit %q: window: %w", s, err)
+	}
+	return engine.Limit{Max: max, Window: window}, nil
+}
+
+// run is the command without the process around it: args without the program name.
+func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return errUsage
+	}
+	verb := args[0]
+	fs := flag.NewFlagSet(verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addr := fs.String("addr", "127.0.0.1:6379", "Valkey address(es), comma-separated")
+	prefix := fs.String("prefix", "strictrate:", "the engine's key prefix (engine.WithPrefix)")
+	most := fs.Int("most", 100, "inspect: the most entries to print, newest (0: all)")
+	var limits limitsFlag
+	fs.Var(&limits, "limit", "inspect: a limit max/window to count, such as 100/1m (repeatable)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() != 1 || verb != "inspect" && verb != "reset" {
+		return errUsage
+	}
+	key := fs.Arg(0)
+
+	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: strings.Split(*addr, ",")})
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", *addr, err)
+	}
+	defer client.Close()
+	// The tool reads and deletes; it neither needs the scripts up front nor judges the eviction
+	// policy.
+	e, err := engine.New(client, engine.WithPrefix(*prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore))
+	if err != nil {
+		return err
+	}
+	if verb == "reset" {
+		if err := e.Reset(ctx, key); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "deleted the log of %q (%s%s)\n", key, *prefix, key)
+		return nil
+	}
+	return inspect(ctx, e, key, *prefix, limits, *most, out)
+}
+
+func inspect(ctx context.Context, e *engine.Engine, key, prefix string, limits []engine.Limit, most int, out io.Writer) error {
+	log, err := e.Inspect(ctx, key, most)
+	if err != nil {
+		return err
+	}
+	// A peek reads the server's clock: the ages below are on it, as the decisions are.
+	now := time.Now()
+	if len(limits) > 0 {
+		if err := limitsFlag(limits).validate(); err != nil {
+			return err
+		}
+		r, err := e.Peek(ctx, key, limits[0])
+		if err != nil {
+			return err
+		}
+		now = r.At
+	}
+	fmt.Fprintf(out, "key %q (%s%s): %d entries, %d events\n", key, prefix, key, log.Count, log.Events)
+	if len(log.Entries) < log.Count {
+		fmt.Fprintf(out, "the newest %d entries:\n", len(log.Entries))
+	}
+	if len(log.Entries) > 0 {
+		fmt.Fprintf(out, "%-30s %12s %14s\n", "time", "cost", "age")
+	}
+	for _, le := range log.Entries {
+		fmt.Fprintf(out, "%-30s %12d %14s\n", le.At.UTC().Format("2006-01-02T15:04:05.000000Z"), le.Cost, now.Sub(le.At).Round(time.Microsecond))
+	}
+	for _, l := range limits {
+		// Peeking with the largest Max counts the window whatever it holds; the limit's own
+		// Max then says what room is left.
+		r, err := e.Peek(ctx, key, engine.Limit{Max: engine.MaxEvents, Window: l.Window})
+		if err != nil {
+			return err
+		}
+		count := engine.MaxEvents - r.Remaining
+		fmt.Fprintf(out, "limit %s: %d events in the window, %d remaining, reset after %s\n",
+			l, count, max(l.Max-count, 0), r.ResetAfter.Round(time.Microsecond))
+	}
+	return nil
+}
