@@ -31,17 +31,11 @@
 -- with the new entry), PEXPIRE. A bigger log adds an LRANGE of its oldest entries when some
 -- leave the window, and now and then an RPUSH or an LTRIM.
 
--- include: lib_clock.lua
+-- include: lib_request.lua
 -- include: lib_log.lua
 
 local key = KEYS[1]
-local now = read_clock(ARGV[1])
-local n = tonumber(ARGV[2])
-local limits = {}
-for i = 3, #ARGV do
-  limits[i - 2] = tonumber(ARGV[i])
-end
-local longest = limits[#limits - 1]
+local now, n, limits, longest = read_request()
 
 local h = read_header(key)
 local remaining, tightest, retry_after, newest, seq

@@ -15,17 +15,11 @@
 --       none now
 --   [5] tightest: the 1-based position of the limit [1] speaks for
 
--- include: lib_clock.lua
+-- include: lib_request.lua
 -- include: lib_log.lua
 
 local key = KEYS[1]
-local now = read_clock(ARGV[1])
-local n = tonumber(ARGV[2])
-local limits = {}
-for i = 3, #ARGV do
-  limits[i - 2] = tonumber(ARGV[i])
-end
-local longest = limits[#limits - 1]
+local now, n, limits, longest = read_request()
 
 local g = general()
 local log = g.read_log(key, read_header(key), false)

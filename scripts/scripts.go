@@ -5,7 +5,7 @@
 // self-contained text, so code that several scripts share lives in part files (lib_*.lua),
 // and a script names each part it uses on a line of its own:
 //
-//	-- include: lib_clock.lua
+//	-- include: lib_request.lua
 //
 // The functions here return the composed text, each such line replaced by the part it names:
 // that text is what the server loads and what its SHA-1 digest is taken of.
