@@ -33,32 +33,13 @@
 
 -- include: lib_request.lua
 -- include: lib_log.lua
+-- include: lib_decide.lua
 
-local key = KEYS[1]
 local now, n, limits, longest = read_request()
-
-local h = read_header(key)
-local remaining, tightest, retry_after, newest, seq
-if #limits == 2 then
-  remaining, tightest, retry_after, newest, seq = decide_small(key, h, now, n, limits[1], limits[2])
-end
-if remaining == nil then
-  local g = general()
-  local log = g.read_log(key, h, true)
-  local count
-  remaining, tightest, retry_after, count, seq = g.decide(log, now, n, limits, true)
-  g.save(log)
-  newest = log.newest
-end
+local remaining, _, retry_after, reset_after, tightest, seq = decide_request(KEYS[1], now, n, limits)
 if retry_after > 0 then
-  return {remaining, now, retry_after, newest + longest - now, tightest}
-end
--- The log empties one longest window after its newest entry: the one added now, unless a
--- caller's clock lags an entry another caller recorded. PEXPIRE takes whole milliseconds:
--- round up so the key never goes before its newest entry.
-local reset_after = newest + longest - now
-redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
-if seq ~= 1 then
+  return {remaining, now, retry_after, reset_after, tightest}
+elseif seq ~= 1 then
   return {remaining, now, 0, reset_after, tightest, seq}
 elseif tightest ~= 1 then
   return {remaining, now, 0, reset_after, tightest}

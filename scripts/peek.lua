@@ -17,15 +17,8 @@
 
 -- include: lib_request.lua
 -- include: lib_log.lua
+-- include: lib_peek.lua
 
-local key = KEYS[1]
-local now, n, limits, longest = read_request()
-
-local g = general()
-local log = g.read_log(key, read_header(key), false)
-local remaining, tightest, retry_after, count = g.decide(log, now, n, limits, false)
-local reset_after = 0
-if count > 0 then
-  reset_after = log.newest + longest - now
-end
+local now, n, limits = read_request()
+local remaining, _, retry_after, reset_after, tightest = peek_request(KEYS[1], now, n, limits)
 return {remaining, now, retry_after, reset_after, tightest}

@@ -32,6 +32,13 @@ func Decide() string { return mustCompose("decide.lua") }
 // without recording anything.
 func Peek() string { return mustCompose("peek.lua") }
 
+// DecideBatch returns the source of the script that takes several decisions in one call, each
+// as Decide takes it, in order: the engine's group commit.
+func DecideBatch() string { return mustCompose("decide_batch.lua") }
+
+// PeekBatch returns the source of the read-only script that takes several peeks in one call.
+func PeekBatch() string { return mustCompose("peek_batch.lua") }
+
 // Settle returns the source of the script that lowers an admitted request's entry to the cost
 // it ended with, or refunds it.
 func Settle() string { return mustCompose("settle.lua") }

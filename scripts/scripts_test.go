@@ -20,10 +20,12 @@ func TestMain(m *testing.M) {
 }
 
 var all = map[string]func() string{
-	"decide.lua":  Decide,
-	"peek.lua":    Peek,
-	"settle.lua":  Settle,
-	"inspect.lua": Inspect,
+	"decide.lua":       Decide,
+	"peek.lua":         Peek,
+	"decide_batch.lua": DecideBatch,
+	"peek_batch.lua":   PeekBatch,
+	"settle.lua":       Settle,
+	"inspect.lua":      Inspect,
 }
 
 // Composition replaces every include line with its part, and nothing else changes.
@@ -121,5 +123,55 @@ func TestComposedScriptsRun(t *testing.T) {
 		if r := run("decide.lua", key, args(now+max, 1)...); r[0] != 0 || len(r) >= 3 && r[2] != 0 {
 			t.Fatalf("%s: after the refund: reply %v, want admitted with 0 remaining", name, r)
 		}
+	}
+}
+
+// A batch decides in KEYS order, the same key twice in turn, and a decision that fails (its
+// key holds a string) fails alone.
+func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	poisoned := "scripts-test:batch:poisoned"
+	if err := c.Do(ctx, c.B().Set().Key(poisoned).Value("not a log").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := "scripts-test:batch:a", "scripts-test:batch:b"
+	keys := []string{a, poisoned, a, b, a}
+	// The server's clock for all; set 1: 2 per second; set 2: 5 per ms and 4 per minute.
+	args := []string{"", "2", "1", "1000000", "2", "2", "1000", "5", "60000000", "4"}
+	for _, k := range keys {
+		if k == b {
+			args = append(args, "3", "2") // cost 3, set 2
+		} else {
+			args = append(args, "1", "1") // cost 1, set 1
+		}
+	}
+	sum := sha1.Sum([]byte(DecideBatch()))
+	got, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flat []string
+	for _, m := range got {
+		if err := m.Error(); err != nil {
+			if !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+				t.Fatalf("an error reply other than WRONGTYPE: %v", err)
+			}
+			flat = append(flat, "WRONGTYPE")
+			continue
+		}
+		v, err := m.AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat = append(flat, strconv.FormatInt(v, 10))
+	}
+	// now; a: 1 left; the poisoned key; a: 0 left, the second entry of that microsecond (seq
+	// 2); b: 1 left, the minute binding (position 2); a: denied, until the first entry leaves
+	// one second later (one instant for the whole batch).
+	want := []string{flat[0], "1", "1", "WRONGTYPE", "5", "0", "0", "1000000", "1", "2",
+		"4", "1", "0", "60000000", "2", "3", "0", "1000000", "1000000"}
+	if strings.Join(flat, " ") != strings.Join(want, " ") {
+		t.Fatalf("batch reply\n got %v\nwant %v", flat, want)
 	}
 }

@@ -1,0 +1,25 @@
+-- decide_batch.lua: several decisions in one call (group commit), each taken exactly as
+-- decide.lua takes it, one after the other in KEYS order; the same key may come twice and is
+-- decided twice, in order. One call's fixed cost (the script's start, reading the server's
+-- clock) is shared by every decision in it.
+--
+-- KEYS[i]  the log of request i (in a cluster, every key of one call is in one slot)
+-- ARGV[1]  "" when every request uses the server's clock (read once, shared by all), else
+--          "each": every request carries its own now
+-- ARGV[2]  the number of limit sets S, then S sets: a set's number of limits L, then its L
+--          (window, max) pairs, windows ascending (as decide.lua's ARGV[3..])
+--          ... then per request, in KEYS order: its cost n; the 1-based index of its set; with
+--          "each", its now in integer microseconds, or "" for the server's clock
+--
+-- Reply: an array: the server's now in microseconds (0 when no request read it), then per
+-- request, in KEYS order, either a count c (1 to 5) and c values, decide.lua's reply without
+-- now and without its trailing defaults (remaining, retry_after, reset_after, tightest, seq), or
+-- an error reply for a request that failed (its key holds another type, say). A failed
+-- request changes nothing of the others.
+
+-- include: lib_request.lua
+-- include: lib_batch.lua
+-- include: lib_log.lua
+-- include: lib_decide.lua
+
+return run_batch(decide_request)
