@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -89,10 +90,15 @@ type Engine struct {
 	prefix string
 	clock  func() time.Time // nil: the server's clock (Atomic) or time.Now (Pipelined)
 
-	decide  *loader.Script // decide.lua: Allow, AllowN, AllowPolicy
-	peek    *loader.Script // peek.lua: Peek, Check
-	settle  *loader.Script // settle.lua: Refund, Settle
-	inspect *loader.Script // inspect.lua: Inspect
+	decides  *committer     // decide.lua and decide_batch.lua: Allow, AllowN, AllowPolicy
+	peeks    *committer     // peek.lua and peek_batch.lua: Peek, Check
+	settle   *loader.Script // settle.lua: Refund, Settle
+	inspect  *loader.Script // inspect.lua: Inspect
+	batching bool           // WithBatching: decisions go through the committers' queues
+
+	// limitSets caches the formatted arguments of single limits (oneLimit).
+	limitSets     sync.Map // Limit -> *limitSet
+	limitSetCount atomic.Int64
 
 	failOpen    bool
 	ackReplicas int
@@ -119,19 +125,20 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidArgument, int(o.mode))
 	}
 	e := &Engine{
-		client:  client,
-		mode:    o.mode,
-		prefix:  o.prefix,
-		clock:   o.clock,
-		decide:  loader.New("decide", scripts.Decide()),
-		peek:    loader.NewReadOnly("peek", scripts.Peek()),
-		settle:  loader.New("settle", scripts.Settle()),
-		inspect: loader.NewReadOnly("inspect", scripts.Inspect()),
+		client:   client,
+		mode:     o.mode,
+		prefix:   o.prefix,
+		clock:    o.clock,
+		settle:   loader.New("settle", scripts.Settle()),
+		inspect:  loader.NewReadOnly("inspect", scripts.Inspect()),
+		batching: o.batching,
 
 		failOpen:    o.failOpen,
 		ackReplicas: o.ackReplicas,
 		ackTimeout:  o.ackTimeout,
 	}
+	e.decides = newCommitter(e, loader.New("decide", scripts.Decide()), loader.New("decide_batch", scripts.DecideBatch()))
+	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
 	if o.evictionCheck != EvictionIgnore || o.preload {
@@ -277,43 +284,24 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 	if e.mode == Pipelined {
 		return e.allowPipelined(ctx, key, l, n, at)
 	}
-	return e.runScript(ctx, e.decide, "allow", key, l, n, at)
+	return e.runScript(ctx, e.decides, "allow", key, l, n, at)
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	return e.runScript(ctx, e.peek, "peek", key, l, n, at)
+	return e.runScript(ctx, e.peeks, "peek", key, l, 0, at)
 }
 
-// runScript runs the decision or peek script for one limit.
-func (e *Engine) runScript(ctx context.Context, s *loader.Script, op, key string, l Limit, n int, at clockReading) (Result, error) {
-	nowArg, err := at.arg()
+// runScript takes a decision (n >= 1) or a peek (n = 0, of one event) for one limit.
+func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l Limit, n int, at clockReading) (Result, error) {
+	req, err := newRequest(e.prefix+key, at, n, e.oneLimit(l))
 	if err != nil {
 		return Result{}, err
 	}
-	args := []string{nowArg, strconv.Itoa(n), strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max)}
-	return e.runDecision(ctx, s, op, key, n, args, []Limit{l})
+	return e.runDecision(ctx, c, op, req)
 }
 
 // maxReplyValues is the longest reply a decision script gives.
 const maxReplyValues = 6
-
-// parseReply reads a decision script's reply into its integers, then decodeReply reads them.
-func parseReply(reply valkey.ValkeyResult, n int, limits []Limit) (Result, error) {
-	vals, err := reply.ToArray()
-	if err != nil {
-		return Result{}, err
-	}
-	if len(vals) < 2 || len(vals) > maxReplyValues {
-		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(vals), maxReplyValues)
-	}
-	var v [maxReplyValues]int64
-	for i := range vals {
-		if v[i], err = vals[i].AsInt64(); err != nil {
-			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
-		}
-	}
-	return decodeReply(v[:len(vals)], n, limits)
-}
 
 // decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
 // retry_after µs (default 0: admitted), reset_after µs (default: the longest window), the

@@ -205,16 +205,24 @@ func TestDecodeReply(t *testing.T) {
 	}
 }
 
-// A reply that is not an array of integers is an error, not a decision.
-func TestParseReplyMalformed(t *testing.T) {
-	limits := []Limit{PerSecond(1)}
-	for name, reply := range map[string]valkey.ValkeyResult{
-		"transport error": valkey.NewErrorResult(errors.New("connection reset")),
-		"not an array":    valkey.NewResult(valkey.ValkeyMessage{}, nil),
-	} {
-		if r, err := parseReply(reply, 1, limits); err == nil {
-			t.Errorf("%s: parsed %+v, want an error", name, r)
-		}
+// A reply that is not an array of integers is an error, not a decision; a transport error
+// stays the call's error, which classify judges.
+func TestReadReplyMalformed(t *testing.T) {
+	var o outcome
+	o.readReply(valkey.NewErrorResult(errors.New("connection reset")))
+	if o.err == nil || o.replyErr != nil {
+		t.Errorf("transport error: %+v, want the call's error", o)
+	}
+	o = outcome{}
+	o.readReply(valkey.NewResult(valkey.ValkeyMessage{}, nil))
+	if o.replyErr == nil || o.err != nil {
+		t.Errorf("not an array: %+v, want a reply error", o)
+	}
+	if err := (&outcome{}).ints(make([]valkey.ValkeyMessage, 7)); err == nil {
+		t.Error("seven values read as a reply")
+	}
+	if err := (&outcome{}).ints(make([]valkey.ValkeyMessage, 2)); err == nil {
+		t.Error("two values that are not integers read as a reply")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -14,43 +15,43 @@ import (
 
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decide, e.peek, e.settle, e.inspect}
+	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.settle, e.inspect}
 }
 
-// runDecision sends one decision script for key and turns its reply into a Result. Every
-// scripted decision goes through here, so the replica-ack and fail-open policies apply to all
-// of them. The reply is the shape decide.lua documents; n is the request's cost; limits are
-// the decision's limits in the order the script got them (ascending windows), which the
-// reply's limit position and default reset_after refer to.
-func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, n int, args []string, limits []Limit) (Result, error) {
+// runDecision takes one decision (or peek) through c and turns the server's answer into a
+// Result. Every scripted decision goes through here, batched or not, so the replica-ack and
+// fail-open policies apply to all of them. The reply is the shape decide.lua documents; its
+// limit position and default reset_after refer to req.limits (ascending windows).
+func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
-	what := func() string { return "strictrate: " + op + " " + strconv.Quote(key) }
-	keys := []string{e.prefix + key}
-	ack := e.ackReplicas > 0 && !s.ReadOnly()
-	var reply, waited valkey.ValkeyResult
-	if ack {
-		reply, waited = s.ExecThen(ctx, e.client, keys, args, e.waitCommand)
+	what := func() string {
+		return "strictrate: " + op + " " + strconv.Quote(strings.TrimPrefix(req.key, e.prefix))
+	}
+	var out outcome
+	if e.batching {
+		out = c.do(ctx, req)
 	} else {
-		reply = s.Exec(ctx, e.client, keys, args)
+		cl := call{ctx: ctx, req: req}
+		c.sendOne(ctx, &cl)
+		out = cl.out
 	}
-	if err := reply.Error(); err != nil {
-		return e.backendFailure(ctx, classify(what(), err))
+	if out.err != nil {
+		return e.backendFailure(ctx, classify(what(), out.err))
 	}
-	if s.ReadOnly() {
-		n = 0 // a peek records no entry
+	if out.replyErr != nil {
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), out.replyErr))
 	}
-	r, err := parseReply(reply, n, limits)
+	r, err := decodeReply(out.vals[:out.nvals], req.n, req.set.limits)
 	if err != nil {
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
-	if ack && r.Allowed {
-		acked, err := waited.AsInt64()
-		if err != nil {
-			return e.backendFailure(ctx, classify(what()+": WAIT", err))
+	if c.ack && r.Allowed {
+		if out.ackErr != nil {
+			return e.backendFailure(ctx, classify(what()+": WAIT", out.ackErr))
 		}
-		if acked < int64(e.ackReplicas) {
+		if out.acked < int64(e.ackReplicas) {
 			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
-				what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout))
+				what(), ErrUnavailable, out.acked, e.ackReplicas, e.ackTimeout))
 		}
 	}
 	return r, nil

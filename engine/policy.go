@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -97,17 +96,12 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}
-	nowArg, err := now.arg()
-	if err != nil {
-		return Result{}, err
-	}
 	// The script wants the windows ascending, so that the last is the longest.
 	sorted := slices.Clone(p)
 	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Compare(a.Window, b.Window) })
-	args := make([]string, 0, 2+2*len(sorted))
-	args = append(args, nowArg, strconv.Itoa(n))
-	for _, l := range sorted {
-		args = append(args, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
+	req, err := newRequest(e.prefix+key, now, n, newLimitSet(sorted))
+	if err != nil {
+		return Result{}, err
 	}
-	return e.runDecision(ctx, e.decide, "allow_policy", key, n, args, sorted)
+	return e.runDecision(ctx, e.decides, "allow_policy", req)
 }

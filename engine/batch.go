@@ -1,0 +1,429 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
+)
+
+// Group commit (WithBatching): a decision goes to the server at once when nothing waits for
+// its destination; while earlier calls are in flight, decisions queue, and the next call
+// carries all of them (up to maxBatch, maxBatchBytes) in one EVALSHA of the batch script. The
+// script's fixed cost, its start and the server's clock, is then paid once per call, not per
+// decision. A destination is the server, or in a cluster a hash slot: every key of one call
+// is in one slot, so the client routes the call, and follows MOVED and ASK, as it does for a
+// single decision.
+const (
+	// maxBatch is the most decisions one call carries.
+	maxBatch = 128
+	// maxBatchBytes bounds a call's keys and arguments, so that one call never holds the
+	// server for long.
+	maxBatchBytes = 32 << 10
+	// maxInFlight is how many calls to one destination may be in flight at once. One makes
+	// the largest batches; measured, two made them smaller and cost more per decision.
+	maxInFlight = 1
+)
+
+// request is one decision (or peek) to take: the scripts' arguments for it.
+type request struct {
+	key   string    // with the engine's prefix
+	now   string    // integer microseconds, or "" for the server's clock
+	nowUS int64     // now as a number; 0 for the server's clock
+	n     int       // the cost; 0 for a peek, which records nothing (the scripts get 1)
+	cost  string    // the cost as the scripts read it
+	set   *limitSet // the limits
+}
+
+// limitSet is limits with windows ascending, and their windows and maxes as the scripts read
+// them, formatted once.
+type limitSet struct {
+	limits []Limit
+	nums   []string
+}
+
+func newLimitSet(limits []Limit) *limitSet {
+	nums := make([]string, 0, 2*len(limits))
+	for _, l := range limits {
+		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
+	}
+	return &limitSet{limits: limits, nums: nums}
+}
+
+// maxCachedLimits bounds the engine's cache of formatted single limits: a program that makes
+// limits without end (a Max per tenant, say) formats the rest each time.
+const maxCachedLimits = 1024
+
+// oneLimit returns the limit set of l alone, formatted once per engine.
+func (e *Engine) oneLimit(l Limit) *limitSet {
+	if s, ok := e.limitSets.Load(l); ok {
+		return s.(*limitSet)
+	}
+	s := newLimitSet([]Limit{l})
+	if e.limitSetCount.Load() < maxCachedLimits {
+		if _, loaded := e.limitSets.LoadOrStore(l, s); !loaded {
+			e.limitSetCount.Add(1)
+		}
+	}
+	return s
+}
+
+func newRequest(key string, at clockReading, n int, set *limitSet) (request, error) {
+	now, err := at.arg()
+	if err != nil {
+		return request{}, err
+	}
+	var nowUS int64
+	if at.set {
+		nowUS = at.t.UnixMicro()
+	}
+	cost := n
+	if cost == 0 {
+		cost = 1
+	}
+	return request{key: key, now: now, nowUS: nowUS, n: n, cost: strconv.Itoa(cost), set: set}, nil
+}
+
+// singleArgs are decide.lua's (and peek.lua's) arguments for r.
+func (r *request) singleArgs() []string {
+	return append(append(make([]string, 0, 2+len(r.set.nums)), r.now, r.cost), r.set.nums...)
+}
+
+// size is what r adds to a batch call, in bytes of keys and arguments.
+func (r *request) size() int {
+	return len(r.key) + len(r.now) + len(r.cost) + 8
+}
+
+// sameLimits reports whether two sets count the same limits.
+func (s *limitSet) sameLimits(o *limitSet) bool {
+	if s == o {
+		return true
+	}
+	if len(s.nums) != len(o.nums) {
+		return false
+	}
+	for i := range s.nums {
+		if s.nums[i] != o.nums[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// outcome is what the server answered for one request.
+type outcome struct {
+	vals     [maxReplyValues]int64
+	nvals    int
+	err      error // the request failed: its call, or this request alone
+	replyErr error // the reply was not one the scripts give
+	acked    int64 // with replica acknowledgement: the replicas that acknowledged its call
+	ackErr   error
+}
+
+// readReply reads a single script's reply into o.
+func (o *outcome) readReply(reply valkey.ValkeyResult) {
+	if o.err = reply.Error(); o.err != nil {
+		return
+	}
+	vals, err := reply.ToArray()
+	if err != nil {
+		o.replyErr = err
+		return
+	}
+	o.replyErr = o.ints(vals)
+}
+
+// ints reads the reply values of one request from msgs.
+func (o *outcome) ints(msgs []valkey.ValkeyMessage) error {
+	if len(msgs) < 2 || len(msgs) > maxReplyValues {
+		return fmt.Errorf("script reply has %d values, want 2 to %d", len(msgs), maxReplyValues)
+	}
+	for i := range msgs {
+		v, err := msgs[i].AsInt64()
+		if err != nil {
+			return fmt.Errorf("script reply value %d: %w", i+1, err)
+		}
+		o.vals[i] = v
+	}
+	o.nvals = len(msgs)
+	return nil
+}
+
+// call is a request in a committer's hands.
+type call struct {
+	ctx  context.Context
+	req  request
+	out  outcome
+	sent bool          // taken into a batch; under committer.mu
+	done chan struct{} // closed when out is set; made only for a call that waits
+}
+
+// committer batches the requests bound for one script's destinations.
+type committer struct {
+	e       *Engine
+	single  *loader.Script // a call of one request
+	batch   *loader.Script // a call of several
+	ack     bool           // follow each call with WAIT (writes under WithReplicaAck)
+	cluster bool
+
+	mu     sync.Mutex
+	queues map[uint16]*queue // by slot in a cluster; one, at slot 0, otherwise
+}
+
+// queue is one destination's calls in flight and requests waiting.
+type queue struct {
+	inFlight int
+	waiting  []*call
+}
+
+func newCommitter(e *Engine, single, batch *loader.Script) *committer {
+	return &committer{e: e, single: single, batch: batch, ack: e.ackReplicas > 0 && !single.ReadOnly(),
+		cluster: e.client.Mode() == valkey.ClientModeCluster, queues: map[uint16]*queue{}}
+}
+
+// queue returns the queue of req's destination: its slot in a cluster, and whose clock it
+// takes (a batch reads the server's clock once for all its requests, or takes each one's).
+func (c *committer) queue(req *request) *queue {
+	var dest uint16
+	if c.cluster {
+		cmd := valkey.Completed{}.SetSlot(req.key)
+		dest = cmd.Slot() // below 1 << 14
+	}
+	if req.now != "" {
+		dest |= 1 << 14
+	}
+	q := c.queues[dest]
+	if q == nil {
+		q = &queue{}
+		c.queues[dest] = q
+	}
+	return q
+}
+
+// do takes req, alone at once when its destination is idle, else in the next batch. A caller
+// whose context ends while req waits takes it out, and it is never sent; once sent, it may
+// still be applied, once.
+func (c *committer) do(ctx context.Context, req request) outcome {
+	cl := &call{ctx: ctx, req: req}
+	c.mu.Lock()
+	q := c.queue(&req)
+	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
+		q.inFlight++
+		cl.sent = true
+		c.mu.Unlock()
+		c.send(ctx, q, []*call{cl})
+		return cl.out
+	}
+	cl.done = make(chan struct{})
+	q.waiting = append(q.waiting, cl)
+	c.mu.Unlock()
+	select {
+	case <-cl.done:
+		return cl.out
+	case <-ctx.Done():
+		c.mu.Lock()
+		if !cl.sent {
+			for i, w := range q.waiting {
+				if w == cl {
+					q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+					break
+				}
+			}
+		}
+		c.mu.Unlock()
+		return outcome{err: ctx.Err()}
+	}
+}
+
+// take removes the next batch from q's waiting requests and counts it in flight; nil when
+// none waits. Under c.mu.
+func (c *committer) take(q *queue) []*call {
+	if len(q.waiting) == 0 {
+		return nil
+	}
+	n, size := 0, 0
+	for n < len(q.waiting) && n < maxBatch {
+		size += q.waiting[n].req.size()
+		if n > 0 && size > maxBatchBytes {
+			break
+		}
+		n++
+	}
+	batch := make([]*call, n)
+	copy(batch, q.waiting)
+	q.waiting = append(q.waiting[:0], q.waiting[n:]...)
+	for _, cl := range batch {
+		cl.sent = true
+	}
+	q.inFlight++
+	return batch
+}
+
+// send runs calls as one call to the server, hands each its outcome, and sends what waits.
+func (c *committer) send(ctx context.Context, q *queue, calls []*call) {
+	if len(calls) == 1 {
+		c.sendOne(ctx, calls[0])
+	} else {
+		c.sendBatch(ctx, calls)
+	}
+	for _, cl := range calls {
+		if cl.done != nil {
+			close(cl.done)
+		}
+	}
+	c.mu.Lock()
+	q.inFlight--
+	next := c.take(q)
+	c.mu.Unlock()
+	if next != nil {
+		go c.sendTaken(q, next)
+	}
+}
+
+// sendTaken sends a batch taken from the queue, under a context that lasts as long as its
+// most patient caller's: none of them may cut the call short for the others.
+func (c *committer) sendTaken(q *queue, calls []*call) {
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	var latest time.Time
+	for _, cl := range calls {
+		deadline, ok := cl.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if deadline.After(latest) {
+			latest = deadline
+		}
+	}
+	if !latest.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, latest)
+	}
+	defer cancel()
+	c.send(ctx, q, calls)
+}
+
+// exec runs s with keys and args, followed by WAIT when acknowledgement is asked for.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string) (reply, waited valkey.ValkeyResult) {
+	if c.ack {
+		return s.ExecThen(ctx, c.e.client, keys, args, c.e.waitCommand)
+	}
+	return s.Exec(ctx, c.e.client, keys, args), valkey.ValkeyResult{}
+}
+
+func (c *committer) sendOne(ctx context.Context, cl *call) {
+	reply, waited := c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs())
+	cl.out.readReply(reply)
+	if c.ack {
+		cl.out.acked, cl.out.ackErr = waited.AsInt64()
+	}
+}
+
+func (c *committer) sendBatch(ctx context.Context, calls []*call) {
+	// The limit sets of the batch, each once; requests name theirs by its position.
+	var sets []*limitSet
+	setOf := make([]int, len(calls))
+	for i, cl := range calls {
+		setOf[i] = -1
+		for j, s := range sets {
+			if s.sameLimits(cl.req.set) {
+				setOf[i] = j
+				break
+			}
+		}
+		if setOf[i] < 0 {
+			setOf[i] = len(sets)
+			sets = append(sets, cl.req.set)
+		}
+	}
+	clock := ""
+	if calls[0].req.now != "" {
+		clock = "each"
+	}
+	keys := make([]string, len(calls))
+	args := make([]string, 0, 2+5*len(sets)+3*len(calls))
+	args = append(args, clock, strconv.Itoa(len(sets)))
+	for _, s := range sets {
+		args = append(args, strconv.Itoa(len(s.limits)))
+		args = append(args, s.nums...)
+	}
+	for i, cl := range calls {
+		keys[i] = cl.req.key
+		args = append(args, cl.req.cost, strconv.Itoa(setOf[i]+1))
+		if clock != "" {
+			args = append(args, cl.req.now)
+		}
+	}
+	reply, waited := c.exec(ctx, c.batch, keys, args)
+	var acked int64
+	var ackErr error
+	if c.ack {
+		acked, ackErr = waited.AsInt64()
+	}
+	err := reply.Error()
+	var vals []valkey.ValkeyMessage
+	var replyErr error
+	if err == nil {
+		vals, replyErr = reply.ToArray()
+	}
+	pos := 1
+	for _, cl := range calls {
+		cl.out.acked, cl.out.ackErr = acked, ackErr
+		switch {
+		case err != nil:
+			cl.out.err = err
+		case replyErr != nil:
+			cl.out.replyErr = replyErr
+		default:
+			var skip int
+			skip, replyErr = cl.out.batchInts(vals, pos, cl.req.nowUS)
+			pos += skip
+			if replyErr != nil {
+				cl.out.replyErr = replyErr
+			}
+		}
+	}
+	if err == nil && replyErr == nil && pos != len(vals) {
+		for _, cl := range calls {
+			cl.out.replyErr = fmt.Errorf("batch script reply has %d values, %d read", len(vals), pos)
+		}
+	}
+}
+
+// batchInts reads one request's part of a batch reply, from vals[pos]: an error reply, or a
+// count and that many values (remaining, then retry_after, reset_after, tightest and seq as
+// far as they differ from their defaults). now is the request's own (a caller's clock), or 0
+// for the server's, which vals[0] holds. It returns how many values it read.
+func (o *outcome) batchInts(vals []valkey.ValkeyMessage, pos int, now int64) (int, error) {
+	if pos >= len(vals) {
+		return 0, fmt.Errorf("batch script reply has %d values, too few", len(vals))
+	}
+	if err := vals[pos].Error(); err != nil {
+		o.err = err
+		return 1, nil
+	}
+	count, err := vals[pos].AsInt64()
+	if err != nil || count < 1 || count > maxReplyValues-1 || pos+int(count) >= len(vals) {
+		return 0, fmt.Errorf("batch script reply: bad value count at %d (%v)", pos, err)
+	}
+	if now == 0 {
+		if now, err = vals[0].AsInt64(); err != nil {
+			return 0, fmt.Errorf("batch script reply: the server's now: %w", err)
+		}
+	}
+	if o.vals[0], err = vals[pos+1].AsInt64(); err != nil {
+		return 0, fmt.Errorf("batch script reply value %d: %w", pos+1, err)
+	}
+	o.vals[1] = now
+	for i := 2; i <= int(count); i++ {
+		if o.vals[i], err = vals[pos+i].AsInt64(); err != nil {
+			return 0, fmt.Errorf("batch script reply value %d: %w", pos+i, err)
+		}
+	}
+	o.nvals = int(count) + 1
+	return int(count) + 1, nil
+}
