@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,11 +94,12 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("keys on every primary", func(t *testing.T) {
-		for i := 0; i < 300; i++ {
-			if _, err := es[i%4].Allow(ctx, "spread:"+strconv.Itoa(i), engine.PerMinute(5)); err != nil {
-				t.Fatal(err)
-			}
-		}
+		// Concurrent decisions on keys of every slot: a batch holds one slot's keys, and each
+		// decision lands on its key's primary.
+		var next atomic.Int64
+		runConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
+			return e.Allow(ctx, "spread:"+strconv.Itoa(int(next.Add(1))), engine.PerMinute(5))
+		})
 		for _, p := range c.Primaries {
 			pc := p.Client()
 			if keys := valkeytest.Must(t, "DBSIZE", pc.Do(ctx, pc.B().Dbsize().Build()), valkey.ValkeyResult.AsInt64); keys < 50 {
@@ -107,11 +109,18 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("exact on each primary", func(t *testing.T) {
+		// Batching is on (the default): the decisions on one key share a slot, so they batch;
+		// the primary runs fewer script calls than decisions.
 		for _, p := range c.Primaries {
 			key, l := keyOn(t, p), engine.PerHour(100)
+			pc := p.Client()
+			resetStats(t, pc)
 			results := runConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
 				return e.Allow(ctx, key, l)
 			})
+			if calls := scriptCalls(t, pc); calls >= 500 {
+				t.Fatalf("primary %s: 500 decisions in %d script calls: not batched", p.Addr, calls)
+			}
 			admitted := 0
 			for _, r := range results {
 				if r.Allowed {

@@ -21,7 +21,7 @@ const benchGoroutines = 64
 
 const benchClients = 4
 
-// BenchmarkAllow measures Allow in both modes on one hot key (far more requests than the
+// BenchmarkAllow measures Allow in both modes, atomic with and without batching, on one hot key (far more requests than the
 // limit) and on 10,000 keys (a limit that admits nearly all). Custom metrics: decisions/s and,
 // for the hot key, admitted/limit: admitted events over what the limit allows in the time
 // run (1 is exact; below 1, false denials).
@@ -32,20 +32,27 @@ func BenchmarkAllow(b *testing.B) {
 		clients[i] = srv.Client(b)
 	}
 	prefix := "strictrate-gobench:" + uuid.NewString()[:8] + ":"
-	for _, mode := range modes {
+	for _, v := range []struct {
+		name string
+		opts []engine.Option
+	}{
+		{"atomic", unbatched},
+		{"batched", batched},
+		{"pipelined", []engine.Option{engine.WithMode(engine.Pipelined)}},
+	} {
 		var es []*engine.Engine
 		for _, c := range clients {
-			e, err := engine.New(c, engine.WithMode(mode), engine.WithPrefix(prefix))
+			e, err := engine.New(c, append([]engine.Option{engine.WithPrefix(prefix)}, v.opts...)...)
 			if err != nil {
 				b.Fatal(err)
 			}
 			es = append(es, e)
 		}
-		b.Run(mode.String()+"/hotkey", func(b *testing.B) {
-			benchHotKey(b, es, "hot:"+mode.String()+":"+strconv.Itoa(b.N))
+		b.Run(v.name+"/hotkey", func(b *testing.B) {
+			benchHotKey(b, es, "hot:"+v.name+":"+strconv.Itoa(b.N))
 		})
-		b.Run(mode.String()+"/manykeys", func(b *testing.B) {
-			benchManyKeys(b, es, mode.String())
+		b.Run(v.name+"/manykeys", func(b *testing.B) {
+			benchManyKeys(b, es, v.name)
 		})
 	}
 }

@@ -47,20 +47,23 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		t.Errorf("settings not recorded: %+v", r.Settings)
 	}
 
-	if len(r.Exactness) != 2 {
-		t.Fatalf("exactness rows: %d, want 2", len(r.Exactness))
+	if len(r.Exactness) != 3 {
+		t.Fatalf("exactness rows: %d, want 3", len(r.Exactness))
 	}
-	at, pl := r.Exactness[0], r.Exactness[1]
-	if at.Mode != "atomic" || at.Overshoot != 0 || at.FalseDenials != 0 || at.MaxInAnyWindow > cfg.Limit ||
-		at.LogEntries > int64(cfg.Limit) || at.LogMax > int64(cfg.Limit) || at.LogMax == 0 || at.Admitted < cfg.Limit {
-		t.Errorf("atomic exactness: %+v", at)
+	pl := r.Exactness[2]
+	for i, name := range []string{"atomic", "batched"} {
+		at := r.Exactness[i]
+		if at.Mode != name || at.Overshoot != 0 || at.FalseDenials != 0 || at.MaxInAnyWindow > cfg.Limit ||
+			at.LogEntries > int64(cfg.Limit) || at.LogMax > int64(cfg.Limit) || at.LogMax == 0 || at.Admitted < cfg.Limit {
+			t.Errorf("%s exactness: %+v", name, at)
+		}
 	}
 	if pl.Mode != "pipelined" || pl.LogMax <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
 		t.Errorf("pipelined exactness: %+v (its log should hold more than the limit)", pl)
 	}
 
-	if len(r.Throughput) != 3 {
-		t.Fatalf("throughput rows: %d, want 3", len(r.Throughput))
+	if len(r.Throughput) != len(throughputVariants) {
+		t.Fatalf("throughput rows: %d, want %d", len(r.Throughput), len(throughputVariants))
 	}
 	for _, tp := range r.Throughput {
 		if tp.DecisionsPerSec <= 0 || tp.P50us > tp.P99us || tp.P99us > tp.P999us || tp.Decisions == 0 {
@@ -90,13 +93,16 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
-		if len(r.Ceiling) != 2 {
-			t.Fatalf("ceiling rows: %d, want 2", len(r.Ceiling))
+		if len(r.Ceiling) != 3 {
+			t.Fatalf("ceiling rows: %d, want 3", len(r.Ceiling))
 		}
 		for _, c := range r.Ceiling {
-			if c.RequestsPerSec <= 0 || c.EngineRatio <= 0 {
+			if c.RequestsPerSec <= 0 || c.EngineRatio <= 0 || c.DecisionsPerSec != c.RequestsPerSec*float64(c.DecisionsPerCall) {
 				t.Errorf("ceiling row %+v", c)
 			}
+		}
+		if r.Ceiling[2].Script != "batch" || r.Ceiling[2].DecisionsPerCall < 1 {
+			t.Errorf("batch ceiling row %+v", r.Ceiling[2])
 		}
 	} else if len(r.Notes) == 0 {
 		t.Error("ceiling skipped without a note")

@@ -27,22 +27,24 @@ func writeMarkdown(w io.Writer, r *Report) {
 	if len(r.Throughput) > 0 {
 		fmt.Fprintf(w, "\n### Throughput and latency (%d keys)\n\n", r.Throughput[0].Keys)
 		table(w, []string{"mode", "clock", "decisions/s", "p50 µs", "p99 µs", "p99.9 µs", "allocs/decision", "heap B/decision",
-			"server CPU µs/decision", "(in commands)", "client CPU µs/decision", "server cores busy", "admitted"})
+			"server CPU µs/decision", "(in commands)", "client CPU µs/decision", "server cores busy", "decisions/call", "admitted"})
 		for _, t := range r.Throughput {
+			batch := "-"
+			if t.MeanBatch > 0 {
+				batch = f1(t.MeanBatch)
+			}
 			row(w, t.Mode, t.Clock, f0(t.DecisionsPerSec), f0(t.P50us), f0(t.P99us), f0(t.P999us), f1(t.AllocsPerOp),
-				f0(t.BytesPerOp), f1(t.ServerCPUPerOp), f1(t.ServerUSPerOp), f1(t.ClientCPUPerOp), fmt.Sprintf("%.2f", t.ServerCPU), pct(t.AdmittedShare))
+				f0(t.BytesPerOp), f1(t.ServerCPUPerOp), f1(t.ServerUSPerOp), f1(t.ClientCPUPerOp), fmt.Sprintf("%.2f", t.ServerCPU), batch, pct(t.AdmittedShare))
 		}
-		var atomicRate, pipelinedRate float64
+		rates := map[string]float64{}
 		for _, t := range r.Throughput {
-			switch {
-			case t.Mode == "atomic" && t.Clock == "server":
-				atomicRate = t.DecisionsPerSec
-			case t.Mode == "pipelined":
-				pipelinedRate = t.DecisionsPerSec
+			if t.Clock == "server" || t.Mode == "pipelined" {
+				rates[t.Mode] = t.DecisionsPerSec
 			}
 		}
-		if atomicRate > 0 && pipelinedRate > 0 {
-			fmt.Fprintf(w, "\natomic (server clock) / pipelined decisions/s, same run: %.2f\n", atomicRate/pipelinedRate)
+		if rates["pipelined"] > 0 {
+			fmt.Fprintf(w, "\ndecisions/s, same run: atomic / pipelined %.2f; batched / pipelined %.2f; batched / atomic %.2f\n",
+				rates["atomic"]/rates["pipelined"], rates["batched"]/rates["pipelined"], rates["batched"]/max(rates["atomic"], 1))
 		}
 	}
 	if len(r.Memory) > 0 {
@@ -63,15 +65,17 @@ func writeMarkdown(w io.Writer, r *Report) {
 		}
 	}
 	if len(r.Ceiling) > 0 {
-		fmt.Fprintf(w, "\n### Ceiling: the atomic script driven by %s\n\n", r.Ceiling[0].Tool)
-		table(w, []string{"connections × pipeline", "requests/s", "p50 ms", "p99 ms", "server µs/call", "engine atomic / ceiling"})
+		fmt.Fprintf(w, "\n### Ceiling: the atomic scripts driven by %s\n\n", r.Ceiling[0].Tool)
+		table(w, []string{"script", "connections × pipeline", "decisions/call", "calls/s", "decisions/s", "p50 ms", "p99 ms",
+			"server µs/call", "engine / ceiling"})
 		for _, c := range r.Ceiling {
 			ratio := "n/a"
 			if c.EngineRatio > 0 {
 				ratio = fmt.Sprintf("%.2f", c.EngineRatio)
 			}
-			row(w, fmt.Sprintf("%d × %d", c.Connections, c.Pipeline), f0(c.RequestsPerSec), fmt.Sprintf("%.3f", c.P50ms),
-				fmt.Sprintf("%.3f", c.P99ms), f1(c.ServerUSPerCall), ratio)
+			row(w, c.Script, fmt.Sprintf("%d × %d", c.Connections, c.Pipeline), strconv.Itoa(c.DecisionsPerCall),
+				f0(c.RequestsPerSec), f0(c.DecisionsPerSec), fmt.Sprintf("%.3f", c.P50ms), fmt.Sprintf("%.3f", c.P99ms),
+				f1(c.ServerUSPerCall), ratio)
 		}
 	}
 	for _, n := range r.Notes {

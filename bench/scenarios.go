@@ -95,10 +95,10 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 	b.logf("server %s (%s) at %s; %d goroutines over %d clients; GOMAXPROCS %d",
 		r.Settings.ServerVersion, b.srv.Source, b.srv.Addr, b.cfg.Concurrency, b.cfg.Clients, r.Settings.GOMAXPROCS)
 	if b.wants("exactness") {
-		for _, m := range modes {
-			row, err := b.exactness(ctx, m)
+		for _, v := range exactnessVariants {
+			row, err := b.exactness(ctx, v)
 			if err != nil {
-				return nil, fmt.Errorf("exactness/%s: %w", m, err)
+				return nil, fmt.Errorf("exactness/%s: %w", v.name, err)
 			}
 			r.Exactness = append(r.Exactness, row)
 		}
@@ -127,13 +127,16 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 		r.ServerCost = rows
 	}
 	if b.wants("ceiling") {
-		var atomicRate float64
+		var atomicRate, batchedRate, meanBatch float64
 		for _, t := range r.Throughput {
-			if t.Mode == engine.Atomic.String() && t.Clock == "server" {
+			switch {
+			case t.Mode == "atomic" && t.Clock == "server":
 				atomicRate = t.DecisionsPerSec
+			case t.Mode == "batched":
+				batchedRate, meanBatch = t.DecisionsPerSec, t.MeanBatch
 			}
 		}
-		rows, note, err := b.ceiling(ctx, atomicRate)
+		rows, note, err := b.ceiling(ctx, atomicRate, batchedRate, meanBatch)
 		if err != nil {
 			return nil, fmt.Errorf("ceiling: %w", err)
 		}
@@ -159,12 +162,20 @@ type ExactnessRow struct {
 	Exactness
 }
 
-func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow, error) {
-	es, err := b.engines(mode)
+// exactnessVariants are the rows of scenario 1.
+var exactnessVariants = []throughputVariant{
+	{name: "atomic", mode: engine.Atomic, opts: unbatched},
+	{name: "batched", mode: engine.Atomic, opts: batched},
+	{name: "pipelined", mode: engine.Pipelined},
+}
+
+func (b *bencher) exactness(ctx context.Context, v throughputVariant) (ExactnessRow, error) {
+	mode := v.mode
+	es, err := b.engines(mode, v.opts...)
 	if err != nil {
 		return ExactnessRow{}, err
 	}
-	key := "hot:" + mode.String()
+	key := "hot:" + v.name
 	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
 	began := time.Now()
 	perG := make([][]Decision, b.cfg.Concurrency)
@@ -191,12 +202,12 @@ func (b *bencher) exactness(ctx context.Context, mode engine.Mode) (ExactnessRow
 		clock = "caller (time.Now)"
 	}
 	row := ExactnessRow{
-		Mode: mode.String(), Clock: clock, Limit: limit.Max, WindowMS: ms(limit.Window),
+		Mode: v.name, Clock: clock, Limit: limit.Max, WindowMS: ms(limit.Window),
 		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n, LogMax: <-sampled,
 		Exactness: analyze(decisions, limit.Max, limit.Window),
 	}
 	b.logf("exactness/%s: %s, %d requests, %d admitted, overshoot %d, false denials %d",
-		mode, elapsed.Round(time.Millisecond), row.Requests, row.Admitted, row.Overshoot, row.FalseDenials)
+		v.name, elapsed.Round(time.Millisecond), row.Requests, row.Admitted, row.Overshoot, row.FalseDenials)
 	return row, nil
 }
 
@@ -210,10 +221,17 @@ type throughputVariant struct {
 
 // The caller's-clock row shows what reading the server's clock (TIME) costs the server.
 var throughputVariants = []throughputVariant{
-	{name: "atomic", mode: engine.Atomic, clock: "server"},
-	{name: "atomic", mode: engine.Atomic, opts: []engine.Option{engine.WithClock(time.Now)}, clock: "caller"},
+	{name: "atomic", mode: engine.Atomic, opts: unbatched, clock: "server"},
+	{name: "atomic", mode: engine.Atomic, opts: []engine.Option{engine.WithBatching(false), engine.WithClock(time.Now)}, clock: "caller"},
+	{name: "batched", mode: engine.Atomic, opts: batched, clock: "server"},
 	{name: "pipelined", mode: engine.Pipelined, clock: "caller"},
 }
+
+// The options of the two atomic flavours the scenarios compare.
+var (
+	unbatched = []engine.Option{engine.WithBatching(false)}
+	batched   = []engine.Option{engine.WithBatching(true)}
+)
 
 // logSize returns the events key's log holds, and its entries: the engine's Inspect for an
 // Atomic log (one entry per admitted request), ZCARD for Pipelined mode's sorted set (one
@@ -269,6 +287,8 @@ type ThroughputRow struct {
 	ServerCPUPerOp  float64 `json:"server_cpu_us_per_decision"`
 	ServerCPU       float64 `json:"server_cpu_cores_busy"`
 	ClientCPUPerOp  float64 `json:"client_cpu_us_per_decision"`
+	// MeanBatch is decisions per script call (atomic modes): 1 unbatched.
+	MeanBatch float64 `json:"decisions_per_script_call,omitempty"`
 }
 
 func (b *bencher) throughput(ctx context.Context, v throughputVariant) (ThroughputRow, error) {
@@ -347,6 +367,7 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / float64(n),
 		BytesPerOp:      float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
 		ServerUSPerOp:   serverUS / float64(n),
+		MeanBatch:       meanBatch(n, before, after, mode),
 		ServerCPUPerOp:  serverCPU * 1e6 / float64(n),
 		ServerCPU:       serverCPU / elapsed.Seconds(),
 		ClientCPUPerOp:  (cpu1 - cpu0).Seconds() * 1e6 / float64(n),
@@ -362,6 +383,15 @@ func dataCommands(mode engine.Mode) []string {
 		return []string{"zremrangebyscore", "zadd", "zcard", "pexpire"}
 	}
 	return []string{"evalsha", "eval"}
+}
+
+// meanBatch is n decisions over the script calls between two readings; 0 for Pipelined mode.
+func meanBatch(n int, before, after serverStats, mode engine.Mode) float64 {
+	calls := after.calls(dataCommands(mode)) - before.calls(dataCommands(mode))
+	if mode == engine.Pipelined || calls == 0 {
+		return 0
+	}
+	return float64(n) / float64(calls)
 }
 
 // drive runs op from cfg.Concurrency goroutines, spread over the engines, for d.
@@ -537,48 +567,73 @@ func (b *bencher) serverCost(ctx context.Context) ([]ServerCostRow, error) {
 
 // CeilingRow is scenario 4: the same atomic script driven by valkey-benchmark.
 type CeilingRow struct {
-	Tool            string  `json:"tool"`
-	Connections     int     `json:"connections"`
-	Pipeline        int     `json:"pipeline_depth"`
-	Requests        int     `json:"requests"`
-	RequestsPerSec  float64 `json:"requests_per_sec"`
-	P50ms           float64 `json:"latency_p50_ms"`
-	P99ms           float64 `json:"latency_p99_ms"`
-	EngineRatio     float64 `json:"engine_atomic_over_ceiling"`
-	ServerUSPerCall float64 `json:"server_cpu_us_per_call"`
+	Tool             string  `json:"tool"`
+	Connections      int     `json:"connections"`
+	Pipeline         int     `json:"pipeline_depth"`
+	Script           string  `json:"script"`
+	DecisionsPerCall int     `json:"decisions_per_call"`
+	DecisionsPerSec  float64 `json:"decisions_per_sec"`
+	Requests         int     `json:"requests"`
+	RequestsPerSec   float64 `json:"requests_per_sec"`
+	P50ms            float64 `json:"latency_p50_ms"`
+	P99ms            float64 `json:"latency_p99_ms"`
+	EngineRatio      float64 `json:"engine_atomic_over_ceiling"`
+	ServerUSPerCall  float64 `json:"server_cpu_us_per_call"`
 }
 
-func (b *bencher) ceiling(ctx context.Context, engineRate float64) ([]CeilingRow, string, error) {
+func (b *bencher) ceiling(ctx context.Context, atomicRate, batchedRate, meanBatch float64) ([]CeilingRow, string, error) {
 	tool := valkeytest.FindTool("valkey-benchmark", "redis-benchmark")
 	if tool == "" {
 		note := "ceiling: skipped, neither valkey-benchmark nor redis-benchmark is on PATH (Debian: valkey-tools)"
 		b.logf("%s", note)
 		return nil, note, nil
 	}
-	es, err := b.engines(engine.Atomic) // loads the script, so EVALSHA finds it
-	if err != nil {
+	if _, err := b.engines(engine.Atomic); err != nil { // loads the scripts, so EVALSHA finds them
 		return nil, "", err
 	}
-	_ = es
 	host, port, err := splitHostPort(b.srv.Addr)
 	if err != nil {
 		return nil, "", err
 	}
-	sha := decideSHA1()
-	// Same in-flight requests as the engine: Concurrency connections with one request each,
-	// and Clients connections pipelining Concurrency/Clients each, as valkey-go does.
-	shapes := [][2]int{{b.cfg.Concurrency, 1}, {b.cfg.Clients, max(1, b.cfg.Concurrency/b.cfg.Clients)}}
+	window, limit := strconv.FormatInt(b.cfg.Window.Microseconds(), 10), strconv.Itoa(b.cfg.Limit)
+	// The single script at the engine's in-flight requests: Concurrency connections with one
+	// request each, and Clients connections pipelining Concurrency/Clients each, as valkey-go
+	// does; then the batch script carrying the batched engine's mean batch, on Clients
+	// connections, one call each in flight, as the batched engine sends them.
+	type shape struct {
+		name          string
+		conns, depth  int
+		keysPerCall   int
+		engineRate    float64
+		script, usage []string
+	}
+	single := []string{"EVALSHA", decideSHA1(), "1", b.prefix + "ceil:__rand_int__", "", "1", window, limit}
+	k := max(1, int(meanBatch+0.5))
+	batch := []string{"EVALSHA", decideBatchSHA1(), strconv.Itoa(k)}
+	for i := 0; i < k; i++ {
+		batch = append(batch, b.prefix+"ceil:__rand_int__")
+	}
+	batch = append(batch, "", "1", "1", window, limit)
+	for i := 0; i < k; i++ {
+		batch = append(batch, "1", "1")
+	}
+	shapes := []shape{
+		{"single", b.cfg.Concurrency, 1, 1, atomicRate, single, []string{"evalsha"}},
+		{"single", b.cfg.Clients, max(1, b.cfg.Concurrency/b.cfg.Clients), 1, atomicRate, single, []string{"evalsha"}},
+		{"batch", b.cfg.Clients, 1, k, batchedRate, batch, []string{"evalsha"}},
+	}
 	var rows []CeilingRow
-	for _, shape := range shapes {
-		rate := engineRate
+	for _, sh := range shapes {
+		if sh.name == "batch" && meanBatch <= 0 {
+			continue // no batched throughput row to match
+		}
+		rate := sh.engineRate
 		if rate <= 0 {
 			rate = 30_000
 		}
-		requests := int(rate * b.cfg.Duration.Seconds())
-		args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(shape[0]), "-P", strconv.Itoa(shape[1]),
-			"-n", strconv.Itoa(requests), "-r", strconv.Itoa(b.cfg.Keys), "--csv",
-			"EVALSHA", sha, "1", b.prefix + "ceil:__rand_int__", "", "1",
-			strconv.FormatInt(b.cfg.Window.Microseconds(), 10), strconv.Itoa(b.cfg.Limit)}
+		requests := max(1, int(rate*b.cfg.Duration.Seconds())/sh.keysPerCall)
+		args := append([]string{"-h", host, "-p", port, "-c", strconv.Itoa(sh.conns), "-P", strconv.Itoa(sh.depth),
+			"-n", strconv.Itoa(requests), "-r", strconv.Itoa(b.cfg.Keys), "--csv"}, sh.script...)
 		before, err := readServerStats(ctx, b.clients[0])
 		if err != nil {
 			return nil, "", err
@@ -592,14 +647,16 @@ func (b *bencher) ceiling(ctx context.Context, engineRate float64) ([]CeilingRow
 		if err != nil {
 			return nil, "", err
 		}
-		row := CeilingRow{Tool: filepath.Base(tool), Connections: shape[0], Pipeline: shape[1], Requests: requests,
-			RequestsPerSec: res.rps, P50ms: res.p50ms, P99ms: res.p99ms,
-			ServerUSPerCall: (after.usec([]string{"evalsha"}) - before.usec([]string{"evalsha"})) / float64(requests)}
-		if engineRate > 0 && res.rps > 0 {
-			row.EngineRatio = engineRate / res.rps
+		row := CeilingRow{Tool: filepath.Base(tool), Script: sh.name, Connections: sh.conns, Pipeline: sh.depth,
+			DecisionsPerCall: sh.keysPerCall, Requests: requests, RequestsPerSec: res.rps,
+			DecisionsPerSec: res.rps * float64(sh.keysPerCall), P50ms: res.p50ms, P99ms: res.p99ms,
+			ServerUSPerCall: (after.usec(sh.usage) - before.usec(sh.usage)) / float64(requests)}
+		if sh.engineRate > 0 && res.rps > 0 {
+			row.EngineRatio = sh.engineRate / row.DecisionsPerSec
 		}
 		rows = append(rows, row)
-		b.logf("ceiling: %s -c %d -P %d: %s, %.0f requests/s", row.Tool, shape[0], shape[1], time.Since(began).Round(time.Millisecond), res.rps)
+		b.logf("ceiling: %s script, %s -c %d -P %d, %d decisions per call: %s, %.0f decisions/s", sh.name, row.Tool,
+			sh.conns, sh.depth, sh.keysPerCall, time.Since(began).Round(time.Millisecond), row.DecisionsPerSec)
 	}
 	return rows, "", nil
 }

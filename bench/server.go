@@ -19,8 +19,17 @@ import (
 
 // serverStats is a reading of INFO commandstats and INFO cpu, to diff around a measurement.
 type serverStats struct {
-	usecByCommand map[string]float64 // total microseconds spent per command
-	cpuSeconds    float64            // used_cpu_user + used_cpu_sys
+	usecByCommand  map[string]float64 // total microseconds spent per command
+	callsByCommand map[string]int64   // calls per command
+	cpuSeconds     float64            // used_cpu_user + used_cpu_sys
+}
+
+func (s serverStats) calls(commands []string) int64 {
+	var total int64
+	for _, c := range commands {
+		total += s.callsByCommand[c]
+	}
+	return total
 }
 
 func (s serverStats) usec(commands []string) float64 {
@@ -46,9 +55,10 @@ func readServerStats(ctx context.Context, c valkey.Client) (serverStats, error) 
 // parseServerStats reads the texts of INFO commandstats ("cmdstat_evalsha:calls=10,usec=123,...")
 // and INFO cpu ("used_cpu_sys:1.5").
 func parseServerStats(commandstats, cpu string) serverStats {
-	s := serverStats{usecByCommand: map[string]float64{}}
+	s := serverStats{usecByCommand: map[string]float64{}, callsByCommand: map[string]int64{}}
 	for name, st := range valkeytest.ParseInfo(commandstats).CommandStats() {
 		s.usecByCommand[name] = st.Usec
+		s.callsByCommand[name] = st.Calls
 	}
 	info := valkeytest.ParseInfo(cpu)
 	for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
@@ -60,6 +70,9 @@ func parseServerStats(commandstats, cpu string) serverStats {
 
 // decideSHA1 is the digest EVALSHA calls the atomic decision script by.
 func decideSHA1() string { return loader.New("decide", scripts.Decide()).SHA1() }
+
+// decideBatchSHA1 is the digest of the batch script, which takes several decisions per call.
+func decideBatchSHA1() string { return loader.New("decide_batch", scripts.DecideBatch()).SHA1() }
 
 func splitHostPort(addr string) (string, string, error) {
 	host, port, err := net.SplitHostPort(addr)
