@@ -23,7 +23,7 @@
 -- include: lib_lease.lua
 
 local key = KEYS[1]
-local now = read_clock(ARGV[1])
+local now, server_clock = read_clock(ARGV[1])
 local max = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 
@@ -39,5 +39,5 @@ local expires = now + ttl
 if redis.call('ZADD', key, 'NX', expires, ARGV[4]) == 0 then
   return redis.error_reply('ERR strictrate: lease id already in use')
 end
-keep_until(key, now, expires, held == 0)
+keep_until(key, now, expires, held == 0, server_clock)
 return {max - held - 1, now, 0, expires}

@@ -18,7 +18,7 @@
 -- include: lib_lease.lua
 
 local key = KEYS[1]
-local now = read_clock(ARGV[1])
+local now, server_clock = read_clock(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local id = ARGV[3]
 
@@ -32,5 +32,5 @@ if tonumber(score) <= now then
 end
 local expires = now + ttl
 redis.call('ZADD', key, 'XX', expires, id)
-keep_until(key, now, expires, false)
+keep_until(key, now, expires, false, server_clock)
 return {1, now, expires}
