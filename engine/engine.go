@@ -93,6 +93,9 @@ type Engine struct {
 	peek    *loader.Script // peek.lua: Peek, Check
 	settle  *loader.Script // settle.lua: Refund, Settle
 	inspect *loader.Script // inspect.lua: Inspect
+	acquire *loader.Script // lease_acquire.lua: Acquire
+	extend  *loader.Script // lease_extend.lua: Extend
+	release *loader.Script // lease_release.lua: Release
 
 	failOpen    bool
 	ackReplicas int
@@ -127,6 +130,9 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		peek:    loader.NewReadOnly("peek", scripts.Peek()),
 		settle:  loader.New("settle", scripts.Settle()),
 		inspect: loader.NewReadOnly("inspect", scripts.Inspect()),
+		acquire: loader.New("lease_acquire", scripts.LeaseAcquire()),
+		extend:  loader.New("lease_extend", scripts.LeaseExtend()),
+		release: loader.New("lease_release", scripts.LeaseRelease()),
 
 		failOpen:    o.failOpen,
 		ackReplicas: o.ackReplicas,
@@ -299,20 +305,29 @@ const maxReplyValues = 6
 
 // parseReply reads a decision script's reply into its integers, then decodeReply reads them.
 func parseReply(reply valkey.ValkeyResult, n int, limits []Limit) (Result, error) {
-	vals, err := reply.ToArray()
+	var v [maxReplyValues]int64
+	k, err := readInts(reply, v[:], 2)
 	if err != nil {
 		return Result{}, err
 	}
-	if len(vals) < 2 || len(vals) > maxReplyValues {
-		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(vals), maxReplyValues)
+	return decodeReply(v[:k], n, limits)
+}
+
+// readInts reads an array reply of least to len(v) integers into v, and returns how many.
+func readInts(reply valkey.ValkeyResult, v []int64, least int) (int, error) {
+	vals, err := reply.ToArray()
+	if err != nil {
+		return 0, err
 	}
-	var v [maxReplyValues]int64
+	if len(vals) < least || len(vals) > len(v) {
+		return 0, fmt.Errorf("script reply has %d values, want %d to %d", len(vals), least, len(v))
+	}
 	for i := range vals {
 		if v[i], err = vals[i].AsInt64(); err != nil {
-			return Result{}, fmt.Errorf("script reply value %d: %w", i+1, err)
+			return 0, fmt.Errorf("script reply value %d: %w", i+1, err)
 		}
 	}
-	return decodeReply(v[:len(vals)], n, limits)
+	return len(vals), nil
 }
 
 // decodeReply turns the scripts' reply values into a Result: remaining, now µs, then

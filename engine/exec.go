@@ -14,7 +14,7 @@ import (
 
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decide, e.peek, e.settle, e.inspect}
+	return []*loader.Script{e.decide, e.peek, e.settle, e.inspect, e.acquire, e.extend, e.release}
 }
 
 // runDecision sends one decision script for key and turns its reply into a Result. Every
@@ -25,7 +25,28 @@ func (e *Engine) scripts() []*loader.Script {
 func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key string, n int, args []string, limits []Limit) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
 	what := func() string { return "strictrate: " + op + " " + strconv.Quote(key) }
-	keys := []string{e.prefix + key}
+	if s.ReadOnly() {
+		n = 0 // a peek records no entry
+	}
+	var r Result
+	err := e.runAcked(ctx, s, what, e.prefix+key, args, func(reply valkey.ValkeyResult) (bool, error) {
+		var err error
+		r, err = parseReply(reply, n, limits)
+		return r.Allowed, err
+	})
+	if err != nil {
+		return e.backendFailure(ctx, err)
+	}
+	return r, nil
+}
+
+// runAcked sends script s for the full key fullKey and hands its reply to read, which decodes
+// it and reports whether the call granted something (an admission, a lease, an extension).
+// With WithReplicaAck, a writing script goes with WAIT behind it, and a grant that fewer
+// replicas acknowledged is an error wrapping ErrUnavailable. Errors are wrapped with what() and
+// classified; the fail-open policy is the caller's to apply.
+func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string, read func(valkey.ValkeyResult) (granted bool, err error)) error {
+	keys := []string{fullKey}
 	ack := e.ackReplicas > 0 && !s.ReadOnly()
 	var reply, waited valkey.ValkeyResult
 	if ack {
@@ -34,26 +55,23 @@ func (e *Engine) runDecision(ctx context.Context, s *loader.Script, op, key stri
 		reply = s.Exec(ctx, e.client, keys, args)
 	}
 	if err := reply.Error(); err != nil {
-		return e.backendFailure(ctx, classify(what(), err))
+		return classify(what(), err)
 	}
-	if s.ReadOnly() {
-		n = 0 // a peek records no entry
-	}
-	r, err := parseReply(reply, n, limits)
+	granted, err := read(reply)
 	if err != nil {
-		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
+		return fmt.Errorf("%s: %w", what(), err)
 	}
-	if ack && r.Allowed {
+	if ack && granted {
 		acked, err := waited.AsInt64()
 		if err != nil {
-			return e.backendFailure(ctx, classify(what()+": WAIT", err))
+			return classify(what()+": WAIT", err)
 		}
 		if acked < int64(e.ackReplicas) {
-			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
-				what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout))
+			return fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
+				what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout)
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // waitCommand is WAIT for the configured replicas and timeout.
