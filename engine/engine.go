@@ -6,6 +6,10 @@
 // script trims, counts, adds only when admitted and sets the expiry in a single EVALSHA, so
 // the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
 // is the common non-atomic design (a sorted set, one member per event), kept for comparison.
+//
+// Beside rate limits, the engine keeps in-flight limits: Acquire takes one of max slots of a
+// key as a lease that expires unless extended (Extend) and is given back with Release, so at
+// most max holders run at once and a crashed holder's slot returns at its lease's expiry.
 package engine
 
 import (

@@ -36,6 +36,13 @@
 // the engine admits the request and sets Result.BackendErr; the middleware passes the request
 // on with RateLimit-Policy but without RateLimit (there is no count to report), and calls the
 // WithFailOpenHook function, if any, so the failure is logged or counted.
+//
+// # In-flight limits
+//
+// NewConcurrent limits how many requests of one key run at once instead of how often they
+// arrive: each request holds an engine lease while its handler runs. It keys requests, answers
+// denials and fails open as New does, with the quota unit "concurrent-requests" in
+// RateLimit-Policy. Both kinds can wrap one handler: a rate limit and an in-flight limit.
 package httplimit
 
 import (
