@@ -76,8 +76,8 @@ func (b *bencher) leases(ctx context.Context) ([]LeaseRow, error) {
 			return nil, err
 		}
 		rows = append(rows, row)
-		b.logf("leases/%s: %.0f pairs/s, %.0f attempts/s, %d holders at most (max %d), %d of %d goroutines through",
-			lc.name, row.PairsPerSec, row.AttemptsPerSec, row.PeakHolders, row.Max, row.Through, row.Goroutines)
+		b.logf("leases/%s: %.0f pairs/s, %.0f attempts/s, %d of %d goroutines through; on one key, %d holders at most (max %d)",
+			lc.name, row.PairsPerSec, row.AttemptsPerSec, row.Through, row.Goroutines, row.PeakHolders, row.Max)
 	}
 	return rows, nil
 }
