@@ -14,18 +14,25 @@ import (
 	"github.com/strictrate/strictrate/httplimit"
 )
 
-func ExampleNew() {
+// exampleEngine returns an engine on a client of its own, and a function that closes the
+// client. A fixed clock makes the examples' numbers exact; by default the server's clock
+// decides.
+func exampleEngine() (*engine.Engine, func()) {
 	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{server.Addr}})
 	if err != nil {
 		panic(err)
 	}
-	defer client.Close()
-	// A fixed clock makes the numbers below exact; by default the server's clock decides.
 	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
 	if err != nil {
 		panic(err)
 	}
+	return e, client.Close
+}
+
+func ExampleNew() {
+	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
+	defer closeClient()
 
 	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "hello\n") })
 	// 2 per second and 100 per hour for each client address.
@@ -53,17 +60,8 @@ func ExampleNew() {
 }
 
 func ExampleNewConcurrent() {
-	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{server.Addr}})
-	if err != nil {
-		panic(err)
-	}
-	defer client.Close()
-	// A fixed clock makes Retry-After exact; by default the server's clock decides.
-	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
-	if err != nil {
-		panic(err)
-	}
+	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
+	defer closeClient()
 
 	// One export at a time per client address; leases of 30 s, extended while an export runs.
 	var h http.Handler
