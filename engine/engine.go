@@ -184,7 +184,8 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 	return e.peekAt(ctx, key, l, 1, e.now())
 }
 
-// Reset deletes key's log: every event recorded for it is forgotten.
+// Reset deletes key's log: every event recorded for it is forgotten. The key's leases
+// (Acquire) are another key, and stay.
 func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
