@@ -29,8 +29,20 @@ func skipClusterIfShort(t *testing.T) {
 // slots.
 func keyOn(t *testing.T, node *valkeytest.Node) string {
 	t.Helper()
+	return keyUnder(t, node, prefix)
+}
+
+// leaseKeyOn returns a fresh user key whose lease set lands in node's slots.
+func leaseKeyOn(t *testing.T, node *valkeytest.Node) string {
+	t.Helper()
+	return keyUnder(t, node, prefix+engine.LeaseNamespace)
+}
+
+// keyUnder returns a fresh user key that, after full (a prefix), lands in node's slots.
+func keyUnder(t *testing.T, node *valkeytest.Node, full string) string {
+	t.Helper()
 	for i := 0; i < 10_000; i++ {
-		if key := uuid.NewString(); node.Owns(prefix + key) {
+		if key := uuid.NewString(); node.Owns(full + key) {
 			return key
 		}
 	}
@@ -136,6 +148,25 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("leases exact on each primary", func(t *testing.T) {
+		for _, p := range c.Primaries {
+			key, max := leaseKeyOn(t, p), 3
+			l := mustAcquire(t, es[0], key, max, time.Minute)
+			pc := p.Client()
+			if n := valkeytest.Must(t, "EXISTS", pc.Do(ctx, pc.B().Exists().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64); n != 1 {
+				t.Fatalf("primary %s does not hold the lease set of a key in its slots", p.Addr)
+			}
+			mustRelease(t, es[1], l)
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			a := auditHolders(t, actx, es, key, max, 32, 1)
+			cancel()
+			if a.peak > int64(max) || a.through != 32 || a.denials == 0 {
+				t.Fatalf("primary %s: %d holders at once (max %d), %d of 32 through, %d denials", p.Addr, a.peak, max, a.through, a.denials)
+			}
+			want(t, "leases left on "+p.Addr, leaseCount(t, clients[0], key), int64(0))
+		}
+	})
+
 	t.Run("NOSCRIPT after a flush on every node", func(t *testing.T) {
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		for _, p := range c.Primaries {
@@ -216,21 +247,7 @@ func TestClusterFailover(t *testing.T) {
 		}
 		// Every event so far is on the replica.
 		waitReplicaHolds(t, ctx, replica, key, before)
-
-		// Sent as app (the engine's client's connection to the primary), which stays logged in.
-		pc := client.Nodes()[primary.Addr]
-		if pc == nil {
-			t.Fatalf("the engine's client has no connection to %s", primary.Addr)
-		}
-		for _, cmd := range []valkey.Completed{
-			pc.B().AclSetuser().Username("default").Rule("off").Build(),
-			pc.B().ClientKill().TypeReplica().Build(),
-		} {
-			if err := pc.Do(ctx, cmd).Error(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		waitLinkDown(t, ctx, replica)
+		cutReplicaLink(t, ctx, client, primary, replica)
 		for i := 0; i < limit-before; i++ {
 			res, err := e.Allow(ctx, key, l)
 			switch {
@@ -288,6 +305,10 @@ func TestClusterFailover(t *testing.T) {
 		want(t, "over-admission (the lost events admitted again)", r.overAdmitted(limit), limit-before)
 	})
 
+	t.Run("leases", func(t *testing.T) {
+		testLeaseFailover(t, c, client, c.Primaries[2], c.Replicas[2])
+	})
+
 	t.Run("with replica ack", func(t *testing.T) {
 		e := enginetest.New(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
 		primary, replica := c.Primaries[1], c.Replicas[1]
@@ -303,6 +324,102 @@ func TestClusterFailover(t *testing.T) {
 			t.Fatalf("over-admitted %d with replica ack", over)
 		}
 	})
+}
+
+// Leases fail over as the rate log does (replication is asynchronous): a lease granted while
+// the replica's link was cut is lost with the primary, and its slot is granted again after
+// the failover, one holder over max per lost lease. The lost lease's holder learns it at its
+// next Extend (ErrLeaseExpired); leases the replica held keep their slots and extend on the
+// promoted node. With WithReplicaAck a grant no replica acknowledged is an error instead.
+func testLeaseFailover(t *testing.T, c *valkeytest.Cluster, client valkey.Client, primary, replica *valkeytest.Node) {
+	ctx := context.Background()
+	e := enginetest.New(t, client)
+	acked := enginetest.New(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
+	const max, ttl = 4, time.Minute
+	key, other := leaseKeyOn(t, primary), leaseKeyOn(t, primary)
+	kept := []engine.Lease{mustAcquire(t, e, key, max, ttl), mustAcquire(t, e, key, max, ttl), mustAcquire(t, acked, key, max, ttl)}
+	waitReplicaLeases(t, ctx, replica, key, int64(len(kept)))
+
+	cutReplicaLink(t, ctx, client, primary, replica)
+	lost := mustAcquire(t, e, key, max, ttl) // granted on the primary alone
+	mustDeny(t, e, key, max, ttl)
+	if l, err := acked.Acquire(ctx, other, max, ttl); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("acknowledged Acquire while the replica is cut off: %+v, %v; want ErrUnavailable", l, err)
+	}
+
+	primary.Crash()
+	if promoted, err := c.WaitPromoted(ctx, primary); err != nil || promoted != replica {
+		t.Fatalf("promoted %v, %v; want %s", promoted, err, replica.Addr)
+	}
+	var again engine.Lease
+	var lastErr error
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "the engine to grant leases after the failover", func() (bool, error) {
+		again, lastErr = e.Acquire(ctx, key, max, ttl)
+		return lastErr == nil, nil
+	}); err != nil {
+		t.Fatalf("no lease after the failover: %v (last: %v)", err, lastErr)
+	}
+	mustDeny(t, e, key, max, ttl)
+	// The promoted node holds the kept leases and the new one; the lost one is gone, though its
+	// holder still runs: one holder over max.
+	pc := replica.Client()
+	members := valkeytest.Must(t, "ZRANGE", pc.Do(ctx, pc.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Build()), valkey.ValkeyResult.AsStrSlice)
+	want(t, "leases on the promoted node", len(members), len(kept)+1)
+	for _, m := range members {
+		if m == string(lost.ID[:]) {
+			t.Fatal("the lease granted while the link was cut survived the failover")
+		}
+	}
+	t.Logf("leases: %d kept by the replica, 1 lost with the primary and granted again: %d holders believe they hold one of %d slots",
+		len(kept), len(kept)+2, max)
+
+	if _, err := e.Extend(ctx, lost, ttl); !errors.Is(err, engine.ErrLeaseExpired) {
+		t.Fatalf("Extend of the lease lost in the failover: %v, want ErrLeaseExpired", err)
+	}
+	mustRelease(t, e, lost) // a no-op: it frees nobody's slot
+	mustDeny(t, e, key, max, ttl)
+	for _, l := range kept {
+		if _, err := e.Extend(ctx, l, ttl); err != nil {
+			t.Fatalf("Extend of a lease the replica held: %v", err)
+		}
+	}
+	mustRelease(t, e, again)
+}
+
+// cutReplicaLink stops replica from replicating primary without stopping either: the
+// primary's default user (which the replica syncs as) is switched off through client, which
+// logs in as its own user, and the replica's connection is killed.
+func cutReplicaLink(t *testing.T, ctx context.Context, client valkey.Client, primary, replica *valkeytest.Node) {
+	t.Helper()
+	// Sent as app (the engine's client's connection to the primary), which stays logged in.
+	pc := client.Nodes()[primary.Addr]
+	if pc == nil {
+		t.Fatalf("the engine's client has no connection to %s", primary.Addr)
+	}
+	for _, cmd := range []valkey.Completed{
+		pc.B().AclSetuser().Username("default").Rule("off").Build(),
+		pc.B().ClientKill().TypeReplica().Build(),
+	} {
+		if err := pc.Do(ctx, cmd).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLinkDown(t, ctx, replica)
+}
+
+// waitReplicaLeases waits until replica's copy of key's lease set holds n leases.
+func waitReplicaLeases(t *testing.T, ctx context.Context, replica *valkeytest.Node, key string, n int64) {
+	t.Helper()
+	rc := replica.Client()
+	var got int64
+	if err := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every lease", func() (bool, error) {
+		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), rc.B().Zcard().Key(leaseKey(key)).Build())
+		var err error
+		got, err = rs[1].AsInt64()
+		return err == nil && got == n, nil
+	}); err != nil {
+		t.Fatalf("replica %s holds %d leases, want %d: %v", replica.Addr, got, n, err)
+	}
 }
 
 func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Node, key string, n int64) {

@@ -1,8 +1,10 @@
 // Command bench compares strictrate's Atomic and Pipelined modes side by side on one Valkey
-// server, and measures how close the engine gets to the server's own ceiling.
+// server, measures how close the engine gets to the server's own ceiling, and what in-flight
+// limits (leases) cost and whether they hold.
 //
 //	go run ./bench                  # every scenario, both modes, a throwaway server
 //	go run ./bench -scenario memory # one scenario
+//	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //
 // Without -addr (or VALKEY_ADDR) it provisions a server as the tests do: valkey-server on
@@ -40,7 +42,7 @@ type config struct {
 	JSONPath    string        `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "ceiling"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "ceiling"}
 
 func main() {
 	var cfg config

@@ -92,6 +92,22 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		}
 	}
 
+	if len(r.Leases) != len(leaseCases) {
+		t.Fatalf("lease rows: %d, want %d", len(r.Leases), len(leaseCases))
+	}
+	for _, l := range r.Leases {
+		if l.Pairs == 0 || l.PairsPerSec <= 0 || l.Attempts < l.Pairs || l.P50us > l.P99us || l.ServerUSPerCall <= 0 ||
+			l.Keys == 1 && l.PeakHolders < 1 || l.PeakHolders > int64(l.Max) || l.Overshoot != 0 {
+			t.Errorf("lease row %+v", l)
+		}
+	}
+	if audit := r.Leases[len(r.Leases)-1]; audit.Case != "holders audit" || audit.Keys != 1 || audit.Through != cfg.Concurrency || audit.DeniedShare == 0 {
+		t.Errorf("holders audit %+v: want one key, every goroutine through, some denials", audit)
+	}
+	if !strings.Contains(out.String(), "### In-flight limits") {
+		t.Errorf("Markdown output lacks the lease table:\n%s", out.String())
+	}
+
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
 		if len(r.Ceiling) != 3 {
 			t.Fatalf("ceiling rows: %d, want 3", len(r.Ceiling))

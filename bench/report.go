@@ -64,6 +64,19 @@ func writeMarkdown(w io.Writer, r *Report) {
 			row(w, strconv.Itoa(c.Limit), strconv.Itoa(c.Cost), strconv.Itoa(c.Decisions), strconv.Itoa(c.Admitted), f1(c.ServerUSPerD))
 		}
 	}
+	if len(r.Leases) > 0 {
+		fmt.Fprintf(w, "\n### In-flight limits: leases (max %d per key, Acquire then Release)\n\n", r.Leases[0].Max)
+		table(w, []string{"case", "keys", "goroutines", "hold", "acquire+release pairs/s", "acquire attempts/s", "denied",
+			"pair p50 µs", "pair p99 µs", "server µs/call", "max holders at once", "over max", "goroutines through"})
+		for _, l := range r.Leases {
+			peak, over := "-", "-" // counted on one key only
+			if l.Keys == 1 {
+				peak, over = fmt.Sprintf("%d of %d", l.PeakHolders, l.Max), strconv.FormatInt(l.Overshoot, 10)
+			}
+			row(w, l.Case, strconv.Itoa(l.Keys), strconv.Itoa(l.Goroutines), l.Hold, f0(l.PairsPerSec), f0(l.AttemptsPerSec),
+				pct(l.DeniedShare), f0(l.P50us), f0(l.P99us), f1(l.ServerUSPerCall), peak, over, fmt.Sprintf("%d of %d", l.Through, l.Goroutines))
+		}
+	}
 	if len(r.Ceiling) > 0 {
 		fmt.Fprintf(w, "\n### Ceiling: the atomic scripts driven by %s\n\n", r.Ceiling[0].Tool)
 		table(w, []string{"script", "connections × pipeline", "decisions/call", "calls/s", "decisions/s", "p50 ms", "p99 ms",

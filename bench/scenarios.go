@@ -87,6 +87,7 @@ type Report struct {
 	Memory     []MemoryRow     `json:"memory,omitempty"`
 	ServerCost []ServerCostRow `json:"server_cost,omitempty"`
 	Ceiling    []CeilingRow    `json:"ceiling,omitempty"`
+	Leases     []LeaseRow      `json:"leases,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
 
@@ -125,6 +126,13 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("servercost: %w", err)
 		}
 		r.ServerCost = rows
+	}
+	if b.wants("leases") {
+		rows, err := b.leases(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("leases: %w", err)
+		}
+		r.Leases = rows
 	}
 	if b.wants("ceiling") {
 		var atomicRate, batchedRate, meanBatch float64

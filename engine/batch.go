@@ -140,18 +140,9 @@ func (o *outcome) readReply(reply valkey.ValkeyResult) {
 
 // ints reads the reply values of one request from msgs.
 func (o *outcome) ints(msgs []valkey.ValkeyMessage) error {
-	if len(msgs) < 2 || len(msgs) > maxReplyValues {
-		return fmt.Errorf("script reply has %d values, want 2 to %d", len(msgs), maxReplyValues)
-	}
-	for i := range msgs {
-		v, err := msgs[i].AsInt64()
-		if err != nil {
-			return fmt.Errorf("script reply value %d: %w", i+1, err)
-		}
-		o.vals[i] = v
-	}
-	o.nvals = len(msgs)
-	return nil
+	n, err := intsOf(msgs, o.vals[:], 2)
+	o.nvals = n
+	return err
 }
 
 // call is a request in a committer's hands.

@@ -6,6 +6,10 @@
 // script trims, counts, adds only when admitted and sets the expiry in a single EVALSHA, so
 // the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
 // is the common non-atomic design (a sorted set, one member per event), kept for comparison.
+//
+// Beside rate limits, the engine keeps in-flight limits: Acquire takes one of max slots of a
+// key as a lease that expires unless extended (Extend) and is given back with Release, so at
+// most max holders run at once and a crashed holder's slot returns at its lease's expiry.
 package engine
 
 import (
@@ -94,6 +98,9 @@ type Engine struct {
 	peeks    *committer     // peek.lua and peek_batch.lua: Peek, Check
 	settle   *loader.Script // settle.lua: Refund, Settle
 	inspect  *loader.Script // inspect.lua: Inspect
+	acquire  *loader.Script // lease_acquire.lua: Acquire
+	extend   *loader.Script // lease_extend.lua: Extend
+	release  *loader.Script // lease_release.lua: Release
 	batching bool           // WithBatching: decisions go through the committers' queues
 
 	// limitSets caches the formatted arguments of single limits (oneLimit).
@@ -131,6 +138,9 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		clock:    o.clock,
 		settle:   loader.New("settle", scripts.Settle()),
 		inspect:  loader.NewReadOnly("inspect", scripts.Inspect()),
+		acquire:  loader.New("lease_acquire", scripts.LeaseAcquire()),
+		extend:   loader.New("lease_extend", scripts.LeaseExtend()),
+		release:  loader.New("lease_release", scripts.LeaseRelease()),
 		batching: o.batching,
 
 		failOpen:    o.failOpen,
@@ -181,7 +191,8 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 	return e.peekAt(ctx, key, l, 1, e.now())
 }
 
-// Reset deletes key's log: every event recorded for it is forgotten.
+// Reset deletes key's log: every event recorded for it is forgotten. The key's leases
+// (Acquire) are another key, and stay.
 func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
@@ -302,6 +313,29 @@ func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l 
 
 // maxReplyValues is the longest reply a decision script gives.
 const maxReplyValues = 6
+
+// readInts reads an array reply of least to len(v) integers into v, and returns how many.
+func readInts(reply valkey.ValkeyResult, v []int64, least int) (int, error) {
+	vals, err := reply.ToArray()
+	if err != nil {
+		return 0, err
+	}
+	return intsOf(vals, v, least)
+}
+
+// intsOf reads least to len(v) integer messages into v, and returns how many.
+func intsOf(vals []valkey.ValkeyMessage, v []int64, least int) (int, error) {
+	var err error
+	if len(vals) < least || len(vals) > len(v) {
+		return 0, fmt.Errorf("script reply has %d values, want %d to %d", len(vals), least, len(v))
+	}
+	for i := range vals {
+		if v[i], err = vals[i].AsInt64(); err != nil {
+			return 0, fmt.Errorf("script reply value %d: %w", i+1, err)
+		}
+	}
+	return len(vals), nil
+}
 
 // decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
 // retry_after µs (default 0: admitted), reset_after µs (default: the longest window), the

@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	// ErrRateLimitExceeded is returned by Check and Record when the request is denied. The
-	// error is a *DeniedError, which carries the full Result.
+	// ErrRateLimitExceeded is returned by Check and Record when the request is denied, and by
+	// Acquire when the key's in-flight limit is full. The error is a *DeniedError, which
+	// carries the full Result.
 	ErrRateLimitExceeded = errors.New("strictrate: rate limit exceeded")
 
 	// ErrInvalidArgument is wrapped by every validation error: an empty key, a Limit out of
@@ -28,12 +29,18 @@ var (
 	// sentinel, named here so callers need not import the loader.
 	ErrPreload = loader.ErrPreload
 
+	// ErrLeaseExpired is wrapped by the error Extend returns for a lease that no longer holds
+	// its slot: it expired (its holder did not extend it in time, or a failover lost it) or it
+	// was released. Another holder may have the slot by now, so the holder must stop or
+	// acquire anew; extending cannot bring the old lease back. errors.Is matches it.
+	ErrLeaseExpired = errors.New("strictrate: lease expired")
+
 	// ErrEvictionPolicy is returned by New when a node's maxmemory-policy may evict limiter
 	// keys (allkeys-*) and WithEvictionCheck is EvictionRefuse, the default.
 	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
 )
 
-// DeniedError is the error Check and Record return when denied. It matches
+// DeniedError is the error Check, Record and Acquire return when denied. It matches
 // ErrRateLimitExceeded with errors.Is and gives the decision with errors.As.
 type DeniedError struct {
 	Key    string

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -126,4 +127,54 @@ func ExampleEngine_AllowPolicy() {
 	// +0s allowed=false remaining=0 retry after=1s
 	// +1s allowed=true remaining=0 retry after=0s
 	// +1s allowed=false remaining=0 retry after=59s
+}
+
+// An in-flight limit: at most two exports of one tenant run at once. Each holder releases its
+// lease when done; a holder that dies frees its slot when its lease expires.
+func ExampleEngine_Acquire() {
+	now := noon
+	e, closeClient := exampleEngine(&now)
+	defer closeClient()
+	ctx, key := context.Background(), exampleKey("exports")
+
+	a, err := e.Acquire(ctx, key, 2, 30*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("first: remaining", a.Remaining)
+	b, err := e.Acquire(ctx, key, 2, 30*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("second: remaining", b.Remaining)
+
+	now = noon.Add(10 * time.Second)
+	_, err = e.Acquire(ctx, key, 2, 30*time.Second)
+	var denied *engine.DeniedError
+	if errors.As(err, &denied) {
+		fmt.Println("third: denied, retry after", denied.Result.RetryAfter)
+	}
+
+	// A long holder extends its lease before it expires; an expired one cannot be extended.
+	now = noon.Add(25 * time.Second)
+	if a, err = e.Extend(ctx, a, 30*time.Second); err != nil {
+		panic(err)
+	}
+	fmt.Println("first extended until", a.Expires.UTC().Format(time.TimeOnly))
+	now = noon.Add(31 * time.Second)
+	_, err = e.Extend(ctx, b, 30*time.Second)
+	fmt.Println("second extended after its expiry:", errors.Is(err, engine.ErrLeaseExpired))
+
+	if err := e.Release(ctx, a); err != nil {
+		panic(err)
+	}
+	if err := e.Release(ctx, a); err != nil { // again: a no-op
+		panic(err)
+	}
+	// Output:
+	// first: remaining 1
+	// second: remaining 0
+	// third: denied, retry after 20s
+	// first extended until 12:00:55
+	// second extended after its expiry: true
 }

@@ -15,7 +15,8 @@ import (
 
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.settle, e.inspect}
+	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.settle, e.inspect,
+		e.acquire, e.extend, e.release}
 }
 
 // runDecision takes one decision (or peek) through c and turns the server's answer into a
@@ -46,15 +47,52 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
 	if c.ack && r.Allowed {
-		if out.ackErr != nil {
-			return e.backendFailure(ctx, classify(what()+": WAIT", out.ackErr))
-		}
-		if out.acked < int64(e.ackReplicas) {
-			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
-				what(), ErrUnavailable, out.acked, e.ackReplicas, e.ackTimeout))
+		if err := e.checkAck(what, out.acked, out.ackErr); err != nil {
+			return e.backendFailure(ctx, err)
 		}
 	}
 	return r, nil
+}
+
+// runAcked sends script s for the full key fullKey and hands its reply to read, which decodes
+// it and reports whether the call granted something (a lease, an extension). With
+// WithReplicaAck, a writing script goes with WAIT behind it, and a grant that fewer replicas
+// acknowledged is an error wrapping ErrUnavailable. Errors are wrapped with what() and
+// classified; the fail-open policy is the caller's to apply.
+func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string, read func(valkey.ValkeyResult) (granted bool, err error)) error {
+	keys := []string{fullKey}
+	ack := e.ackReplicas > 0 && !s.ReadOnly()
+	var reply, waited valkey.ValkeyResult
+	if ack {
+		reply, waited = s.ExecThen(ctx, e.client, keys, args, e.waitCommand)
+	} else {
+		reply = s.Exec(ctx, e.client, keys, args)
+	}
+	if err := reply.Error(); err != nil {
+		return classify(what(), err)
+	}
+	granted, err := read(reply)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what(), err)
+	}
+	if ack && granted {
+		acked, err := waited.AsInt64()
+		return e.checkAck(what, acked, err)
+	}
+	return nil
+}
+
+// checkAck judges a write's WAIT reply: nil when enough replicas acknowledged it, else an
+// error wrapping ErrUnavailable (the write stays on the primary: it can only under-admit).
+func (e *Engine) checkAck(what func() string, acked int64, err error) error {
+	if err != nil {
+		return classify(what()+": WAIT", err)
+	}
+	if acked < int64(e.ackReplicas) {
+		return fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
+			what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout)
+	}
+	return nil
 }
 
 // waitCommand is WAIT for the configured replicas and timeout.

@@ -35,9 +35,12 @@ func PerHour(n int) Limit { return Limit{Max: n, Window: time.Hour} }
 func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.Max, l.Window) }
 
 // windowMicros is the window in whole microseconds, rounded up: a window is never shortened.
-func (l Limit) windowMicros() int64 {
-	us := int64(l.Window / time.Microsecond)
-	if l.Window%time.Microsecond != 0 {
+func (l Limit) windowMicros() int64 { return ceilMicros(l.Window) }
+
+// ceilMicros is d in whole microseconds, rounded up.
+func ceilMicros(d time.Duration) int64 {
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
 		us++
 	}
 	return us

@@ -14,18 +14,25 @@ import (
 	"github.com/strictrate/strictrate/httplimit"
 )
 
-func ExampleNew() {
+// exampleEngine returns an engine on a client of its own, and a function that closes the
+// client. A fixed clock makes the examples' numbers exact; by default the server's clock
+// decides.
+func exampleEngine() (*engine.Engine, func()) {
 	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{server.Addr}})
 	if err != nil {
 		panic(err)
 	}
-	defer client.Close()
-	// A fixed clock makes the numbers below exact; by default the server's clock decides.
 	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
 	if err != nil {
 		panic(err)
 	}
+	return e, client.Close
+}
+
+func ExampleNew() {
+	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
+	defer closeClient()
 
 	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "hello\n") })
 	// 2 per second and 100 per hour for each client address.
@@ -50,4 +57,30 @@ func ExampleNew() {
 	// 200 RateLimit: "1s";r=1;t=1
 	// 200 RateLimit: "1s";r=0;t=1
 	// 429 RateLimit: "1s";r=0;t=1 Retry-After: 1
+}
+
+func ExampleNewConcurrent() {
+	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
+	defer closeClient()
+
+	// One export at a time per client address; leases of 30 s, extended while an export runs.
+	var h http.Handler
+	export := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A second request of the same client while this one runs:
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/export", nil))
+		fmt.Println("meanwhile:", rec.Code, "Retry-After:", rec.Header().Get("Retry-After"),
+			"RateLimit:", rec.Header().Get("RateLimit"))
+		io.WriteString(w, "export\n")
+	})
+	h = httplimit.NewConcurrent(e, 1, 30*time.Second, httplimit.WithKeyPrefix("example:"+uuid.NewString()+":"))(export)
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/export", nil))
+	fmt.Println("RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+	fmt.Println(rec.Code, "RateLimit:", rec.Header().Get("RateLimit"))
+	// Output:
+	// meanwhile: 429 Retry-After: 30 RateLimit: "concurrency";r=0;t=30
+	// RateLimit-Policy: "concurrency";q=1;qu="concurrent-requests"
+	// 200 RateLimit: "concurrency";r=0
 }

@@ -36,6 +36,13 @@
 // the engine admits the request and sets Result.BackendErr; the middleware passes the request
 // on with RateLimit-Policy but without RateLimit (there is no count to report), and calls the
 // WithFailOpenHook function, if any, so the failure is logged or counted.
+//
+// # In-flight limits
+//
+// NewConcurrent limits how many requests of one key run at once instead of how often they
+// arrive: each request holds an engine lease while its handler runs. It keys requests, answers
+// denials and fails open as New does, with the quota unit "concurrent-requests" in
+// RateLimit-Policy. Both kinds can wrap one handler: a rate limit and an in-flight limit.
 package httplimit
 
 import (
@@ -80,7 +87,7 @@ const (
 	Forwarded
 )
 
-// Option configures New.
+// Option configures New, Limit and NewConcurrent.
 type Option func(*config)
 
 type config struct {
@@ -188,11 +195,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) h
 	if err := p.Validate(); err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	cfg := config{keyPrefix: "http:", denied: defaultDenied, onError: defaultError}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), named: map[time.Duration]namedLimit{}}
+	l := &limiter{cfg: newConfig(opts), engine: e, policy: append(engine.Policy(nil), p...), named: map[time.Duration]namedLimit{}}
 	items := make([]string, len(p))
 	smallest := 0
 	for i, lim := range p {
@@ -219,7 +222,7 @@ func Limit(e *engine.Engine, l engine.Limit, opts ...Option) func(http.Handler) 
 }
 
 func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	key, err := l.key(r)
+	key, err := l.cfg.key(r)
 	if err != nil {
 		l.cfg.onError(w, r, err)
 		return
@@ -233,10 +236,7 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	// Fresh slices: a handler may change the values it finds in its header map.
 	h["Ratelimit-Policy"] = []string{l.policyField}
 	if res.BackendErr != nil {
-		if l.cfg.onFailOpen != nil {
-			l.cfg.onFailOpen(r, res.BackendErr)
-		}
-		next.ServeHTTP(w, r)
+		l.cfg.failedOpen(w, r, next, res.BackendErr)
 		return
 	}
 	named, ok := l.named[res.Window]
@@ -249,36 +249,68 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	} else {
 		reset = ceilSeconds(res.RetryAfter)
 	}
-	var buf [64]byte
-	b := append(buf[:0], named.item...)
-	b = strconv.AppendInt(b, int64(res.Remaining), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, reset, 10)
-	h["Ratelimit"] = []string{string(b)}
-	if l.cfg.legacy {
-		h["X-Ratelimit-Limit"] = []string{named.limitField}
-		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
-		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset, 10)}
-	}
+	l.cfg.setRateLimit(h, named.item, named.limitField, res.Remaining, reset)
 	if !res.Allowed {
-		h["Retry-After"] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
-		l.cfg.denied(w, r, res)
+		l.cfg.deny(w, r, res)
 		return
 	}
 	next.ServeHTTP(w, r)
 }
 
+// newConfig is the configuration opts make, from the defaults.
+func newConfig(opts []Option) config {
+	cfg := config{keyPrefix: "http:", denied: defaultDenied, onError: defaultError}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	return cfg
+}
+
+// setRateLimit sets the RateLimit field for one limit, item being `"<name>";r=`, and the
+// legacy fields when asked for: remaining is r, reset is t (left out when negative).
+func (c *config) setRateLimit(h http.Header, item, limitField string, remaining int, reset int64) {
+	var buf [64]byte
+	b := append(buf[:0], item...)
+	b = strconv.AppendInt(b, int64(remaining), 10)
+	if reset >= 0 {
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, reset, 10)
+	}
+	h["Ratelimit"] = []string{string(b)}
+	if c.legacy {
+		h["X-Ratelimit-Limit"] = []string{limitField}
+		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(remaining)}
+		if reset >= 0 {
+			h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset, 10)}
+		}
+	}
+}
+
+// deny answers a denied request: Retry-After, rounded up, then the denied handler.
+func (c *config) deny(w http.ResponseWriter, r *http.Request, res engine.Result) {
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+	c.denied(w, r, res)
+}
+
+// failedOpen passes on a request a fail-open engine admitted without deciding, after the hook.
+func (c *config) failedOpen(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
+	if c.onFailOpen != nil {
+		c.onFailOpen(r, err)
+	}
+	next.ServeHTTP(w, r)
+}
+
 // key returns the request's key, without the prefix.
-func (l *limiter) key(r *http.Request) (string, error) {
+func (c *config) key(r *http.Request) (string, error) {
 	var key string
-	if l.cfg.keyFunc != nil {
-		k, err := l.cfg.keyFunc(r)
+	if c.keyFunc != nil {
+		k, err := c.keyFunc(r)
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrKey, err)
 		}
 		key = k
 	} else {
-		k, err := clientIP(r, l.cfg.trusted, l.cfg.proxyHeader)
+		k, err := clientIP(r, c.trusted, c.proxyHeader)
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrKey, err)
 		}

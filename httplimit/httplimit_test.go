@@ -195,20 +195,7 @@ func TestRealServerUnderConcurrency(t *testing.T) {
 			w.Header().Set("X-Test-Retry-After-Us", strconv.FormatInt(res.RetryAfter.Microseconds(), 10))
 			http.Error(w, "slow down", http.StatusTooManyRequests)
 		}))(ok)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	defer client.CloseIdleConnections()
-	url := "http://" + ln.Addr().String() + "/"
+	url, client := serveLoopback(t, h)
 
 	const requests, workers = 200, 16
 	type answer struct {
@@ -299,6 +286,26 @@ func TestRealServerUnderConcurrency(t *testing.T) {
 			t.Fatalf("admitted r values %v: want each of 0..19 once", remaining)
 		}
 	}
+}
+
+// serveLoopback serves h on a loopback port with a real http.Server until the test ends, and
+// returns its URL and a client that keeps up to 16 connections to it.
+func serveLoopback(t *testing.T, h http.Handler) (string, *http.Client) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String() + "/", client
 }
 
 // exists reports whether the engine's key for the middleware key k exists.
@@ -461,17 +468,35 @@ func TestDeniedHandler(t *testing.T) {
 
 // With the server down, a fail-closed engine gives 503 (the next handler is not called); a
 // fail-open engine lets the request through without RateLimit, and the hook sees the error.
+// Rate and in-flight middleware alike.
 func TestBackendDown(t *testing.T) {
+	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
+	for _, kind := range []struct {
+		name        string
+		middleware  func(*engine.Engine, ...httplimit.Option) func(http.Handler) http.Handler
+		policyField string
+	}{
+		{"rate", func(e *engine.Engine, opts ...httplimit.Option) func(http.Handler) http.Handler {
+			return httplimit.New(e, p, opts...)
+		}, `"1s";q=5;w=1, "1h";q=100;w=3600`},
+		{"in-flight", func(e *engine.Engine, opts ...httplimit.Option) func(http.Handler) http.Handler {
+			return httplimit.NewConcurrent(e, 2, time.Minute, opts...)
+		}, concurrentPolicy},
+	} {
+		t.Run(kind.name, func(t *testing.T) { testBackendDown(t, kind.middleware, kind.policyField) })
+	}
+}
+
+func testBackendDown(t *testing.T, middleware func(*engine.Engine, ...httplimit.Option) func(http.Handler) http.Handler, policyField string) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	closed := enginetest.New(t, c)
 	open := enginetest.New(t, c, engine.WithFailOpen(true))
-	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
 	called := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { called++ })
-	hClosed := httplimit.New(closed, p)(next)
+	hClosed := middleware(closed)(next)
 	var hookErr error
-	hOpen := httplimit.New(open, p, httplimit.WithFailOpenHook(func(_ *http.Request, err error) { hookErr = err }))(next)
+	hOpen := middleware(open, httplimit.WithFailOpenHook(func(_ *http.Request, err error) { hookErr = err }))(next)
 	wantStatus(t, "closed, server up", do(hClosed, "192.0.2.1:1", nil), http.StatusOK)
 
 	if err := own.Stop(); err != nil {
@@ -489,7 +514,7 @@ func TestBackendDown(t *testing.T) {
 		t.Fatalf("next handler called %d times, want 1", called)
 	}
 	var custom error
-	withHandler := httplimit.New(closed, p, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+	withHandler := middleware(closed, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
 		custom = err
 		w.WriteHeader(http.StatusBadGateway)
 	}))(next)
@@ -506,7 +531,7 @@ func TestBackendDown(t *testing.T) {
 	if called != 2 {
 		t.Fatalf("next handler called %d times, want 2", called)
 	}
-	if rec.Header().Get("RateLimit") != "" || rec.Header().Get("RateLimit-Policy") != `"1s";q=5;w=1, "1h";q=100;w=3600` {
+	if rec.Header().Get("RateLimit") != "" || rec.Header().Get("RateLimit-Policy") != policyField {
 		t.Fatalf("fail-open header %v: want RateLimit-Policy and no RateLimit", rec.Header())
 	}
 	if !errors.Is(hookErr, engine.ErrUnavailable) {

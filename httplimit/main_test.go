@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,21 +22,22 @@ func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
 // uniquePrefix is a key prefix no other test or run uses.
 func uniquePrefix(tb testing.TB) string { return tb.Name() + ":" + uuid.NewString() + ":" }
 
-// sfItem is one member of a Structured Field List whose items are Strings with Integer
-// parameters, the shape of both RateLimit fields.
+// sfItem is one member of a Structured Field List whose items are Strings with Integer or
+// String parameters, the shape of both RateLimit fields.
 type sfItem struct {
 	name   string
-	params map[string]int64
-	keys   []string // parameter names in order
+	params map[string]int64  // the Integer parameters
+	strs   map[string]string // the String parameters
+	keys   []string          // parameter names in order
 }
 
 var (
 	sfString = regexp.MustCompile(`^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"`)
-	sfParam  = regexp.MustCompile(`^;[ ]*([a-z*][a-z0-9_\-.*]*)=(-?[0-9]{1,15})`)
+	sfParam  = regexp.MustCompile(`^;[ ]*([a-z*][a-z0-9_\-.*]*)=(-?[0-9]{1,15}|"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*")`)
 )
 
-// parseSFList parses a field value as RFC 9651 sf-list of sf-string items with sf-integer
-// parameters, strictly: any other syntax is an error.
+// parseSFList parses a field value as RFC 9651 sf-list of sf-string items with sf-integer or
+// sf-string parameters, strictly: any other syntax is an error.
 func parseSFList(v string) ([]sfItem, error) {
 	var items []sfItem
 	rest := v
@@ -44,21 +46,25 @@ func parseSFList(v string) ([]sfItem, error) {
 		if m == nil {
 			return nil, fmt.Errorf("%q: want an sf-string at %q", v, rest)
 		}
-		it := sfItem{name: strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(m[1]), params: map[string]int64{}}
+		it := sfItem{name: unescapeSF(m[1]), params: map[string]int64{}, strs: map[string]string{}}
 		rest = rest[len(m[0]):]
 		for {
 			p := sfParam.FindStringSubmatch(rest)
 			if p == nil {
 				break
 			}
-			n, err := strconv.ParseInt(p[2], 10, 64)
-			if err != nil {
-				return nil, err
-			}
-			if _, dup := it.params[p[1]]; dup {
+			if slices.Contains(it.keys, p[1]) {
 				return nil, fmt.Errorf("%q: parameter %s twice", v, p[1])
 			}
-			it.params[p[1]] = n
+			if quoted, ok := strings.CutPrefix(p[2], `"`); ok {
+				it.strs[p[1]] = unescapeSF(strings.TrimSuffix(quoted, `"`))
+			} else {
+				n, err := strconv.ParseInt(p[2], 10, 64)
+				if err != nil {
+					return nil, err
+				}
+				it.params[p[1]] = n
+			}
 			it.keys = append(it.keys, p[1])
 			rest = rest[len(p[0]):]
 		}
@@ -77,12 +83,21 @@ func parseSFList(v string) ([]sfItem, error) {
 	}
 }
 
+// unescapeSF is the text of an sf-string's inside.
+func unescapeSF(s string) string { return strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(s) }
+
 func TestParseSFList(t *testing.T) {
 	items, err := parseSFList(`"1s";q=5;w=1, "1h";q=100;w=3600`)
 	if err != nil || len(items) != 2 || items[1].name != "1h" || items[1].params["w"] != 3600 || items[0].params["q"] != 5 {
 		t.Fatalf("parse: %+v, %v", items, err)
 	}
-	for _, bad := range []string{``, `1s;q=5`, `"1s";Q=5`, `"1s";q=5,`, `"1s";q=5 "x"`, `"1s";q=1.5`, `"1s";q=5;q=6`} {
+	items, err = parseSFList(`"concurrency";q=5;qu="concurrent-requests"`)
+	if err != nil || len(items) != 1 || items[0].params["q"] != 5 || items[0].strs["qu"] != "concurrent-requests" ||
+		fmt.Sprint(items[0].keys) != "[q qu]" {
+		t.Fatalf("parse with a string parameter: %+v, %v", items, err)
+	}
+	for _, bad := range []string{``, `1s;q=5`, `"1s";Q=5`, `"1s";q=5,`, `"1s";q=5 "x"`, `"1s";q=1.5`, `"1s";q=5;q=6`,
+		`"c";qu="a`, `"c";qu=x`, `"c";q=5;q="5"`} {
 		if _, err := parseSFList(bad); err == nil {
 			t.Errorf("parseSFList(%q) accepted", bad)
 		}

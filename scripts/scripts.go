@@ -47,6 +47,18 @@ func Settle() string { return mustCompose("settle.lua") }
 // header's totals and each entry's time and cost.
 func Inspect() string { return mustCompose("inspect.lua") }
 
+// LeaseAcquire returns the source of the script that takes a slot of a key's in-flight limit:
+// drop the expired leases, count the rest, add the new lease only when fewer than max are
+// held, and keep the key until its last lease expires, all in one call.
+func LeaseAcquire() string { return mustCompose("lease_acquire.lua") }
+
+// LeaseExtend returns the source of the script that moves a held lease's expiry, and refuses
+// one that has expired or was released.
+func LeaseExtend() string { return mustCompose("lease_extend.lua") }
+
+// LeaseRelease returns the source of the script that removes one lease by its id.
+func LeaseRelease() string { return mustCompose("lease_release.lua") }
+
 // mustCompose composes an embedded script. The files are compiled in, so a missing part is a
 // defect of the build that the package's tests catch; it panics rather than return a script
 // that cannot run.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/valkey-io/valkey-go"
+
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -26,6 +28,9 @@ var all = map[string]func() string{
 	"peek_batch.lua":   PeekBatch,
 	"settle.lua":       Settle,
 	"inspect.lua":      Inspect,
+
+	"lease_acquire.lua": LeaseAcquire,
+	"lease_extend.lua":  LeaseExtend,
 }
 
 // Composition replaces every include line with its part, and nothing else changes.
@@ -173,5 +178,65 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 		"4", "1", "0", "60000000", "2", "3", "0", "1000000", "1000000"}
 	if strings.Join(flat, " ") != strings.Join(want, " ") {
 		t.Fatalf("batch reply\n got %v\nwant %v", flat, want)
+	}
+}
+
+// The lease scripts as the server runs them, on a caller's clock: max leases granted, the
+// next denied until the soonest expires, an extended lease outlives its first expiry, an
+// expired one cannot be extended, and a release removes only its own lease.
+func TestLeaseScriptsRun(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	run := func(src string, key string, args ...string) valkey.ValkeyResult {
+		return c.Do(ctx, c.B().Eval().Script(src).Numkeys(1).Key(key).Arg(args...).Build())
+	}
+	ints := func(what string, r valkey.ValkeyResult) []int64 {
+		t.Helper()
+		v, err := r.AsIntSlice()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	const now, ttl, max = 1_790_000_000_000_000, 100_000, 2
+	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	key := "scripts-test:leases"
+	acquire := func(at int64, id string) []int64 {
+		return ints("acquire "+id, run(LeaseAcquire(), key, itoa(at), itoa(max), itoa(ttl), id))
+	}
+	if got := acquire(now, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now, 0, now + ttl}) {
+		t.Fatalf("first lease: %v", got)
+	}
+	if got := acquire(now+10, "b"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 10, 0, now + 10 + ttl}) {
+		t.Fatalf("second lease: %v", got)
+	}
+	if got := acquire(now+20, "c"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 20, ttl - 20, ttl - 10}) {
+		t.Fatalf("third lease, key full: %v, want denied until a expires, reset when b does", got)
+	}
+	if err := run(LeaseAcquire(), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
+		t.Fatal("a lease id already held was accepted twice")
+	}
+	extend := func(at int64, id string) []int64 {
+		return ints("extend "+id, run(LeaseExtend(), key, itoa(at), itoa(ttl), id))
+	}
+	if got := extend(now+50, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now + 50, now + 50 + ttl}) {
+		t.Fatalf("extend a: %v", got)
+	}
+	// At b's expiry b frees its slot; a, extended, still holds its own.
+	if got := acquire(now+10+ttl, "c"); got[0] != 0 || got[2] != 0 {
+		t.Fatalf("c at b's expiry: %v, want granted with 0 remaining", got)
+	}
+	if got := extend(now+10+ttl, "b"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 10 + ttl}) {
+		t.Fatalf("extend b after its expiry: %v, want refused", got)
+	}
+	for i, want := range []int64{1, 0} {
+		n, err := run(LeaseRelease(), key, "c").AsInt64()
+		if err != nil || n != want {
+			t.Fatalf("release c, time %d: %d, %v; want %d", i+1, n, err, want)
+		}
+	}
+	members, err := c.Do(ctx, c.B().Zrange().Key(key).Min("0").Max("-1").Build()).AsStrSlice()
+	if err != nil || fmt.Sprint(members) != "[a]" {
+		t.Fatalf("leases left: %v, %v; want [a]", members, err)
 	}
 }

@@ -1,0 +1,561 @@
+package strictrate_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// leaseKey is the full name of key's lease set under the tests' prefix.
+func leaseKey(key string) string { return prefix + engine.LeaseNamespace + key }
+
+func mustAcquire(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Lease {
+	t.Helper()
+	l, err := e.Acquire(context.Background(), key, max, ttl)
+	if err != nil {
+		t.Fatalf("Acquire(%q, max %d, ttl %s): %v", key, max, ttl, err)
+	}
+	if l.ID == uuid.Nil || l.Key != key || l.BackendErr != nil {
+		t.Fatalf("Acquire granted %+v: want a lease of %q with an id", l, key)
+	}
+	return l
+}
+
+// mustDeny acquires and wants a denial; it returns the denial's Result.
+func mustDeny(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Result {
+	t.Helper()
+	l, err := e.Acquire(context.Background(), key, max, ttl)
+	var denied *engine.DeniedError
+	if !errors.As(err, &denied) || !errors.Is(err, engine.ErrRateLimitExceeded) {
+		t.Fatalf("Acquire(%q, max %d) = %+v, %v; want a *DeniedError matching ErrRateLimitExceeded", key, max, l, err)
+	}
+	if denied.Key != key || denied.Result.Allowed || denied.Result.Remaining != 0 || denied.Result.RetryAfter <= 0 {
+		t.Fatalf("denial %+v: want key %q, nothing remaining and a positive RetryAfter", denied, key)
+	}
+	return denied.Result
+}
+
+func mustRelease(t *testing.T, e *engine.Engine, l engine.Lease) {
+	t.Helper()
+	if err := e.Release(context.Background(), l); err != nil {
+		t.Fatalf("Release(%s): %v", l.ID, err)
+	}
+}
+
+// leaseCount is how many leases key's set holds, expired ones not dropped yet included.
+func leaseCount(t *testing.T, c valkey.Client, key string) int64 {
+	t.Helper()
+	return valkeytest.Must(t, "ZCARD", c.Do(context.Background(), c.B().Zcard().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64)
+}
+
+// holderAudit is what auditHolders saw.
+type holderAudit struct {
+	peak, denials, through int64
+}
+
+// auditHolders runs goroutines over the engines, each taking a slot of key (max at once)
+// rounds times: acquire, raise a counter of holders, hold a random 1-10 ms, lower the counter,
+// release. A denied goroutine waits the denial's RetryAfter or a few milliseconds, whichever
+// is shorter (a release frees a slot sooner than an expiry), and tries again. It returns the
+// most holders the counter saw at once, the denials, and how many goroutines got through
+// every round before ctx's deadline.
+func auditHolders(t *testing.T, ctx context.Context, es []*engine.Engine, key string, max, goroutines, rounds int) holderAudit {
+	t.Helper()
+	var (
+		holders, peak, denials, through atomic.Int64
+		wg                              sync.WaitGroup
+		errs                            = make(chan error, goroutines)
+		start                           = make(chan struct{})
+	)
+	for g := 0; g < goroutines; g++ {
+		e := es[g%len(es)]
+		rng := rand.New(rand.NewPCG(uint64(g), 12))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for done := 0; done < rounds; {
+				l, err := e.Acquire(ctx, key, max, 10*time.Second)
+				if denied := (*engine.DeniedError)(nil); errors.As(err, &denied) {
+					denials.Add(1)
+					pause := min(denied.Result.RetryAfter, time.Duration(1+rng.IntN(4))*time.Millisecond)
+					select {
+					case <-ctx.Done():
+						errs <- fmt.Errorf("goroutine %d: %d of %d rounds before the deadline", g, done, rounds)
+						return
+					case <-time.After(pause):
+					}
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				n := holders.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(time.Duration(1+rng.IntN(10)) * time.Millisecond)
+				holders.Add(-1)
+				if err := e.Release(ctx, l); err != nil {
+					errs <- err
+					return
+				}
+				done++
+			}
+			through.Add(1)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	return holderAudit{peak: peak.Load(), denials: denials.Load(), through: through.Load()}
+}
+
+// 64 goroutines over 4 clients take slots of one key, max 5 at once: the holders counted on
+// this side never exceed 5, everyone gets through, and every slot is given back.
+func TestLeaseHoldersNeverExceedMax(t *testing.T) {
+	es, c := engines(t, 4)
+	key, max := newKey(t), 5
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := auditHolders(t, ctx, es, key, max, 64, 2)
+	t.Logf("holders at once: at most %d of %d; %d denials on the way", a.peak, max, a.denials)
+	if a.peak > int64(max) {
+		t.Fatalf("%d holders at once, above max %d", a.peak, max)
+	}
+	want(t, "goroutines through every round", a.through, int64(64))
+	if a.denials == 0 {
+		t.Fatal("no acquire was ever denied: the key was never full, so nothing was tested")
+	}
+	want(t, "leases left after every release", leaseCount(t, c, key), int64(0))
+}
+
+// Denied: RetryAfter is the wait until the soonest lease expires, ResetAfter until the last
+// one does, exact to the microsecond on the clock that decided; the key lives as long as its
+// last lease and no longer.
+func TestLeaseDeniedRetryAfter(t *testing.T) {
+	c := server.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	key := newKey(t)
+	// Seconds on the caller's clock: the key's expiry runs on the server's, and must not pass
+	// while the test runs.
+	a := mustAcquire(t, e, key, 2, 10*time.Second)
+	want(t, "first lease: remaining", a.Remaining, 1)
+	wantTime(t, "first lease: At", a.At, enginetest.T0)
+	wantTime(t, "first lease: Expires", a.Expires, enginetest.T0.Add(10*time.Second))
+	clock.Set(enginetest.T0.Add(3 * time.Second))
+	b := mustAcquire(t, e, key, 2, 20*time.Second)
+	want(t, "second lease: remaining", b.Remaining, 0)
+	if b.ID == a.ID {
+		t.Fatalf("two leases share the id %s", a.ID)
+	}
+	if ttl := pttlOf(t, c, leaseKey(key)); ttl <= 10_000 || ttl > 20_000 {
+		t.Fatalf("lease key PTTL %d ms, want the longest lease's 20 s (less the time passed)", ttl)
+	}
+	clock.Set(enginetest.T0.Add(5 * time.Second))
+	r := mustDeny(t, e, key, 2, time.Second)
+	wantTime(t, "denied: At", r.At, enginetest.T0.Add(5*time.Second))
+	want(t, "denied: RetryAfter (until a expires)", r.RetryAfter, 5*time.Second)
+	want(t, "denied: ResetAfter (until b expires)", r.ResetAfter, 18*time.Second)
+	want(t, "a denial adds no lease", leaseCount(t, c, key), int64(2))
+
+	// A larger max on the same key has room: max is the caller's, per call.
+	mustAcquire(t, e, key, 3, time.Millisecond)
+	// At a's expiry its slot is free again, not a microsecond before.
+	clock.Set(enginetest.T0.Add(10*time.Second - time.Microsecond))
+	want(t, "1µs before a expires: RetryAfter", mustDeny(t, e, key, 2, time.Second).RetryAfter, time.Microsecond)
+	clock.Set(enginetest.T0.Add(10 * time.Second))
+	mustAcquire(t, e, key, 2, time.Second)
+}
+
+func wantTime(t *testing.T, what string, got, wantT time.Time) {
+	t.Helper()
+	if !got.Equal(wantT) {
+		t.Fatalf("%s = %s, want %s", what, got, wantT)
+	}
+}
+
+func pttlOf(t *testing.T, c valkey.Client, full string) int64 {
+	t.Helper()
+	return valkeytest.Must(t, "PTTL", c.Do(context.Background(), c.B().Pttl().Key(full).Build()), valkey.ValkeyResult.AsInt64)
+}
+
+// Extend keeps a long holder's slot past its first ttl; a lease that expired, even by a
+// microsecond and not dropped yet, cannot be extended, and the error says so.
+func TestLeaseExtend(t *testing.T) {
+	c := server.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	ctx, key, ttl := context.Background(), newKey(t), 10*time.Second
+	a := mustAcquire(t, e, key, 1, ttl)
+
+	clock.Set(enginetest.T0.Add(8 * time.Second))
+	a, err := e.Extend(ctx, a, ttl)
+	if err != nil {
+		t.Fatalf("Extend a held lease: %v", err)
+	}
+	wantTime(t, "extended: At", a.At, enginetest.T0.Add(8*time.Second))
+	wantTime(t, "extended: Expires", a.Expires, enginetest.T0.Add(18*time.Second))
+	clock.Set(enginetest.T0.Add(15 * time.Second)) // past the first ttl: still held
+	want(t, "past the first ttl: RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, 3*time.Second)
+
+	clock.Set(enginetest.T0.Add(18 * time.Second)) // the extended lease expires now
+	if _, err := e.Extend(ctx, a, ttl); !errors.Is(err, engine.ErrLeaseExpired) {
+		t.Fatalf("Extend at the lease's expiry: %v, want ErrLeaseExpired", err)
+	}
+	want(t, "the expired lease is dropped", leaseCount(t, c, key), int64(0))
+	b := mustAcquire(t, e, key, 1, ttl)
+	_, err = e.Extend(ctx, a, ttl)
+	if !errors.Is(err, engine.ErrLeaseExpired) || !strings.Contains(err.Error(), a.ID.String()) {
+		t.Fatalf("Extend after another took the slot: %v, want ErrLeaseExpired naming the lease", err)
+	}
+	mustDeny(t, e, key, 1, ttl) // b keeps its slot
+	mustRelease(t, e, b)
+	if _, err := e.Extend(ctx, b, ttl); !errors.Is(err, engine.ErrLeaseExpired) {
+		t.Fatalf("Extend a released lease: %v, want ErrLeaseExpired", err)
+	}
+
+	// On the server's clock: the lease moves to ttl from the server's now.
+	srv := enginetest.New(t, c)
+	key = newKey(t)
+	l := mustAcquire(t, srv, key, 1, 200*time.Millisecond)
+	l, err = srv.Extend(ctx, l, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Expires.Sub(l.At) != time.Minute || time.Since(l.At).Abs() > time.Minute {
+		t.Fatalf("extended on the server's clock: At %s, Expires %s", l.At, l.Expires)
+	}
+	if ttl := pttlOf(t, c, leaseKey(key)); ttl < 50_000 {
+		t.Fatalf("lease key PTTL %d ms after extending to a minute", ttl)
+	}
+}
+
+// Release is idempotent, a no-op once the lease expired, and never frees another holder's
+// slot: not when released twice, not when its slot was taken again after it expired.
+func TestLeaseRelease(t *testing.T) {
+	c := server.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	key, ttl := newKey(t), 10*time.Second
+
+	a := mustAcquire(t, e, key, 2, ttl)
+	mustAcquire(t, e, key, 2, ttl) // b
+	mustRelease(t, e, a)
+	mustRelease(t, e, a)
+	mustAcquire(t, e, key, 2, ttl) // c: a's slot
+	mustDeny(t, e, key, 2, ttl)    // b and c hold: the second release freed nothing
+	want(t, "leases after a double release", leaseCount(t, c, key), int64(2))
+
+	key = newKey(t)
+	a = mustAcquire(t, e, key, 1, ttl)
+	clock.Set(enginetest.T0.Add(ttl))
+	b := mustAcquire(t, e, key, 1, ttl) // a expired: its slot is b's
+	mustRelease(t, e, a)
+	want(t, "after releasing the expired lease: b still holds, RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, ttl)
+	mustRelease(t, e, b)
+	mustAcquire(t, e, key, 1, ttl)
+
+	// Expired and not dropped yet: the release takes it out, and frees nothing else.
+	key = newKey(t)
+	a = mustAcquire(t, e, key, 1, ttl)
+	clock.Set(enginetest.T0.Add(3 * ttl))
+	mustRelease(t, e, a)
+	want(t, "leases after releasing an expired one", leaseCount(t, c, key), int64(0))
+	if n := valkeytest.Must(t, "EXISTS", c.Do(context.Background(), c.B().Exists().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
+		t.Fatalf("the lease key outlives its last lease")
+	}
+}
+
+// A key's leases and its rate-limit log are two keys: using both on one key changes neither.
+// Leases run atomically, on the server's clock, in Pipelined mode too.
+func TestLeaseKeysApartFromRateLimitLogs(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
+		e := enginetest.New(t, c, engine.WithMode(mode))
+		key := newKey(t)
+		mustAllowN(t, e, key, engine.PerMinute(2), 2)
+		before := time.Now()
+		l := mustAcquire(t, e, key, 1, time.Minute)
+		if l.At.Sub(before).Abs() > time.Minute {
+			t.Fatalf("%s: lease At %s, not the server's clock", mode, l.At)
+		}
+		want(t, mode.String()+": rate limit still full", mustAllowN(t, e, key, engine.PerMinute(2), 1).Allowed, false)
+		for full, kind := range map[string]string{prefix + key: "list", leaseKey(key): "zset"} {
+			if mode == engine.Pipelined && full == prefix+key {
+				kind = "zset" // the article's log
+			}
+			got := valkeytest.Must(t, "TYPE", c.Do(ctx, c.B().Type().Key(full).Build()), valkey.ValkeyResult.ToString)
+			want(t, mode.String()+": TYPE "+full, got, kind)
+		}
+		mustRelease(t, e, l)
+		if mode == engine.Atomic {
+			want(t, "events in the log after the release", events(t, c, key), int64(2))
+		}
+	}
+}
+
+// Every invalid input is refused with ErrInvalidArgument before anything is sent: the lease
+// set keeps its leases and its expiry, or stays absent.
+func TestLeaseInvalidArguments(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	e := enginetest.New(t, c)
+	zero := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
+	held := func(key string) engine.Lease { return engine.Lease{Key: key, ID: uuid.New()} }
+	calls := []struct {
+		name string
+		call func(key string) error
+	}{
+		{"Acquire empty key", func(string) error { _, err := e.Acquire(ctx, "", 1, time.Second); return err }},
+		{"Acquire max 0", func(k string) error { _, err := e.Acquire(ctx, k, 0, time.Second); return err }},
+		{"Acquire max -1", func(k string) error { _, err := e.Acquire(ctx, k, -1, time.Second); return err }},
+		{"Acquire max above MaxEvents", func(k string) error {
+			_, err := e.Acquire(ctx, k, engine.MaxEvents+1, time.Second)
+			return err
+		}},
+		{"Acquire ttl 0", func(k string) error { _, err := e.Acquire(ctx, k, 3, 0); return err }},
+		{"Acquire ttl 999µs", func(k string) error { _, err := e.Acquire(ctx, k, 3, 999*time.Microsecond); return err }},
+		{"Acquire ttl negative", func(k string) error { _, err := e.Acquire(ctx, k, 3, -time.Second); return err }},
+		{"Acquire ttl above MaxLeaseTTL", func(k string) error {
+			_, err := e.Acquire(ctx, k, 3, engine.MaxLeaseTTL+time.Microsecond)
+			return err
+		}},
+		{"Acquire on a zero clock", func(k string) error { _, err := zero.Acquire(ctx, k, 3, time.Second); return err }},
+		{"Extend zero lease", func(string) error { _, err := e.Extend(ctx, engine.Lease{}, time.Second); return err }},
+		{"Extend lease without id", func(k string) error {
+			_, err := e.Extend(ctx, engine.Lease{Key: k}, time.Second)
+			return err
+		}},
+		{"Extend ttl 999µs", func(k string) error { _, err := e.Extend(ctx, held(k), 999*time.Microsecond); return err }},
+		{"Extend on a zero clock", func(k string) error { _, err := zero.Extend(ctx, held(k), time.Second); return err }},
+		{"Release lease without key", func(string) error { return e.Release(ctx, engine.Lease{ID: uuid.New()}) }},
+	}
+	for _, existing := range []bool{false, true} {
+		for _, tc := range calls {
+			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
+				key := newKey(t)
+				var before []string
+				if existing {
+					mustAcquire(t, e, key, 3, time.Minute)
+					before = valkeytest.Must(t, "ZRANGE", c.Do(ctx, c.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Withscores().Build()), valkey.ValkeyResult.AsStrSlice)
+				}
+				if err := tc.call(key); !errors.Is(err, engine.ErrInvalidArgument) {
+					t.Fatalf("err = %v, want ErrInvalidArgument", err)
+				}
+				after := valkeytest.Must(t, "ZRANGE", c.Do(ctx, c.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Withscores().Build()), valkey.ValkeyResult.AsStrSlice)
+				if fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Fatalf("leases changed from %v to %v", before, after)
+				}
+				// A minute, rounded up to the millisecond on the server's clock.
+				if ttl := pttlOf(t, c, leaseKey(key)); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
+					t.Fatalf("PTTL %d after a refused call", ttl)
+				}
+			})
+		}
+	}
+	// A lease fail-open granted holds no slot: releasing it sends nothing and succeeds.
+	if err := e.Release(ctx, engine.Lease{Key: newKey(t)}); err != nil {
+		t.Fatalf("Release of a lease without id: %v", err)
+	}
+}
+
+// leaseChildEnv, when set, makes TestLeaseHolderKilled the child: it holds a lease and waits
+// to be killed. Its value is the key and the ttl.
+const leaseChildEnv = "STRICTRATE_TEST_LEASE_CHILD"
+
+// A process that holds a lease and is killed with SIGKILL never releases it: its slot stays
+// taken until the lease's expiry and frees then, not before and not after, on the server's
+// clock. The child is this test binary run again, holding a lease of the parent's key.
+func TestLeaseHolderKilled(t *testing.T) {
+	if spec := os.Getenv(leaseChildEnv); spec != "" {
+		holdLeaseUntilKilled(t, spec)
+		return
+	}
+	c := server.Client(t)
+	e := enginetest.New(t, c)
+	ctx := context.Background()
+	key, ttl := newKey(t), 1500*time.Millisecond
+
+	child := exec.Command(os.Args[0], "-test.run=^TestLeaseHolderKilled$", "-test.count=1")
+	child.Env = append(os.Environ(), leaseChildEnv+"="+key+" "+ttl.String(), valkeytest.EnvAddr+"="+server.Addr)
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	child.Stderr = &stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if line, ok := strings.CutPrefix(sc.Text(), "lease-held "); ok {
+				lines <- line
+			}
+		}
+		exited <- child.Wait() // after the pipe is drained, as Wait requires
+	}()
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			child.Process.Kill()
+			<-exited
+		}
+	})
+
+	var line string
+	select {
+	case line = <-lines:
+	case err := <-exited:
+		killed = true
+		t.Fatalf("the child exited before holding a lease: %v\n%s", err, stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("the child did not hold a lease within a minute\n%s", stderr.String())
+	}
+	var idText string
+	var expiresUs int64
+	if _, err := fmt.Sscanf(line, "%s %d", &idText, &expiresUs); err != nil {
+		t.Fatalf("child said %q: %v", line, err)
+	}
+	id := uuid.MustParse(idText)
+	expires := time.UnixMicro(expiresUs)
+
+	if err := child.Process.Kill(); err != nil { // SIGKILL: no defer, no release runs
+		t.Fatal(err)
+	}
+	killed = true
+	if err := <-exited; err == nil || child.ProcessState.String() != "signal: killed" {
+		t.Fatalf("child ended with %v (%s), want killed by SIGKILL", err, child.ProcessState)
+	}
+	score := valkeytest.Must(t, "ZSCORE", c.Do(ctx, c.B().Zscore().Key(leaseKey(key)).Member(string(id[:])).Build()), valkey.ValkeyResult.AsFloat64)
+	if int64(score) != expiresUs {
+		t.Fatalf("the dead child's lease is stored to expire at %d µs, it said %d", int64(score), expiresUs)
+	}
+	// The key goes away with the lease: its expiry is the lease's, rounded up to a millisecond.
+	expireAt := valkeytest.Must(t, "PEXPIRETIME", c.Do(ctx, c.B().Pexpiretime().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64)
+	if expireAt != (expiresUs+999)/1000 {
+		t.Fatalf("lease key expires at %d ms, want the lease's expiry %d µs rounded up", expireAt, expiresUs)
+	}
+
+	// Try for the slot until granted, more often as the expiry nears. Each denial is decided
+	// on the server's clock: it must come before the dead lease's expiry and name the wait
+	// until it, to the microsecond; the grant must come at or after it.
+	denials := 0
+	for {
+		l, err := e.Acquire(ctx, key, 1, ttl)
+		var denied *engine.DeniedError
+		if errors.As(err, &denied) {
+			r := denied.Result
+			if !r.At.Before(expires) || r.RetryAfter != expires.Sub(r.At) {
+				t.Fatalf("denied at %s with RetryAfter %s; the dead lease expires at %s", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
+			}
+			denials++
+			// Halve the wait down to the last few milliseconds, then try densely: a slot
+			// freed early would be granted before the expiry.
+			pause := r.RetryAfter / 2
+			if r.RetryAfter <= 4*time.Millisecond {
+				pause = 200 * time.Microsecond
+			}
+			time.Sleep(pause)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.At.Before(expires) {
+			t.Fatalf("granted at %s, before the dead lease expired at %s", l.At.Format(time.StampMicro), expires.Format(time.StampMicro))
+		}
+		if denials == 0 {
+			t.Fatalf("granted at the first try, %s after the lease's expiry: the child's lease ran out before it was killed (ttl %s too short for this machine)", l.At.Sub(expires), ttl)
+		}
+		t.Logf("slot held by the killed child: %d denials, then granted %s after its lease's expiry (server clock)", denials, l.At.Sub(expires))
+		mustRelease(t, e, l)
+		return
+	}
+}
+
+// holdLeaseUntilKilled is the child's side of TestLeaseHolderKilled: acquire, say so on
+// stdout, and wait, never releasing. It exits on its own after a minute, should its parent
+// be gone.
+func holdLeaseUntilKilled(t *testing.T, spec string) {
+	key, ttlText, _ := strings.Cut(spec, " ")
+	ttl, err := time.ParseDuration(ttlText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := enginetest.New(t, server.Client(t))
+	l := mustAcquire(t, e, key, 1, ttl)
+	fmt.Printf("lease-held %s %d\n", l.ID, l.Expires.UnixMicro())
+	os.Stdout.Sync()
+	time.Sleep(time.Minute)
+	t.Fatal("the parent never killed this child")
+}
+
+// The server down: fail-closed Acquire and Extend return ErrUnavailable; fail-open grants a
+// lease that holds no slot and says why; Release returns the error either way, and a
+// cancelled caller is an error either way.
+func TestLeaseFailOpenAndFailClosed(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	closed := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
+	key, ttl := newKey(t), time.Minute
+	l := mustAcquire(t, open, key, 2, ttl)
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+
+	if got, err := closed.Acquire(ctx, key, 2, ttl); !errors.Is(err, engine.ErrUnavailable) || got != (engine.Lease{}) {
+		t.Fatalf("fail-closed Acquire, server down: %+v, %v; want no lease and ErrUnavailable", got, err)
+	}
+	if _, err := closed.Extend(ctx, l, ttl); !errors.Is(err, engine.ErrUnavailable) || errors.Is(err, engine.ErrLeaseExpired) {
+		t.Fatalf("fail-closed Extend, server down: %v; want ErrUnavailable", err)
+	}
+	before := time.Now()
+	got, err := open.Acquire(ctx, key, 2, ttl)
+	if err != nil || !errors.Is(got.BackendErr, engine.ErrUnavailable) || got.ID != uuid.Nil || got.Key != key ||
+		got.At.Before(before) || got.Expires != got.At.Add(ttl) {
+		t.Fatalf("fail-open Acquire, server down: %+v, %v; want a lease without id, carrying ErrUnavailable", got, err)
+	}
+	if err := open.Release(ctx, got); err != nil {
+		t.Fatalf("Release of a fail-open lease: %v, want nil (it holds no slot)", err)
+	}
+	ext, err := open.Extend(ctx, l, ttl)
+	if err != nil || !errors.Is(ext.BackendErr, engine.ErrUnavailable) || ext.Expires != ext.At.Add(ttl) {
+		t.Fatalf("fail-open Extend, server down: %+v, %v; want the lease carrying ErrUnavailable", ext, err)
+	}
+	for name, e := range map[string]*engine.Engine{"closed": closed, "open": open} {
+		if err := e.Release(ctx, l); !errors.Is(err, engine.ErrUnavailable) {
+			t.Fatalf("%s Release, server down: %v; want ErrUnavailable", name, err)
+		}
+	}
+	cancelled, cancelNow := context.WithCancel(context.Background())
+	cancelNow()
+	if _, err := open.Acquire(cancelled, key, 2, ttl); !errors.Is(err, context.Canceled) {
+		t.Fatalf("fail-open Acquire with a cancelled context: %v; want context.Canceled", err)
+	}
+}

@@ -1,0 +1,25 @@
+-- lib_lease.lua: a part included by the lease scripts (not a script of its own).
+--
+-- A key's leases are one sorted set: a member per lease (its 16-byte id), scored by the
+-- lease's expiry in integer microseconds, on the clock that granted it. A lease counts while
+-- now < its expiry; at its expiry it frees its slot by itself, so a holder that dies without
+-- releasing cannot keep a slot for longer than its lease.
+--
+-- keep_until(key, now, expires, fresh, server_clock) makes the key live at least until expires
+-- (and no longer than needed when fresh: a key that had no lease before this one). Expiries
+-- take whole milliseconds, rounded up so the key never goes before a lease it holds; GT only
+-- ever lengthens the key's life, so a shorter lease never cuts a longer one's. On the
+-- server's clock the expiry is absolute (PEXPIREAT): the key then goes with its last lease,
+-- within the millisecond. On a caller's clock it is relative to now (PEXPIRE), as the
+-- caller's clock may be far from the server's.
+local function keep_until(key, now, expires, fresh, server_clock)
+  local cmd, at = 'PEXPIRE', math.ceil((expires - now) / 1000)
+  if server_clock then
+    cmd, at = 'PEXPIREAT', math.ceil(expires / 1000)
+  end
+  if fresh then
+    redis.call(cmd, key, at)
+  else
+    redis.call(cmd, key, at, 'GT')
+  end
+end
