@@ -257,6 +257,11 @@ func (c *committer) take(q *queue) []*call {
 
 // send runs calls as one call to the server, hands each its outcome, and sends what waits.
 func (c *committer) send(ctx context.Context, q *queue, calls []*call) {
+	op := opAllow
+	if c.single.ReadOnly() {
+		op = opPeek
+	}
+	c.e.metrics.batchSize.Record(ctx, int64(len(calls)), c.e.metrics.byOp[op])
 	if len(calls) == 1 {
 		c.sendOne(ctx, calls[0])
 	} else {

@@ -53,9 +53,17 @@ type Result struct {
 	// RetryAfter and ResetAfter are then 0, and At is the caller's clock.
 	BackendErr error
 	// Entry identifies the log entry an admitted request wrote, for Refund and Settle. It is
-	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission, or
-	// Pipelined mode (whose log is the article's, one member per event).
+	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission, a
+	// shadow admission, or Pipelined mode (whose log is the article's, one member per event).
 	Entry EntryID
+	// ShadowDenied is set under WithShadow(true) when the limit denied the request and shadow
+	// mode admitted it anyway: Allowed is true, the other fields are the denial's (Remaining,
+	// RetryAfter), and nothing was recorded.
+	ShadowDenied bool
+	// FromCache is set when the engine's deny cache (WithDenyCache) refused the request
+	// without asking the server: RetryAfter is the cached denial's, counted down, and At the
+	// denial's moved on by the time since it came back.
+	FromCache bool
 }
 
 // EntryID identifies one admitted request's entry in its key's log: its time and its position
@@ -102,6 +110,9 @@ type Engine struct {
 	extend   *loader.Script // lease_extend.lua: Extend
 	release  *loader.Script // lease_release.lua: Release
 	batching bool           // WithBatching: decisions go through the committers' queues
+	shadow   bool           // WithShadow: denials are admitted, marked ShadowDenied
+	denials  *denyCache     // WithDenyCache; nil when off
+	metrics  *metrics
 
 	// limitSets caches the formatted arguments of single limits (oneLimit).
 	limitSets     sync.Map // Limit -> *limitSet
@@ -142,10 +153,20 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		extend:   loader.New("lease_extend", scripts.LeaseExtend()),
 		release:  loader.New("lease_release", scripts.LeaseRelease()),
 		batching: o.batching,
+		shadow:   o.shadow,
 
 		failOpen:    o.failOpen,
 		ackReplicas: o.ackReplicas,
 		ackTimeout:  o.ackTimeout,
+	}
+	var err error
+	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
+		return nil, fmt.Errorf("strictrate: new engine: metrics: %w", err)
+	}
+	if o.denyCacheEntries > 0 {
+		if e.denials, err = newDenyCache(o.denyCacheEntries); err != nil {
+			return nil, fmt.Errorf("%w: deny cache: %w", ErrInvalidArgument, err)
+		}
 	}
 	e.decides = newCommitter(e, loader.New("decide", scripts.Decide()), loader.New("decide_batch", scripts.DecideBatch()))
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
@@ -179,7 +200,9 @@ func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result
 	if err := validate(key, l, n); err != nil {
 		return Result{}, err
 	}
-	return e.allowAt(ctx, key, l, n, e.now())
+	started := time.Now()
+	r, err := e.allowAt(ctx, key, l, n, e.now())
+	return e.finish(ctx, opAllow, started, r, err)
 }
 
 // Peek returns the decision Allow would take for key now, and records nothing. It runs as a
@@ -188,7 +211,9 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 	if err := validate(key, l, 1); err != nil {
 		return Result{}, err
 	}
-	return e.peekAt(ctx, key, l, 1, e.now())
+	started := time.Now()
+	r, err := e.peekAt(ctx, key, l, 1, e.now())
+	return e.finish(ctx, opPeek, started, r, err)
 }
 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
@@ -198,6 +223,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	full := e.prefix + key
+	e.forgetDenials(full)
 	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
 		return classify("strictrate: reset "+strconv.Quote(key), err)
 	}
@@ -211,7 +237,9 @@ func (e *Engine) Check(ctx context.Context, key string, limit int, window time.D
 	if err := validate(key, l, 1); err != nil {
 		return err
 	}
+	started := time.Now()
 	r, err := e.peekAt(ctx, key, l, 1, clockReading{t: now, set: true})
+	r, err = e.finish(ctx, opPeek, started, r, err)
 	return deniedOrErr(key, r, err)
 }
 
@@ -222,7 +250,9 @@ func (e *Engine) Record(ctx context.Context, key string, limit int, window time.
 	if err := validate(key, l, 1); err != nil {
 		return err
 	}
+	started := time.Now()
 	r, err := e.allowAt(ctx, key, l, 1, clockReading{t: now, set: true})
+	r, err = e.finish(ctx, opAllow, started, r, err)
 	return deniedOrErr(key, r, err)
 }
 

@@ -28,6 +28,14 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 	what := func() string {
 		return "strictrate: " + op + " " + strconv.Quote(strings.TrimPrefix(req.key, e.prefix))
 	}
+	cached := e.denials != nil && c == e.decides
+	var sent time.Time
+	if cached {
+		sent = e.callerNow()
+		if r, ok := e.denials.lookup(req.key, req.set, req.n, sent); ok {
+			return r, nil
+		}
+	}
 	var out outcome
 	if e.batching {
 		out = c.do(ctx, req)
@@ -51,7 +59,38 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 			return e.backendFailure(ctx, err)
 		}
 	}
+	if cached && !r.Allowed {
+		e.denials.store(req.key, req.set, req.n, r, sent, e.callerNow())
+	}
 	return r, nil
+}
+
+// finish applies shadow mode to a decision taken through op since started, and counts it.
+func (e *Engine) finish(ctx context.Context, op operation, started time.Time, r Result, err error) (Result, error) {
+	oc := outcomeAllowed
+	switch {
+	case err != nil:
+		oc = outcomeError
+	case r.BackendErr != nil:
+		oc = outcomeFailOpen
+	case r.Allowed:
+	case e.shadow:
+		r.Allowed, r.ShadowDenied = true, true
+		oc = outcomeShadowDenied
+	case r.FromCache:
+		oc = outcomeCacheDenied
+	default:
+		oc = outcomeDenied
+	}
+	e.metrics.record(ctx, op, oc, time.Since(started))
+	return r, err
+}
+
+// forgetDenials drops the deny cache's denials of the full key, whose room may have come back.
+func (e *Engine) forgetDenials(fullKey string) {
+	if e.denials != nil {
+		e.denials.forget(fullKey)
+	}
 }
 
 // runAcked sends script s for the full key fullKey and hands its reply to read, which decodes

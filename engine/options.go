@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Mode chooses how the engine talks to the server.
@@ -34,17 +36,20 @@ func (m Mode) String() string {
 type Option func(*options)
 
 type options struct {
-	mode           Mode
-	prefix         string
-	clock          func() time.Time
-	preload        bool
-	preloadTimeout time.Duration
-	failOpen       bool
-	ackReplicas    int
-	ackTimeout     time.Duration
-	evictionCheck  EvictionCheck
-	logger         *slog.Logger
-	batching       bool
+	mode             Mode
+	prefix           string
+	clock            func() time.Time
+	preload          bool
+	preloadTimeout   time.Duration
+	failOpen         bool
+	ackReplicas      int
+	ackTimeout       time.Duration
+	evictionCheck    EvictionCheck
+	logger           *slog.Logger
+	batching         bool
+	shadow           bool
+	denyCacheEntries int
+	meterProvider    metric.MeterProvider
 }
 
 func defaultOptions() options {
@@ -124,3 +129,28 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // script, so with one request at a time nothing changes. Peeks batch apart from decisions.
 // Pipelined mode is never batched. Off, every decision is its own EVALSHA, as before.
 func WithBatching(on bool) Option { return func(o *options) { o.batching = on } }
+
+// WithShadow turns shadow mode on: every decision runs as usual, and a request the limit
+// denies is admitted anyway, with Result.ShadowDenied set (the metrics count it as
+// shadow_denied). The log records only what the limit admitted, so switching shadow off
+// enforces a log that tells the truth. Use it to try a new limit on live traffic before
+// enforcing it. Peek and Check answer as Allow would: admitted, marked ShadowDenied.
+func WithShadow(on bool) Option { return func(o *options) { o.shadow = on } }
+
+// WithDenyCache keeps up to entries keys' recent denials in memory (least recently used out
+// first), so that a key under abuse is refused without a round trip: after a denial, a later
+// request for the same key, limits (or policy) and a cost at least the denied one's is denied
+// at once, Result.FromCache set, until the denial's RetryAfter has run from the moment its
+// call was sent (that moment precedes the server's decision, so the cache never denies past
+// the real denial). Its Result counts RetryAfter down. Reset, Refund and Settle through this
+// engine clear the key's denials; through another process they do not: room they give back
+// is seen when the cached RetryAfter runs out. entries < 1 turns it off (the default). Atomic
+// mode only.
+func WithDenyCache(entries int) Option { return func(o *options) { o.denyCacheEntries = entries } }
+
+// WithMeterProvider sets where the engine's metrics go (OpenTelemetry's metric API; the
+// README lists them). The default is the global provider, otel.GetMeterProvider, which
+// records nothing until the program sets one.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) { o.meterProvider = mp }
+}

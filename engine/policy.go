@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // MaxPolicyLimits is the most limits a Policy may hold. Each limit costs the script one
@@ -92,7 +93,12 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	if err := p.validate(n); err != nil {
 		return Result{}, err
 	}
-	now := e.now()
+	started := time.Now()
+	r, err := e.allowPolicyAt(ctx, key, p, n, e.now())
+	return e.finish(ctx, opPolicy, started, r, err)
+}
+
+func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int, now clockReading) (Result, error) {
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}

@@ -45,6 +45,7 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 		return err
 	}
 	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
+	e.forgetDenials(e.prefix + key)
 	if err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).Error(); err != nil {
 		return classify("strictrate: settle "+strconv.Quote(key), err)
 	}

@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// The engine's metrics, through the OpenTelemetry metric API (WithMeterProvider). OpenTelemetry
+// has no convention for rate limiters; these are the names (the README has the table):
+//
+//	strictrate.decisions            counter    {decision}  every decision, by operation and outcome
+//	strictrate.decision.duration    histogram  s           the call's time, queueing included
+//	strictrate.batch.size           histogram  {decision}  decisions per script call (WithBatching)
+//
+// Attributes: strictrate.operation (allow: Allow, AllowN, Record, Wait; policy: AllowPolicy;
+// peek: Peek, Check) and, on the first two, strictrate.outcome (allowed, denied, error,
+// fail_open, shadow_denied, cache_denied). Never the key: keys are unbounded.
+const (
+	meterName = "github.com/strictrate/strictrate/engine"
+
+	metricDecisions = "strictrate.decisions"
+	metricDuration  = "strictrate.decision.duration"
+	metricBatchSize = "strictrate.batch.size"
+
+	attrOperation = "strictrate.operation"
+	attrOutcome   = "strictrate.outcome"
+)
+
+// operation is what a decision was asked through.
+type operation int
+
+const (
+	opAllow operation = iota
+	opPolicy
+	opPeek
+	numOperations
+)
+
+var operationNames = [numOperations]string{"allow", "policy", "peek"}
+
+// outcome of a decision, as the metrics count it.
+type decisionOutcome int
+
+const (
+	outcomeAllowed decisionOutcome = iota
+	outcomeDenied
+	outcomeError
+	outcomeFailOpen
+	outcomeShadowDenied
+	outcomeCacheDenied
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"allowed", "denied", "error", "fail_open", "shadow_denied", "cache_denied"}
+
+// metrics holds the engine's instruments and their attribute sets, made once.
+type metrics struct {
+	decisions metric.Int64Counter
+	duration  metric.Float64Histogram
+	batchSize metric.Int64Histogram
+	byResult  [numOperations][numOutcomes]metric.MeasurementOption
+	byOp      [numOperations]metric.MeasurementOption
+}
+
+func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(meterName)
+	m := &metrics{}
+	var err error
+	if m.decisions, err = meter.Int64Counter(metricDecisions, metric.WithUnit("{decision}"),
+		metric.WithDescription("Rate-limit decisions, by operation and outcome.")); err != nil {
+		return nil, err
+	}
+	if m.duration, err = meter.Float64Histogram(metricDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time a decision took the caller, queueing for a batch included."),
+		metric.WithExplicitBucketBoundaries(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)); err != nil {
+		return nil, err
+	}
+	if m.batchSize, err = meter.Int64Histogram(metricBatchSize, metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions per script call, under group commit."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128)); err != nil {
+		return nil, err
+	}
+	for op := range numOperations {
+		opAttr := attribute.String(attrOperation, operationNames[op])
+		m.byOp[op] = metric.WithAttributeSet(attribute.NewSet(opAttr))
+		for oc := range numOutcomes {
+			m.byResult[op][oc] = metric.WithAttributeSet(attribute.NewSet(opAttr, attribute.String(attrOutcome, outcomeNames[oc])))
+		}
+	}
+	return m, nil
+}
+
+// record counts one decision and its duration.
+func (m *metrics) record(ctx context.Context, op operation, oc decisionOutcome, took time.Duration) {
+	attrs := m.byResult[op][oc]
+	m.decisions.Add(ctx, 1, attrs)
+	m.duration.Record(ctx, took.Seconds(), attrs)
+}
