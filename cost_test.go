@@ -1,6 +1,7 @@
 package strictrate_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,28 +90,37 @@ type weightedDecision struct {
 // microsecond count as before it, the benefit of the doubt going to the denial).
 func auditWeighted(t *testing.T, ds []weightedDecision, l engine.Limit) (admitted int) {
 	t.Helper()
-	slices.SortStableFunc(ds, func(a, b weightedDecision) int { return int(a.at - b.at) })
 	w := l.Window.Microseconds()
-	for i, d := range ds {
-		inWindow := 0 // admitted cost in (d.at - w, d.at], this decision's microsecond included
-		for j := i; j >= 0 && ds[j].at > d.at-w; j-- {
-			if ds[j].allowed {
-				inWindow += ds[j].cost
-			}
+	var times []int64 // the admitted decisions' times, ascending, and their running cost
+	var cum []int
+	slices.SortStableFunc(ds, func(a, b weightedDecision) int { return cmp.Compare(a.at, b.at) })
+	for _, d := range ds {
+		if d.allowed {
+			times = append(times, d.at)
+			cum = append(cum, admitted+d.cost)
+			admitted += d.cost
 		}
-		for j := i + 1; j < len(ds) && ds[j].at == d.at; j++ {
-			if ds[j].allowed {
-				inWindow += ds[j].cost
-			}
+	}
+	// costIn is the admitted cost in (t - w, t]: this microsecond included.
+	costIn := func(t int64) int {
+		upto, _ := slices.BinarySearchFunc(times, t+1, cmp.Compare[int64])
+		from, _ := slices.BinarySearchFunc(times, t-w+1, cmp.Compare[int64])
+		total := 0
+		if upto > 0 {
+			total = cum[upto-1]
 		}
+		if from > 0 {
+			total -= cum[from-1]
+		}
+		return total
+	}
+	for _, d := range ds {
+		inWindow := costIn(d.at)
 		switch {
 		case d.allowed && inWindow > l.Max:
 			t.Fatalf("admitted cost %d in the window ending at %d, over Max %d", inWindow, d.at, l.Max)
 		case !d.allowed && inWindow+d.cost <= l.Max:
 			t.Fatalf("cost %d denied at %d with %d admitted in its window of Max %d: a false denial", d.cost, d.at, inWindow, l.Max)
-		}
-		if d.allowed {
-			admitted += d.cost
 		}
 	}
 	return admitted

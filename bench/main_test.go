@@ -47,16 +47,20 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		t.Errorf("settings not recorded: %+v", r.Settings)
 	}
 
-	if len(r.Exactness) != 3 {
-		t.Fatalf("exactness rows: %d, want 3", len(r.Exactness))
+	if len(r.Exactness) != len(exactnessVariants) {
+		t.Fatalf("exactness rows: %d, want %d", len(r.Exactness), len(exactnessVariants))
 	}
-	pl := r.Exactness[2]
-	for i, name := range []string{"atomic", "batched"} {
+	pl := r.Exactness[3]
+	for i, name := range []string{"atomic", "batched", "cached"} {
 		at := r.Exactness[i]
 		if at.Mode != name || at.Overshoot != 0 || at.FalseDenials != 0 || at.MaxInAnyWindow > cfg.Limit ||
 			at.LogEntries > int64(cfg.Limit) || at.LogMax > int64(cfg.Limit) || at.LogMax == 0 || at.Admitted < cfg.Limit {
 			t.Errorf("%s exactness: %+v", name, at)
 		}
+	}
+	if cached := r.Exactness[2]; cached.Cached == 0 || cached.ServerCalls >= r.Exactness[1].ServerCalls {
+		t.Errorf("the deny cache took %d decisions, and the server ran %d calls against %d without it: it shed nothing",
+			cached.Cached, cached.ServerCalls, r.Exactness[1].ServerCalls)
 	}
 	if pl.Mode != "pipelined" || pl.LogMax <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
 		t.Errorf("pipelined exactness: %+v (its log should hold more than the limit)", pl)

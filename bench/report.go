@@ -17,11 +17,13 @@ func writeMarkdown(w io.Writer, r *Report) {
 	if len(r.Exactness) > 0 {
 		fmt.Fprintf(w, "\n### Exactness under contention (one key, every goroutine)\n\n")
 		table(w, []string{"mode", "requests/s", "admitted", "full windows", "admitted per window min / mean / max", "limit",
-			"max in any window", "overshoot", "false denials", "log entries: largest seen / at end", "timestamps"})
+			"max in any window", "overshoot", "false denials", "log events: largest seen / at end", "server calls per request",
+			"decided by the deny cache", "timestamps"})
 		for _, e := range r.Exactness {
 			row(w, e.Mode, f0(e.OfferedPS), strconv.Itoa(e.Admitted), strconv.Itoa(e.FullWindows),
 				fmt.Sprintf("%d / %.1f / %d", e.PerWindowMin, e.PerWindowMean, e.PerWindowMax), strconv.Itoa(e.Limit),
-				strconv.Itoa(e.MaxInAnyWindow), strconv.Itoa(e.Overshoot), strconv.Itoa(e.FalseDenials), fmt.Sprintf("%d / %d", e.LogMax, e.LogEntries), e.Clock)
+				strconv.Itoa(e.MaxInAnyWindow), strconv.Itoa(e.Overshoot), strconv.Itoa(e.FalseDenials), fmt.Sprintf("%d / %d", e.LogMax, e.LogEntries),
+				fmt.Sprintf("%.3f", float64(e.ServerCalls)/float64(max(e.Requests, 1))), pct(float64(e.Cached)/float64(max(e.Requests, 1))), e.Clock)
 		}
 	}
 	if len(r.Throughput) > 0 {

@@ -167,13 +167,20 @@ type ExactnessRow struct {
 	// LogMax is the largest log seen by ZCARD every 20ms during the run: at the end, the last
 	// events may just have left the window.
 	LogMax int64 `json:"log_entries_max_sampled"`
+	// ServerCalls is what the server ran for the row's decisions: script calls (atomic) or
+	// commands (pipelined, four per decision).
+	ServerCalls int64 `json:"server_calls"`
+	// Cached is how many decisions the deny cache took without the server.
+	Cached int `json:"decided_by_deny_cache"`
 	Exactness
 }
 
-// exactnessVariants are the rows of scenario 1.
+// exactnessVariants are the rows of scenario 1; "cached" is batched with the deny cache on,
+// which sheds the hot key's overload on the client.
 var exactnessVariants = []throughputVariant{
 	{name: "atomic", mode: engine.Atomic, opts: unbatched},
 	{name: "batched", mode: engine.Atomic, opts: batched},
+	{name: "cached", mode: engine.Atomic, opts: append(slices.Clone(batched), engine.WithDenyCache(1024))},
 	{name: "pipelined", mode: engine.Pipelined},
 }
 
@@ -185,13 +192,21 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 	}
 	key := "hot:" + v.name
 	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
+	before, err := readServerStats(ctx, b.clients[0])
+	if err != nil {
+		return ExactnessRow{}, err
+	}
 	began := time.Now()
 	perG := make([][]Decision, b.cfg.Concurrency)
+	cached := make([]int, b.cfg.Concurrency)
 	sampled := b.sampleLogSize(ctx, mode, key, b.cfg.Duration)
 	err = b.drive(ctx, b.cfg.Duration, func(g int, e *engine.Engine) error {
 		r, err := e.Allow(ctx, key, limit)
 		if err != nil {
 			return err
+		}
+		if r.FromCache {
+			cached[g]++
 		}
 		perG[g] = append(perG[g], Decision{AtMicros: r.At.UnixMicro(), Allowed: r.Allowed})
 		return nil
@@ -200,6 +215,10 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 		return ExactnessRow{}, err
 	}
 	elapsed := time.Since(began)
+	after, err := readServerStats(ctx, b.clients[0])
+	if err != nil {
+		return ExactnessRow{}, err
+	}
 	decisions := slices.Concat(perG...)
 	n, _, err := b.logSize(ctx, mode, key)
 	if err != nil {
@@ -212,6 +231,7 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 	row := ExactnessRow{
 		Mode: v.name, Clock: clock, Limit: limit.Max, WindowMS: ms(limit.Window),
 		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n, LogMax: <-sampled,
+		ServerCalls: after.calls(dataCommands(mode)) - before.calls(dataCommands(mode)), Cached: sumInts(cached),
 		Exactness: analyze(decisions, limit.Max, limit.Window),
 	}
 	b.logf("exactness/%s: %s, %d requests, %d admitted, overshoot %d, false denials %d",
@@ -391,6 +411,14 @@ func dataCommands(mode engine.Mode) []string {
 		return []string{"zremrangebyscore", "zadd", "zcard", "pexpire"}
 	}
 	return []string{"evalsha", "eval"}
+}
+
+func sumInts(xs []int) int {
+	total := 0
+	for _, x := range xs {
+		total += x
+	}
+	return total
 }
 
 // meanBatch is n decisions over the script calls between two readings; 0 for Pipelined mode.

@@ -558,3 +558,24 @@ func TestNewPanicsOnInvalidPolicy(t *testing.T) {
 		}()
 	}
 }
+
+// In shadow mode the middleware never answers 429: a request the limit denies goes through,
+// with the RateLimit fields of the real decision (no room: r=0) and no Retry-After, and the
+// log keeps only what the limit admitted.
+func TestShadowMode(t *testing.T) {
+	c := server.Client(t)
+	e, _ := enginetest.Clocked(t, c, engine.WithShadow(true))
+	h := httplimit.New(e, engine.Policy{engine.PerSecond(2)}, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	const client = "192.0.2.7:40000"
+	for i := 0; i < 5; i++ {
+		rec := do(h, client, nil)
+		wantStatus(t, fmt.Sprintf("request %d", i+1), rec, http.StatusOK)
+		name, r, _ := rateLimit(t, rec.Header())
+		if wantR := int64(max(1-i, 0)); name != "1s" || r != wantR {
+			t.Fatalf("request %d: RateLimit %q, want r=%d", i+1, rec.Header().Get("RateLimit"), wantR)
+		}
+		if rec.Header().Get("Retry-After") != "" {
+			t.Fatalf("request %d: Retry-After in shadow mode", i+1)
+		}
+	}
+}

@@ -1,9 +1,11 @@
 // Command httpserver is a small HTTP server rate-limited by strictrate: each client address
 // may make 5 requests per second and 100 per hour, and every response carries the RateLimit
-// header fields.
+// header fields. The engine's metrics are on /metrics, in Prometheus' text format, through
+// OpenTelemetry's Prometheus exporter (/metrics itself is not limited).
 //
 //	go run ./examples/httpserver -addr 127.0.0.1:8080 -valkey 127.0.0.1:6379
 //	curl -i http://127.0.0.1:8080/
+//	curl http://127.0.0.1:8080/metrics
 package main
 
 import (
@@ -19,7 +21,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valkey-io/valkey-go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/httplimit"
@@ -44,7 +49,15 @@ func run(addr, valkeyAddr string) error {
 		return fmt.Errorf("connect to Valkey at %s: %w", valkeyAddr, err)
 	}
 	defer client.Close()
-	e, err := engine.New(client)
+	// The engine records through the OpenTelemetry metric API; this program exports what it
+	// records to Prometheus.
+	exporter, err := otelprom.New()
+	if err != nil {
+		return fmt.Errorf("metrics exporter: %w", err)
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.Background())
+	e, err := engine.New(client, engine.WithMeterProvider(meters))
 	if err != nil {
 		return fmt.Errorf("rate-limit engine: %w", err)
 	}
@@ -55,7 +68,10 @@ func run(addr, valkeyAddr string) error {
 	})
 	limit := httplimit.New(e, engine.Policy{engine.PerSecond(5), engine.PerHour(100)},
 		httplimit.WithKeyPrefix("httpserver:"))
-	srv := &http.Server{Addr: addr, Handler: limit(mux), ReadHeaderTimeout: 10 * time.Second}
+	root := http.NewServeMux()
+	root.Handle("GET /metrics", promhttp.Handler())
+	root.Handle("/", limit(mux))
+	srv := &http.Server{Addr: addr, Handler: root, ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
