@@ -126,6 +126,45 @@ func auditWeighted(t *testing.T, ds []weightedDecision, l engine.Limit) (admitte
 	return admitted
 }
 
+// hammer runs do from goroutines spread over es until d has passed, each with a random
+// source of its own, and returns every decision (its timestamp, cost and outcome) and how many
+// the deny cache took.
+func hammer(t *testing.T, es []*engine.Engine, goroutines int, d time.Duration,
+	do func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error)) (ds []weightedDecision, cached int) {
+	t.Helper()
+	var mu sync.Mutex
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			e := es[g%len(es)]
+			for time.Now().Before(deadline) {
+				r, n, err := do(rng, e)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				ds = append(ds, weightedDecision{at: r.At.UnixMicro(), cost: n, allowed: r.Allowed})
+				if r.FromCache {
+					cached++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return ds, cached
+}
+
 // 64 goroutines over 4 clients ask for random costs against a limit for several windows:
 // audited on the server's timestamps, no window over Max and no false denial. Costs 1 to 50
 // against Max 1000 keep about 40 entries in a window (the log's older entries leave its
@@ -137,35 +176,11 @@ func TestWeightedExactUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprintf("Max %d, costs 1 to %d", tc.max, tc.maxCost), func(t *testing.T) {
 			es, _ := engines(t, 4)
 			key, l := newKey(t), engine.Limit{Max: tc.max, Window: 200 * time.Millisecond}
-			var mu sync.Mutex
-			var ds []weightedDecision
-			deadline := time.Now().Add(5 * l.Window)
-			var wg sync.WaitGroup
-			errs := make(chan error, 64)
-			for g := 0; g < 64; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(uint64(g), 9))
-					e := es[g%len(es)]
-					for time.Now().Before(deadline) {
-						n := 1 + rng.IntN(tc.maxCost)
-						r, err := e.AllowN(context.Background(), key, l, n)
-						if err != nil {
-							errs <- err
-							return
-						}
-						mu.Lock()
-						ds = append(ds, weightedDecision{at: r.At.UnixMicro(), cost: n, allowed: r.Allowed})
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			ds, _ := hammer(t, es, 64, 5*l.Window, func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
+				n := 1 + rng.IntN(tc.maxCost)
+				r, err := e.AllowN(context.Background(), key, l, n)
+				return r, n, err
+			})
 			admitted := auditWeighted(t, ds, l)
 			t.Logf("%d decisions, %d events admitted over about 5 windows of Max %d", len(ds), admitted, l.Max)
 			if admitted < 4*l.Max {

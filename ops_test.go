@@ -3,9 +3,9 @@ package strictrate_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,42 +151,15 @@ func TestDenyCacheExactUnderLoad(t *testing.T) {
 	}
 	key, l := newKey(t), engine.Limit{Max: 20, Window: 100 * time.Millisecond}
 	resetStats(t, c)
-	var mu sync.Mutex
-	var ds []weightedDecision
-	var cached atomic.Int64
-	deadline := time.Now().Add(5 * l.Window)
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for g := 0; g < 64; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e := es[g%len(es)]
-			for time.Now().Before(deadline) {
-				r, err := e.Allow(context.Background(), key, l)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if r.FromCache {
-					cached.Add(1)
-				}
-				mu.Lock()
-				ds = append(ds, weightedDecision{at: r.At.UnixMicro(), cost: 1, allowed: r.Allowed})
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	ds, cached := hammer(t, es, 64, 5*l.Window, func(_ *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
+		r, err := e.Allow(context.Background(), key, l)
+		return r, 1, err
+	})
 	admitted := auditWeighted(t, ds, l)
 	calls := scriptCalls(t, c)
-	t.Logf("%d decisions, %d by the cache, the rest in %d server calls; %d admitted", len(ds), cached.Load(), calls, admitted)
-	if cached.Load() < int64(len(ds))/2 {
-		t.Fatalf("the cache answered %d of %d requests: it shed little", cached.Load(), len(ds))
+	t.Logf("%d decisions, %d by the cache, the rest in %d server calls; %d admitted", len(ds), cached, calls, admitted)
+	if cached < len(ds)/2 {
+		t.Fatalf("the cache answered %d of %d requests: it shed little", cached, len(ds))
 	}
 	// Every window admitted its Max: the cache never kept a window that had room from filling.
 	if admitted < 4*l.Max {
