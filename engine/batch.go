@@ -151,7 +151,7 @@ type call struct {
 	req  request
 	out  outcome
 	sent bool          // taken into a batch; under committer.mu
-	done chan struct{} // closed when out is set; made only for a call that waits
+	done chan struct{} // closed when out is set; for a call that waits in a queue
 }
 
 // committer batches the requests bound for one script's destinations.
@@ -200,17 +200,17 @@ func (c *committer) queue(req *request) *queue {
 // whose context ends while req waits takes it out, and it is never sent; once sent, it may
 // still be applied, once.
 func (c *committer) do(ctx context.Context, req request) outcome {
-	cl := &call{ctx: ctx, req: req}
 	c.mu.Lock()
 	q := c.queue(&req)
 	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
 		q.inFlight++
-		cl.sent = true
 		c.mu.Unlock()
-		c.send(ctx, q, []*call{cl})
+		cl := call{ctx: ctx, req: req, sent: true}
+		c.sendOne(ctx, &cl)
+		c.sent(ctx, q, 1)
 		return cl.out
 	}
-	cl.done = make(chan struct{})
+	cl := &call{ctx: ctx, req: req, done: make(chan struct{})}
 	q.waiting = append(q.waiting, cl)
 	c.mu.Unlock()
 	select {
@@ -257,21 +257,24 @@ func (c *committer) take(q *queue) []*call {
 
 // send runs calls as one call to the server, hands each its outcome, and sends what waits.
 func (c *committer) send(ctx context.Context, q *queue, calls []*call) {
-	op := opAllow
-	if c.single.ReadOnly() {
-		op = opPeek
-	}
-	c.e.metrics.batchSize.Record(ctx, int64(len(calls)), c.e.metrics.byOp[op])
 	if len(calls) == 1 {
 		c.sendOne(ctx, calls[0])
 	} else {
 		c.sendBatch(ctx, calls)
 	}
 	for _, cl := range calls {
-		if cl.done != nil {
-			close(cl.done)
-		}
+		close(cl.done)
 	}
+	c.sent(ctx, q, len(calls))
+}
+
+// sent counts a call of n requests that came back, and sends the next batch, if one waits.
+func (c *committer) sent(ctx context.Context, q *queue, n int) {
+	op := opAllow
+	if c.single.ReadOnly() {
+		op = opPeek
+	}
+	c.e.metrics.batchSize.Record(ctx, int64(n), c.e.metrics.byOp[op]...)
 	c.mu.Lock()
 	q.inFlight--
 	next := c.take(q)

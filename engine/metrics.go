@@ -57,13 +57,15 @@ const (
 
 var outcomeNames = [numOutcomes]string{"allowed", "denied", "error", "fail_open", "shadow_denied", "cache_denied"}
 
-// metrics holds the engine's instruments and their attribute sets, made once.
+// metrics holds the engine's instruments and their attribute sets, made once (as option
+// slices, so that recording allocates nothing).
 type metrics struct {
 	decisions metric.Int64Counter
 	duration  metric.Float64Histogram
 	batchSize metric.Int64Histogram
-	byResult  [numOperations][numOutcomes]metric.MeasurementOption
-	byOp      [numOperations]metric.MeasurementOption
+	added     [numOperations][numOutcomes][]metric.AddOption
+	recorded  [numOperations][numOutcomes][]metric.RecordOption
+	byOp      [numOperations][]metric.RecordOption
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -89,9 +91,11 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	}
 	for op := range numOperations {
 		opAttr := attribute.String(attrOperation, operationNames[op])
-		m.byOp[op] = metric.WithAttributeSet(attribute.NewSet(opAttr))
+		m.byOp[op] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(opAttr))}
 		for oc := range numOutcomes {
-			m.byResult[op][oc] = metric.WithAttributeSet(attribute.NewSet(opAttr, attribute.String(attrOutcome, outcomeNames[oc])))
+			set := metric.WithAttributeSet(attribute.NewSet(opAttr, attribute.String(attrOutcome, outcomeNames[oc])))
+			m.added[op][oc] = []metric.AddOption{set}
+			m.recorded[op][oc] = []metric.RecordOption{set}
 		}
 	}
 	return m, nil
@@ -99,7 +103,6 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 
 // record counts one decision and its duration.
 func (m *metrics) record(ctx context.Context, op operation, oc decisionOutcome, took time.Duration) {
-	attrs := m.byResult[op][oc]
-	m.decisions.Add(ctx, 1, attrs)
-	m.duration.Record(ctx, took.Seconds(), attrs)
+	m.decisions.Add(ctx, 1, m.added[op][oc]...)
+	m.duration.Record(ctx, took.Seconds(), m.recorded[op][oc]...)
 }
