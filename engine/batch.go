@@ -395,8 +395,8 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 }
 
 // batchInts reads one request's part of a batch reply, from vals[pos]: an error reply, or a
-// count and that many values (remaining, then retry_after, reset_after, tightest and seq as
-// far as they differ from their defaults). now is the request's own (a caller's clock), or 0
+// count and that many values (remaining, then retry_after, quota_after, reset_after, tightest
+// and seq as far as they differ from their defaults). now is the request's own (a caller's clock), or 0
 // for the server's, which vals[0] holds. It returns how many values it read.
 func (o *outcome) batchInts(vals []valkey.ValkeyMessage, pos int, now int64) (int, error) {
 	if pos >= len(vals) {
