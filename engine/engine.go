@@ -295,12 +295,13 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	return e.runScript(ctx, e.peeks, "peek", key, l, 0, at)
+	return e.runScript(ctx, e.peeks, "peek", key, l, n, at)
 }
 
-// runScript takes a decision (n >= 1) or a peek (n = 0, of one event) for one limit.
+// runScript takes a decision or a peek (through e.peeks, recording nothing) of n events for
+// one limit.
 func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l Limit, n int, at clockReading) (Result, error) {
-	req, err := newRequest(e.prefix+key, at, n, e.oneLimit(l))
+	req, err := newRequest(e.prefix+key, at, n, c != e.peeks, e.oneLimit(l))
 	if err != nil {
 		return Result{}, err
 	}
