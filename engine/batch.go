@@ -35,8 +35,8 @@ type request struct {
 	key   string    // with the engine's prefix
 	now   string    // integer microseconds, or "" for the server's clock
 	nowUS int64     // now as a number; 0 for the server's clock
-	n     int       // the cost; 0 for a peek, which records nothing (the scripts get 1)
-	cost  string    // the cost as the scripts read it
+	n     int       // the cost recorded when admitted; 0 for a peek, which records nothing
+	cost  string    // the cost as the scripts read it (a peek's too)
 	set   *limitSet // the limits
 }
 
@@ -73,7 +73,9 @@ func (e *Engine) oneLimit(l Limit) *limitSet {
 	return s
 }
 
-func newRequest(key string, at clockReading, n int, set *limitSet) (request, error) {
+// newRequest is a request for n events of key at at against set: recorded when admitted
+// with record, else judged only (a peek).
+func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
 	now, err := at.arg()
 	if err != nil {
 		return request{}, err
@@ -82,11 +84,11 @@ func newRequest(key string, at clockReading, n int, set *limitSet) (request, err
 	if at.set {
 		nowUS = at.t.UnixMicro()
 	}
-	cost := n
-	if cost == 0 {
-		cost = 1
+	req := request{key: key, now: now, nowUS: nowUS, cost: strconv.Itoa(n), set: set}
+	if record {
+		req.n = n
 	}
-	return request{key: key, now: now, nowUS: nowUS, n: n, cost: strconv.Itoa(cost), set: set}, nil
+	return req, nil
 }
 
 // singleArgs are decide.lua's (and peek.lua's) arguments for r.
@@ -394,8 +396,8 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 }
 
 // batchInts reads one request's part of a batch reply, from vals[pos]: an error reply, or a
-// count and that many values (remaining, then retry_after, reset_after, tightest and seq as
-// far as they differ from their defaults). now is the request's own (a caller's clock), or 0
+// count and that many values (remaining, then retry_after, quota_after, reset_after, tightest
+// and seq as far as they differ from their defaults). now is the request's own (a caller's clock), or 0
 // for the server's, which vals[0] holds. It returns how many values it read.
 func (o *outcome) batchInts(vals []valkey.ValkeyMessage, pos int, now int64) (int, error) {
 	if pos >= len(vals) {

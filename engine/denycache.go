@@ -69,6 +69,7 @@ func (c *denyCache) lookup(key string, set *limitSet, n int, now time.Time) (Res
 		r := d.r
 		r.RetryAfter = d.until.Sub(now)
 		r.ResetAfter = max(r.ResetAfter-elapsed, r.RetryAfter)
+		r.QuotaAfter = max(r.QuotaAfter-elapsed, 0)
 		r.At = r.At.Add(elapsed)
 		r.FromCache = true
 		return r, true

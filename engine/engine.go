@@ -41,6 +41,13 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the log holds no event; 0 when it is empty.
 	ResetAfter time.Duration
+	// QuotaAfter is how long until the limit Window names next gets quota back: until the
+	// oldest event in that window (this decision's included) leaves it, exact to the
+	// microsecond. Admitted, it is at most Window: Window itself when the request is the only
+	// event in it. 0 when that window holds no event (a Peek) and when fail-open admitted
+	// without a decision. It is draft-ietf-httpapi-ratelimit-headers-10's "t" of an allowed
+	// request. Pipelined mode cannot know it without more reads: it reports the window.
+	QuotaAfter time.Duration
 	// At is the instant the decision was taken at, to the microsecond, on the clock that took
 	// it: the server's by default, else the caller's. An admitted event is recorded at At.
 	At time.Time
@@ -50,7 +57,7 @@ type Result struct {
 	Window time.Duration
 	// BackendErr is set only under WithFailOpen(true), when the server could not decide and
 	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,
-	// RetryAfter and ResetAfter are then 0, and At is the caller's clock.
+	// RetryAfter, ResetAfter and QuotaAfter are then 0, and At is the caller's clock.
 	BackendErr error
 	// Entry identifies the log entry an admitted request wrote, for Refund and Settle. It is
 	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission, a
@@ -329,12 +336,13 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	return e.runScript(ctx, e.peeks, "peek", key, l, 0, at)
+	return e.runScript(ctx, e.peeks, "peek", key, l, n, at)
 }
 
-// runScript takes a decision (n >= 1) or a peek (n = 0, of one event) for one limit.
+// runScript takes a decision or a peek (through e.peeks, recording nothing) of n events for
+// one limit.
 func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l Limit, n int, at clockReading) (Result, error) {
-	req, err := newRequest(e.prefix+key, at, n, e.oneLimit(l))
+	req, err := newRequest(e.prefix+key, at, n, c != e.peeks, e.oneLimit(l))
 	if err != nil {
 		return Result{}, err
 	}
@@ -342,7 +350,7 @@ func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l 
 }
 
 // maxReplyValues is the longest reply a decision script gives.
-const maxReplyValues = 6
+const maxReplyValues = 7
 
 // readInts reads an array reply of least to len(v) integers into v, and returns how many.
 func readInts(reply valkey.ValkeyResult, v []int64, least int) (int, error) {
@@ -368,17 +376,18 @@ func intsOf(vals []valkey.ValkeyMessage, v []int64, least int) (int, error) {
 }
 
 // decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
-// retry_after µs (default 0: admitted), reset_after µs (default: the longest window), the
-// 1-based position in limits (ascending windows) of the limit Remaining speaks for (default 1),
-// which sets Result.Window, and the admitted entry's seq (default 1). A denial always has
-// retry_after > 0. n is the request's cost; 0 for a Peek, which records no entry.
+// retry_after µs (default 0: admitted), quota_after µs (default: the window of the limit
+// Remaining speaks for), reset_after µs (default: the longest window), the 1-based position in
+// limits (ascending windows) of the limit Remaining speaks for (default 1), which sets
+// Result.Window, and the admitted entry's seq (default 1). A denial always has retry_after > 0.
+// n is the request's cost; 0 for a Peek, which records no entry.
 func decodeReply(v []int64, n int, limits []Limit) (Result, error) {
 	if len(v) < 2 || len(v) > maxReplyValues {
 		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(v), maxReplyValues)
 	}
-	full := [maxReplyValues]int64{2: 0, 3: limits[len(limits)-1].windowMicros(), 4: 1, 5: 1}
+	full := [maxReplyValues]int64{2: 0, 3: -1, 4: limits[len(limits)-1].windowMicros(), 5: 1, 6: 1}
 	copy(full[:], v)
-	remaining, now, retry, reset, tightest, seq := full[0], full[1], full[2], full[3], full[4], full[5]
+	remaining, now, retry, quota, reset, tightest, seq := full[0], full[1], full[2], full[3], full[4], full[5], full[6]
 	switch {
 	case remaining < 0:
 		return Result{}, fmt.Errorf("script reply: remaining %d is negative", remaining)
@@ -389,11 +398,20 @@ func decodeReply(v []int64, n int, limits []Limit) (Result, error) {
 	case seq < 1:
 		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", seq)
 	}
+	if len(v) <= 3 {
+		quota = limits[tightest-1].windowMicros()
+	}
+	// The tightest window's first event is no newer than the log's newest entry, and that
+	// window no longer than the longest.
+	if quota < 0 || quota > reset {
+		return Result{}, fmt.Errorf("script reply: quota_after %d is outside 0 to reset_after %d", quota, reset)
+	}
 	r := Result{
 		Allowed:    retry == 0,
 		Remaining:  int(remaining),
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
+		QuotaAfter: time.Duration(quota) * time.Microsecond,
 		At:         time.UnixMicro(now),
 		Window:     limits[tightest-1].Window,
 	}
@@ -405,7 +423,8 @@ func decodeReply(v []int64, n int, limits []Limit) (Result, error) {
 
 // allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
 // when the count after the add is at most Max. It is not atomic, and a denied request stays in
-// the log. RetryAfter and ResetAfter cannot be known without more reads: both are the window.
+// the log. RetryAfter, ResetAfter and QuotaAfter cannot be known without more reads: all are
+// the window.
 func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
 	now, err := at.micros()
 	if err != nil {
@@ -435,7 +454,7 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	if err != nil {
 		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err))
 	}
-	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
+	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, QuotaAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
 	if remaining := int64(l.Max) - count; remaining > 0 {
 		res.Remaining = int(remaining)
 	}

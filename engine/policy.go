@@ -102,12 +102,41 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}
-	// The script wants the windows ascending, so that the last is the longest.
-	sorted := slices.Clone(p)
-	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Compare(a.Window, b.Window) })
-	req, err := newRequest(e.prefix+key, now, n, newLimitSet(sorted))
+	req, err := newRequest(e.prefix+key, now, n, true, e.policySet(p))
 	if err != nil {
 		return Result{}, err
 	}
 	return e.runDecision(ctx, e.decides, "allow_policy", req)
+}
+
+// PeekPolicy returns the decision AllowPolicy would take for n events of key now, and records
+// nothing: the same Result (Remaining the least room now, RetryAfter the wait until every
+// limit has room for n, QuotaAfter and Window for the tightest limit), with no Entry, and a
+// ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
+// may be served where only reads are allowed. It validates as AllowPolicy does.
+func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
+	if err := validateKey(key); err != nil {
+		return Result{}, err
+	}
+	if err := p.validate(n); err != nil {
+		return Result{}, err
+	}
+	started := time.Now()
+	req, err := newRequest(e.prefix+key, e.now(), n, false, e.policySet(p))
+	if err != nil {
+		return Result{}, err
+	}
+	r, err := e.runDecision(ctx, e.peeks, "peek_policy", req)
+	return e.finish(ctx, opPeek, started, r, err)
+}
+
+// policySet is p's limits as the scripts want them, windows ascending (the last is the
+// longest); a single limit's set is the engine's cached one.
+func (e *Engine) policySet(p Policy) *limitSet {
+	if len(p) == 1 {
+		return e.oneLimit(p[0])
+	}
+	sorted := slices.Clone(p)
+	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Compare(a.Window, b.Window) })
+	return newLimitSet(sorted)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
 )
 
 // ConcurrentPolicyName is the name the header fields give a NewConcurrent middleware's limit.
@@ -63,8 +64,12 @@ func NewConcurrent(e *engine.Engine, max int, ttl time.Duration, opts ...Option)
 	case ttl < engine.MinLeaseTTL || ttl > engine.MaxLeaseTTL:
 		panic(fmt.Sprintf("httplimit: NewConcurrent: ttl %s is outside %s to %s", ttl, engine.MinLeaseTTL, engine.MaxLeaseTTL))
 	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		panic(fmt.Sprintf("httplimit: NewConcurrent: %v", err))
+	}
 	c := &concurrent{
-		cfg: newConfig(opts), engine: e, max: max, ttl: ttl,
+		cfg: cfg, engine: e, max: max, ttl: ttl,
 		policyField: fmt.Sprintf("%q;q=%d;qu=\"concurrent-requests\"", ConcurrentPolicyName, max),
 		limitField:  strconv.Itoa(max),
 	}
@@ -91,7 +96,7 @@ func (c *concurrent) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	h := w.Header()
 	h["Ratelimit-Policy"] = []string{c.policyField}
 	if denied != nil {
-		c.cfg.setRateLimit(h, concurrentItem, c.limitField, 0, ceilSeconds(denied.Result.RetryAfter))
+		c.cfg.setRateLimit(h, concurrentItem, c.limitField, 0, fields.Seconds(denied.Result.RetryAfter))
 		c.cfg.deny(w, r, denied.Result)
 		return
 	}

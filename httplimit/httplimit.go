@@ -1,14 +1,16 @@
 // Package httplimit is net/http middleware that rate-limits requests with a strictrate engine
 // and tells clients where they stand through the IETF RateLimit header fields.
 //
-// Each request costs one event of its key (by default the client's IP address) against an
-// engine.Policy: one or more limits that must all hold, decided in one atomic call. Admitted
-// requests go to the next handler; denied ones get 429 Too Many Requests and Retry-After.
+// Each request costs one event of its key (by default the client's IP address, an IPv6
+// client's /64) against an engine.Policy: one or more limits that must all hold, decided in
+// one atomic call. WithCost gives requests a cost of their own. Admitted requests go to the
+// next handler; denied ones get 429 Too Many Requests and Retry-After.
 //
 // # Header fields
 //
 // The fields follow draft-ietf-httpapi-ratelimit-headers-10 (September 2025; its -08 and -09
-// have the same syntax): two Structured Field Lists (RFC 9651).
+// have the same syntax; WithFieldsVersion chooses the revision): two Structured Field Lists
+// (RFC 9651), written by package fields, which grpclimit shares.
 //
 //	RateLimit-Policy: "1s";q=5;w=1, "1h";q=100;w=3600
 //	RateLimit: "1s";r=0;t=1
@@ -22,7 +24,9 @@
 // so that it is never early. The limit named is the tightest one of this decision, the one
 // with the least room left (engine.Result.Window; the shortest window among equals), and r is
 // that room. On a denial t is the wait until the request would be admitted (Retry-After,
-// rounded up); otherwise t is the wait until the named limit has its whole quota back.
+// rounded up); otherwise t is, as draft -10 defines it, the wait until the named limit next
+// gets quota back: when the oldest event in its window leaves it (engine.Result.QuotaAfter),
+// which is sooner than its whole quota coming back whenever the window holds several events.
 //
 // Denied responses also carry Retry-After, in seconds, rounded up: never earlier than the
 // engine's RetryAfter. WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
@@ -43,6 +47,14 @@
 // arrive: each request holds an engine lease while its handler runs. It keys requests, answers
 // denials and fails open as New does, with the quota unit "concurrent-requests" in
 // RateLimit-Policy. Both kinds can wrap one handler: a rate limit and an in-flight limit.
+//
+// # Shadow mode
+//
+// The middleware follows the engine: under engine.WithShadow(true) it never answers 429. A
+// request the limit denies goes through to the handler with the RateLimit fields of the real
+// decision (no room left: r=0) and without Retry-After, so clients and operators see what the
+// limit would do while it is tried out; the engine's Result.ShadowDenied and its metrics
+// count those requests.
 package httplimit
 
 import (
@@ -51,16 +63,22 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
-	"time"
 
+	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
 )
 
 // ErrKey is wrapped by the error the middleware passes to its error handler when it cannot
 // tell the request's key: an unparsable RemoteAddr, a missing key header, a key function's
 // error, an empty or too long key. The default error handler answers 400 Bad Request.
 var ErrKey = errors.New("httplimit: no rate-limit key for the request")
+
+// ErrCost is wrapped by the error the middleware passes to its error handler when the
+// WithCost function fails or gives a cost outside 1 to the policy's smallest Max (a request
+// that could never be admitted). Nothing is recorded. The default error handler answers 400
+// Bad Request.
+var ErrCost = errors.New("httplimit: no valid cost for the request")
 
 // MaxKeyLength is the longest key, in bytes, the middleware sends to the engine (without the
 // prefix). A longer key (a huge header value, say) is refused with ErrKey, so a client cannot
@@ -72,33 +90,58 @@ const MaxKeyLength = 512
 type DeniedHandler func(w http.ResponseWriter, r *http.Request, res engine.Result)
 
 // ErrorHandler writes the response when the middleware could not decide: err wraps ErrKey
-// when the request has no key, else it is the engine's error (wrapping
-// engine.ErrUnavailable when the server was not reached).
+// when the request has no key, ErrCost when it has no valid cost, else it is the engine's
+// error (wrapping engine.ErrUnavailable when the server was not reached).
 type ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 // ForwardedHeader selects which header a trusted proxy reports the client's address in.
-type ForwardedHeader int
+type ForwardedHeader = clientaddr.Header
 
 const (
 	// XForwardedFor is the de facto X-Forwarded-For: a comma-separated list of addresses,
 	// each proxy appending the address it received the request from. The default.
-	XForwardedFor ForwardedHeader = iota
+	XForwardedFor = clientaddr.XForwardedFor
 	// Forwarded is RFC 7239's Forwarded header; its for= parameters are read.
-	Forwarded
+	Forwarded = clientaddr.Forwarded
 )
+
+// FieldsVersion is the revision of draft-ietf-httpapi-ratelimit-headers whose syntax the
+// RateLimit fields follow (see package fields).
+type FieldsVersion = fields.Version
+
+// FieldsDraft10 is draft-ietf-httpapi-ratelimit-headers-10, the default (-08 and -09 have its
+// syntax).
+const FieldsDraft10 = fields.Draft10
+
+// DefaultIPv6Prefix is the prefix length IPv6 clients are keyed by unless WithIPv6Prefix says
+// otherwise: 64 (see clientaddr.DefaultIPv6Prefix for why).
+const DefaultIPv6Prefix = clientaddr.DefaultIPv6Prefix
 
 // Option configures New, Limit and NewConcurrent.
 type Option func(*config)
 
 type config struct {
-	keyFunc     func(*http.Request) (string, error) // nil: the client's IP address
-	keyPrefix   string
-	trusted     []netip.Prefix
-	proxyHeader ForwardedHeader
-	denied      DeniedHandler
-	onError     ErrorHandler
-	onFailOpen  func(*http.Request, error)
-	legacy      bool
+	keyFunc    func(*http.Request) (string, error) // nil: the client's IP address
+	keyPrefix  string
+	addr       []clientaddr.Option
+	cost       func(*http.Request) (int, error) // nil: every request costs 1
+	version    fields.Version
+	denied     DeniedHandler
+	onError    ErrorHandler
+	onFailOpen func(*http.Request, error)
+	legacy     bool
+	resolver   *clientaddr.Resolver // made from addr by newConfig
+}
+
+// newConfig is the configuration opts make, from the defaults, with its address resolver.
+func newConfig(opts []Option) (config, error) {
+	cfg := config{keyPrefix: "http:", version: fields.DefaultVersion, denied: defaultDenied, onError: defaultError}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	var err error
+	cfg.resolver, err = clientaddr.New(cfg.addr...)
+	return cfg, err
 }
 
 // WithKeyFunc keys requests by what f returns, such as an API key or a user id from the
@@ -132,17 +175,41 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.keyPrefix 
 // to left, every address inside prefixes is skipped and the first one outside is the
 // client's. Without trusted proxies the header is ignored, as any client can write it.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
-	return func(c *config) {
-		c.trusted = make([]netip.Prefix, len(prefixes))
-		for i, p := range prefixes {
-			c.trusted[i] = p.Masked()
-		}
-	}
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedProxies(prefixes...)) }
 }
 
 // WithForwardedHeader selects the header the trusted proxies write: XForwardedFor (the
 // default) or Forwarded. Only that one is read, since a client can send the other itself.
-func WithForwardedHeader(h ForwardedHeader) Option { return func(c *config) { c.proxyHeader = h } }
+func WithForwardedHeader(h ForwardedHeader) Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithHeader(h)) }
+}
+
+// WithIPv6Prefix keys IPv6 clients by their /bits network prefix (written "2001:db8::/64") in
+// place of their address: every address a subscriber rotates through inside its prefix counts
+// as one client. The default is DefaultIPv6Prefix, 64: every IPv6 link is a /64, so no two
+// subscribers share one, and a /64 holds 2^64 addresses one client can switch between at will.
+// 56 or 48 also close the /56 and /48 that many providers delegate to one subscriber, but count
+// together the customers of providers that give each a /64 of a shared /56 or /48. 128 keys
+// each address by itself. IPv4 clients, IPv4-mapped IPv6 addresses ("::ffff:192.0.2.1")
+// included, are keyed by their address. New panics for bits outside 1 to 128. It applies to
+// the key from the client's address, not to WithKeyHeader or WithKeyFunc.
+func WithIPv6Prefix(bits int) Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithIPv6Prefix(bits)) }
+}
+
+// WithCost gives each request the cost f returns, in events, in place of 1: bytes uploaded,
+// tokens asked for, the weight of an endpoint. An error from f, or a cost below 1 or above the
+// policy's smallest Max (it could never be admitted), goes to the error handler wrapped in
+// ErrCost, by default a 400 answer, and nothing is recorded. The cost is all or nothing, as
+// for engine.AllowPolicy.
+func WithCost(f func(*http.Request) (int, error)) Option {
+	return func(c *config) { c.cost = f }
+}
+
+// WithFieldsVersion selects the revision of draft-ietf-httpapi-ratelimit-headers whose syntax
+// RateLimit-Policy and RateLimit follow. The default is FieldsDraft10; New panics for a
+// revision package fields does not write.
+func WithFieldsVersion(v FieldsVersion) Option { return func(c *config) { c.version = v } }
 
 // WithDeniedHandler replaces the default answer to a denied request (429 with a short
 // plain-text body).
@@ -165,52 +232,41 @@ func WithLegacyHeaders(on bool) Option { return func(c *config) { c.legacy = on 
 
 // limiter is one configured middleware.
 type limiter struct {
-	cfg    config
-	engine *engine.Engine
-	policy engine.Policy
-
-	policyField string // RateLimit-Policy, the same on every response
-	// named holds, per window of the policy, what RateLimit says of that limit; fallback
-	// names the limit with the smallest quota, for a Result that names none.
-	named    map[time.Duration]namedLimit
-	fallback namedLimit
+	cfg      config
+	engine   *engine.Engine
+	policy   engine.Policy
+	smallest int // the policy's smallest Max: the largest cost a request may have
+	fields   *fields.Fields
+	// header holds the canonical form of every field name fields writes.
+	header       map[string]string
+	policyFields []fields.Field
 }
 
-// namedLimit is one limit as the RateLimit field names it, prepared once.
-type namedLimit struct {
-	item       string // `"<name>";r=`
-	limitField string // X-RateLimit-Limit
-	// shorter is how much sooner than the log this limit empties: longest - its window.
-	shorter time.Duration
-}
-
-// New returns middleware that admits each request only if p admits one more event for the
-// request's key, and sets the RateLimit header fields on every response. It panics if e is
-// nil or p is invalid (see engine.Policy.Validate): like a route pattern, a policy is fixed
-// when the program starts, and a wrong one is a bug to fail on at once.
+// New returns middleware that admits each request only if p admits one more event (or its
+// WithCost cost) for the request's key, and sets the RateLimit header fields on every
+// response. It panics if e is nil, p is invalid (see engine.Policy.Validate) or an option's
+// value is out of range: like a route pattern, a policy is fixed when the program starts, and
+// a wrong one is a bug to fail on at once.
 func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) http.Handler {
 	if e == nil {
 		panic("httplimit: New with a nil engine")
 	}
-	if err := p.Validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	l := &limiter{cfg: newConfig(opts), engine: e, policy: append(engine.Policy(nil), p...), named: map[time.Duration]namedLimit{}}
-	items := make([]string, len(p))
-	smallest := 0
-	for i, lim := range p {
-		items[i] = fmt.Sprintf("%q;q=%d;w=%d", windowName(lim.Window), lim.Max, ceilSeconds(lim.Window))
-		l.named[lim.Window] = namedLimit{
-			item:       strconv.Quote(windowName(lim.Window)) + ";r=",
-			limitField: strconv.Itoa(lim.Max),
-			shorter:    p.Longest().Window - lim.Window,
-		}
-		if lim.Max < p[smallest].Max || lim.Max == p[smallest].Max && lim.Window < p[smallest].Window {
-			smallest = i
-		}
+	f, err := fields.New(p, cfg.version)
+	if err != nil {
+		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	l.policyField = strings.Join(items, ", ")
-	l.fallback = l.named[p[smallest].Window]
+	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), smallest: p[0].Max,
+		fields: f, header: map[string]string{}, policyFields: f.Policy()}
+	for _, lim := range p {
+		l.smallest = min(l.smallest, lim.Max)
+	}
+	for _, name := range f.Names() {
+		l.header[name] = http.CanonicalHeaderKey(name)
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.serve(w, r, next) })
 	}
@@ -227,29 +283,34 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		l.cfg.onError(w, r, err)
 		return
 	}
-	res, err := l.engine.AllowPolicy(r.Context(), l.cfg.keyPrefix+key, l.policy, 1)
+	cost, err := l.cost(r)
+	if err != nil {
+		l.cfg.onError(w, r, err)
+		return
+	}
+	res, err := l.engine.AllowPolicy(r.Context(), l.cfg.keyPrefix+key, l.policy, cost)
 	if err != nil {
 		l.cfg.onError(w, r, err)
 		return
 	}
 	h := w.Header()
 	// Fresh slices: a handler may change the values it finds in its header map.
-	h["Ratelimit-Policy"] = []string{l.policyField}
+	for _, f := range l.policyFields {
+		h[l.header[f.Name]] = []string{f.Value}
+	}
 	if res.BackendErr != nil {
 		l.cfg.failedOpen(w, r, next, res.BackendErr)
 		return
 	}
-	named, ok := l.named[res.Window]
-	if !ok {
-		named = l.fallback
+	var buf [2]fields.Field
+	for _, f := range l.fields.AppendDecision(buf[:0], res) {
+		h[l.header[f.Name]] = []string{f.Value}
 	}
-	var reset int64
-	if res.Allowed {
-		reset = ceilSeconds(res.ResetAfter - named.shorter)
-	} else {
-		reset = ceilSeconds(res.RetryAfter)
+	if l.cfg.legacy {
+		h["X-Ratelimit-Limit"] = []string{strconv.Itoa(l.fields.Named(res).Max)}
+		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(fields.Reset(res), 10)}
 	}
-	l.cfg.setRateLimit(h, named.item, named.limitField, res.Remaining, reset)
 	if !res.Allowed {
 		l.cfg.deny(w, r, res)
 		return
@@ -257,17 +318,9 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	next.ServeHTTP(w, r)
 }
 
-// newConfig is the configuration opts make, from the defaults.
-func newConfig(opts []Option) config {
-	cfg := config{keyPrefix: "http:", denied: defaultDenied, onError: defaultError}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	return cfg
-}
-
-// setRateLimit sets the RateLimit field for one limit, item being `"<name>";r=`, and the
-// legacy fields when asked for: remaining is r, reset is t (left out when negative).
+// setRateLimit sets the RateLimit field for one limit that is not a policy's (NewConcurrent's),
+// item being `"<name>";r=`, and the legacy fields when asked for: remaining is r, reset is t
+// (left out when negative).
 func (c *config) setRateLimit(h http.Header, item, limitField string, remaining int, reset int64) {
 	var buf [64]byte
 	b := append(buf[:0], item...)
@@ -288,7 +341,7 @@ func (c *config) setRateLimit(h http.Header, item, limitField string, remaining 
 
 // deny answers a denied request: Retry-After, rounded up, then the denied handler.
 func (c *config) deny(w http.ResponseWriter, r *http.Request, res engine.Result) {
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(ceilSeconds(res.RetryAfter), 10)}
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(fields.Seconds(res.RetryAfter), 10)}
 	c.denied(w, r, res)
 }
 
@@ -298,6 +351,21 @@ func (c *config) failedOpen(w http.ResponseWriter, r *http.Request, next http.Ha
 		c.onFailOpen(r, err)
 	}
 	next.ServeHTTP(w, r)
+}
+
+// cost returns the request's cost: 1, or what the WithCost function says, checked.
+func (l *limiter) cost(r *http.Request) (int, error) {
+	if l.cfg.cost == nil {
+		return 1, nil
+	}
+	n, err := l.cfg.cost(r)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%w: %w", ErrCost, err)
+	case n < 1 || n > l.smallest:
+		return 0, fmt.Errorf("%w: cost %d is outside 1 to %d, the policy's smallest Max", ErrCost, n, l.smallest)
+	}
+	return n, nil
 }
 
 // key returns the request's key, without the prefix.
@@ -310,7 +378,7 @@ func (c *config) key(r *http.Request) (string, error) {
 		}
 		key = k
 	} else {
-		k, err := clientIP(r, c.trusted, c.proxyHeader)
+		k, err := c.resolver.Key(r.RemoteAddr, r.Header.Values(c.resolver.Header().Name()))
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrKey, err)
 		}
@@ -334,28 +402,9 @@ func defaultError(w http.ResponseWriter, _ *http.Request, err error) {
 		http.Error(w, "400 bad request: no rate-limit key for this request", http.StatusBadRequest)
 		return
 	}
+	if errors.Is(err, ErrCost) {
+		http.Error(w, "400 bad request: no valid rate-limit cost for this request", http.StatusBadRequest)
+		return
+	}
 	http.Error(w, "503 service unavailable: rate limiter unavailable", http.StatusServiceUnavailable)
-}
-
-// ceilSeconds is d in whole seconds, rounded up; 0 for d <= 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// windowName is a window's name in the header fields: the largest unit that divides it
-// exactly, "1h", "90m", "1s", "500ms", else microseconds ("1500us"), rounded up as the engine
-// rounds windows.
-func windowName(d time.Duration) string {
-	for _, u := range []struct {
-		unit time.Duration
-		name string
-	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
-		if d%u.unit == 0 {
-			return strconv.FormatInt(int64(d/u.unit), 10) + u.name
-		}
-	}
-	return strconv.FormatInt(int64((d+time.Microsecond-1)/time.Microsecond), 10) + "us"
 }

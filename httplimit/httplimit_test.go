@@ -325,6 +325,7 @@ func TestClientIPKey(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c)
 	trusted := httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48"))
+	perAddress := httplimit.WithIPv6Prefix(128) // these cases check whose address; TestIPv6Prefix checks the prefix
 	for _, tc := range []struct {
 		name   string
 		opts   []httplimit.Option
@@ -333,7 +334,7 @@ func TestClientIPKey(t *testing.T) {
 		want   string
 	}{
 		{"RemoteAddr", nil, "192.0.2.1:5555", nil, "192.0.2.1"},
-		{"RemoteAddr IPv6", nil, "[2001:db8::7]:5555", nil, "2001:db8::7"},
+		{"RemoteAddr IPv6", []httplimit.Option{perAddress}, "[2001:db8::7]:5555", nil, "2001:db8::7"},
 		{"RemoteAddr IPv4-mapped", nil, "[::ffff:192.0.2.9]:5555", nil, "192.0.2.9"},
 		{"XFF ignored without trusted proxies", nil, "10.0.0.1:1",
 			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "10.0.0.1"},
@@ -348,11 +349,11 @@ func TestClientIPKey(t *testing.T) {
 		{"XFF every hop trusted: the leftmost", []httplimit.Option{trusted}, "10.0.0.1:1",
 			http.Header{"X-Forwarded-For": {"10.9.9.9, 10.0.0.2"}}, "10.9.9.9"},
 		{"XFF absent: the proxy itself", []httplimit.Option{trusted}, "10.0.0.1:1", nil, "10.0.0.1"},
-		{"XFF with ports and IPv6", []httplimit.Option{trusted}, "[2001:db8:ffff::1]:1",
+		{"XFF with ports and IPv6", []httplimit.Option{trusted, perAddress}, "[2001:db8:ffff::1]:1",
 			http.Header{"X-Forwarded-For": {"[2001:db8::42]:1234, 10.0.0.3:80"}}, "2001:db8::42"},
 		{"Forwarded not read in XFF mode", []httplimit.Option{trusted}, "10.0.0.1:1",
 			http.Header{"Forwarded": {"for=203.0.113.9"}}, "10.0.0.1"},
-		{"Forwarded", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+		{"Forwarded", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded), perAddress}, "10.0.0.1:1",
 			http.Header{"Forwarded": {`for=198.51.100.1;proto=http, For="[2001:db8::1]:4711";by=10.0.0.2, for=10.0.0.5`}}, "2001:db8::1"},
 		{"Forwarded ignores XFF", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
 			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "10.0.0.1"},

@@ -12,8 +12,9 @@
 --          "each", its now in integer microseconds, or "" for the server's clock
 --
 -- Reply: an array: the server's now in microseconds (0 when no request read it), then per
--- request, in KEYS order, either a count c (1 to 5) and c values, decide.lua's reply without
--- now and without its trailing defaults (remaining, retry_after, reset_after, tightest, seq), or
+-- request, in KEYS order, either a count c (1 to 6) and c values, decide.lua's reply without
+-- now and without its trailing defaults (remaining, retry_after, quota_after, reset_after,
+-- tightest, seq), or
 -- an error reply for a request that failed (its key holds another type, say). A failed
 -- request changes nothing of the others.
 

@@ -5,8 +5,9 @@
 -- the server's clock (read once, shared), else "each"; the number of limit sets; each set (its
 -- number of limits, then the (window, max) pairs); then per request its cost n, the 1-based
 -- index of its set, and, with "each", its now. The reply: the server's now (0 when unread), then
--- per request either a count c and c values (decide's remaining, retry_after, reset_after,
--- tightest and seq, trailing defaults left out: 0, the longest window, 1, 1), or an error
+-- per request either a count c and c values (decide's remaining, retry_after, quota_after,
+-- reset_after, tightest and seq, trailing defaults left out: 0, the tightest limit's window,
+-- the longest window, 1, 1), or an error
 -- reply for a request that failed. A failed request is caught on its own: the others are taken
 -- as if it were not there.
 local function run_batch(decide)
@@ -31,7 +32,7 @@ local function run_batch(decide)
       now = read_clock(ARGV[a])
       a = a + 1
     end
-    local ok, remaining, _, retry, reset, tightest, seq = pcall(decide, KEYS[i], now, n, limits)
+    local ok, remaining, _, retry, quota, reset, tightest, seq = pcall(decide, KEYS[i], now, n, limits)
     if not ok then
       if type(remaining) == 'table' and remaining.err ~= nil then
         remaining = remaining.err
@@ -39,13 +40,16 @@ local function run_batch(decide)
       reply[r + 1] = {err = tostring(remaining)}
       r = r + 1
     elseif seq ~= 1 then
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = 5, remaining, retry, reset, tightest, seq
-      r = r + 6
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6], reply[r + 7] = 6, remaining, retry, quota, reset, tightest, seq
+      r = r + 7
     elseif tightest ~= 1 then
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] = 4, remaining, retry, reset, tightest
-      r = r + 5
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = 5, remaining, retry, quota, reset, tightest
+      r = r + 6
     elseif retry ~= 0 or reset ~= limits[#limits - 1] then
-      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = 3, remaining, retry, reset
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] = 4, remaining, retry, quota, reset
+      r = r + 5
+    elseif quota ~= limits[1] then
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = 3, remaining, 0, quota
       r = r + 4
     else
       reply[r + 1], reply[r + 2] = 1, remaining

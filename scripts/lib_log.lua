@@ -602,13 +602,15 @@ local function general()
   -- instead of trimming them. It returns the least room left (after recording), the 1-based
   -- position of the limit it belongs to (the shortest window among equals), the wait until
   -- every limit has room for n (0: admitted), the events in the longest window before
-  -- recording, and the entry's seq.
+  -- recording, the entry's seq, and quota_after: the wait until the first event in that
+  -- limit's window (after recording) leaves it, 0 when the window holds none.
   function g.decide(log, now, n, limits, write)
     local last = #limits / 2
     if write then
       g.trim(log, now - limits[2 * last - 1])
     end
     local remaining, tightest, retry_after, count = nil, 1, 0, 0
+    local tfirst, tcount, twindow = 0, 0, 0 -- the tightest limit's first entry, events, window
     for i = 1, last do
       local window, max = limits[2 * i - 1], limits[2 * i]
       local first = 0
@@ -619,6 +621,7 @@ local function general()
       end
       if remaining == nil or max - count < remaining then
         remaining, tightest = max - count, i
+        tfirst, tcount, twindow = first, count, window
       end
       if count + n > max then
         local wait = g.covering(log, first, count + n - max) + window - now
@@ -627,13 +630,22 @@ local function general()
         end
       end
     end
+    -- The first event in the tightest window: from its first entry on, skipping refunded ones.
+    local quota_after = 0
+    if tcount > 0 then
+      quota_after = g.covering(log, tfirst, 1) + twindow - now
+    end
     if retry_after > 0 or not write then
       if remaining < 0 then
         remaining = 0
       end
-      return remaining, tightest, retry_after, count, 0
+      return remaining, tightest, retry_after, count, 0, quota_after
     end
-    return remaining - n, tightest, 0, count, g.insert(log, now, n)
+    -- The new entry is in the window too, and older than every entry a clock ahead recorded.
+    if tcount == 0 or quota_after > twindow then
+      quota_after = twindow
+    end
+    return remaining - n, tightest, 0, count, g.insert(log, now, n), quota_after
   end
 
   return g
@@ -643,7 +655,8 @@ end
 -- limit, on a log whose live entries all sit in the header's open chunk (at most 32, no
 -- cursors, nothing gone), by a request at or after its newest entry. It returns nil when the
 -- case is not that one, and the caller runs decide; else what decide returns, but the log's
--- newest entry's time in place of the count.
+-- newest entry's time in place of the count. Its quota_after comes from the first live entry,
+-- which the trim reads anyway.
 local function decide_small(key, h, now, n, window, max)
   local total, count, newest, seq, pos = 0, 0, -2 ^ 54, 0, 1
   if not h then
@@ -658,29 +671,44 @@ local function decide_small(key, h, now, n, window, max)
   end
   -- Trim: the entries at or before cutoff leave, from the front of the open chunk.
   local cutoff = now - window
-  local first, changed = pos, false
+  local first, changed, lead, lead_cost = pos, false, now, 0 -- lead: the first live entry
   if count > 0 and newest <= cutoff then
     first, total, count, changed = #h + 1, 0, 0, true
   else
     while count > 0 do
       local t, cost, next_pos = read_entry(h, first)
       if t > cutoff then
+        lead, lead_cost = t, cost
         break
       end
       first, total, count, changed = next_pos, total - cost, count - 1, true
     end
   end
   if total + n > max then
-    -- Denied: the events that must leave, from the oldest on, and the entry that takes them.
-    local need, p, t, cost = total + n - max, first, 0, 0
+    -- Denied: the events that must leave, from the oldest on, and the entry that takes them;
+    -- the first entry with events is the first to give quota back.
+    local need, p, t, cost, quota_at = total + n - max, first, 0, 0, nil
     while need > 0 do
       t, cost, p = read_entry(h, p)
       need = need - cost
+      if quota_at == nil and cost > 0 then
+        quota_at = t
+      end
     end
     if changed then
       write_small(key, true, total, count, newest, seq, string.sub(h, first), '')
     end
-    return math.max(max - total, 0), 1, t + window - now, newest, 0
+    return math.max(max - total, 0), 1, t + window - now, newest, 0, quota_at + window - now
+  end
+  -- Admitted: the first live entry with events leaves first (every entry is at or before now);
+  -- without one, the new entry.
+  if total > 0 and lead_cost == 0 then
+    local p = first
+    repeat
+      lead, lead_cost, p = read_entry(h, p)
+    until lead_cost > 0
+  elseif total == 0 then
+    lead = now
   end
   if count > 0 and now == newest then
     seq = seq + 1
@@ -688,5 +716,5 @@ local function decide_small(key, h, now, n, window, max)
     seq = 1
   end
   write_small(key, #h > 0, total + n, count + 1, now, seq, string.sub(h, first), make_entry(now, n))
-  return max - total - n, 1, 0, now, seq
+  return max - total - n, 1, 0, now, seq, lead + window - now
 end

@@ -173,9 +173,10 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 	}
 	// now; a: 1 left; the poisoned key; a: 0 left, the second entry of that microsecond (seq
 	// 2); b: 1 left, the minute binding (position 2); a: denied, until the first entry leaves
-	// one second later (one instant for the whole batch).
-	want := []string{flat[0], "1", "1", "WRONGTYPE", "5", "0", "0", "1000000", "1", "2",
-		"4", "1", "0", "60000000", "2", "3", "0", "1000000", "1000000"}
+	// one second later (one instant for the whole batch). Each quota_after is when the first
+	// entry of the named window leaves: a's first entry, b's only one.
+	want := []string{flat[0], "1", "1", "WRONGTYPE", "6", "0", "0", "1000000", "1000000", "1", "2",
+		"5", "1", "0", "60000000", "60000000", "2", "4", "0", "1000000", "1000000", "1000000"}
 	if strings.Join(flat, " ") != strings.Join(want, " ") {
 		t.Fatalf("batch reply\n got %v\nwant %v", flat, want)
 	}

@@ -1,0 +1,313 @@
+// Package grpclimit is gRPC server middleware that rate-limits calls with a strictrate engine:
+// a unary and a stream server interceptor over one engine.Policy.
+//
+// Each call (a unary call, or a stream when it opens) costs one event of its key against the
+// policy, decided in one atomic call to Valkey. The key is the client's address by default
+// (the peer, or behind trusted proxies the address they forward, an IPv6 client's /64: the
+// same rules as httplimit, from package clientaddr), or a metadata value (WithKeyMetadata), or
+// what a function returns (WithKeyFunc).
+//
+// # Answers
+//
+//   - Admitted: the call goes on to the handler.
+//   - Denied: codes.ResourceExhausted, with two details a client reads with status.FromError:
+//     google.rpc.RetryInfo, whose retry_delay is the engine's RetryAfter exactly (to the
+//     microsecond: the wait until the same call would be admitted), and google.rpc.QuotaFailure,
+//     whose violation names the limit that denied it (quota_id is its window, "1m"; quota_value
+//     its Max).
+//   - No key: codes.InvalidArgument (the error wraps ErrKey).
+//   - The engine cannot decide: codes.Unavailable when it fails closed (the default); when it
+//     fails open (engine.WithFailOpen) the call goes through, and the WithFailOpenHook function
+//     sees the error. A caller's cancelled or expired context is codes.Canceled or
+//     codes.DeadlineExceeded.
+//
+// # Header metadata
+//
+// Every call that was decided, admitted or denied, and every call a fail-open engine let
+// through, gets the header metadata "ratelimit-policy" and, when there was a decision,
+// "ratelimit", with the values httplimit sends in its RateLimit-Policy and RateLimit fields
+// (package fields writes both; WithFieldsVersion chooses the draft revision):
+//
+//	ratelimit-policy: "1s";q=5;w=1, "1h";q=100;w=3600
+//	ratelimit: "1s";r=4;t=1
+//
+// A client reads them with grpc.Header (unary) or ClientStream.Header (streams), for denied
+// calls too.
+//
+// # Module
+//
+// grpclimit is a module of its own, github.com/strictrate/strictrate/grpclimit, so that the
+// core module requires no gRPC: a program that limits HTTP only never has gRPC, protobuf and
+// genproto in its module graph, where their minimum versions would be raised for it.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/strictrate/strictrate/clientaddr"
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
+)
+
+// ErrKey is wrapped by the error of a call whose key cannot be told: no peer address, or one
+// that is not an IP address; no value for the WithKeyMetadata name; a key function's error; an
+// empty or too long key. Its status is codes.InvalidArgument.
+var ErrKey = errors.New("grpclimit: no rate-limit key for the call")
+
+// MaxKeyLength is the longest key, in bytes, sent to the engine (without the prefix): a longer
+// one is refused with ErrKey, so a client cannot make the server store arbitrarily large keys.
+const MaxKeyLength = 512
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	keyFunc    func(ctx context.Context, method string) (string, error) // nil: the client's address
+	keySource  string                                                   // QuotaFailure's subject for keyFunc's keys
+	keyPrefix  string
+	addr       []clientaddr.Option
+	version    fields.Version
+	onFailOpen func(ctx context.Context, method string, err error)
+}
+
+// WithKeyFunc keys calls by what f returns for the call's context (which carries its incoming
+// metadata, peer and auth info) and its full method name ("/pkg.Service/Method"). An error from
+// f, or an empty key, refuses the call with codes.InvalidArgument. It replaces the client's
+// address and WithKeyMetadata.
+func WithKeyFunc(f func(ctx context.Context, method string) (string, error)) Option {
+	return func(c *config) { c.keyFunc, c.keySource = f, "key" }
+}
+
+// WithKeyMetadata keys calls by the first value of the named incoming metadata (an API key,
+// a tenant id). A call without it is refused with codes.InvalidArgument. It replaces the
+// client's address and WithKeyFunc.
+func WithKeyMetadata(name string) Option {
+	name = strings.ToLower(name)
+	return func(c *config) {
+		c.keyFunc = func(ctx context.Context, _ string) (string, error) {
+			md, _ := metadata.FromIncomingContext(ctx)
+			if v := md.Get(name); len(v) > 0 && v[0] != "" {
+				return v[0], nil
+			}
+			return "", fmt.Errorf("no %s metadata", name)
+		}
+		c.keySource = "metadata:" + name
+	}
+}
+
+// WithKeyPrefix sets the text put before every key, after the engine's own prefix; the
+// default is "grpc:". Interceptors that share an engine but not their counts need different
+// prefixes; give an httplimit middleware and a grpclimit interceptor the same prefix and a
+// client's HTTP requests and gRPC calls share one count.
+func WithKeyPrefix(prefix string) Option { return func(c *config) { c.keyPrefix = prefix } }
+
+// WithTrustedProxies names the proxies in front of the server. Only when the peer is one of
+// them is the forwarding metadata ("x-forwarded-for", or "forwarded" with WithForwardedHeader)
+// read: walking it right to left, every address inside prefixes is skipped and the first one
+// outside is the client's. Without trusted proxies it is ignored, as any client can send it.
+func WithTrustedProxies(prefixes ...netip.Prefix) Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedProxies(prefixes...)) }
+}
+
+// WithForwardedHeader selects the metadata the trusted proxies write: clientaddr.XForwardedFor
+// ("x-forwarded-for", the default) or clientaddr.Forwarded (RFC 7239's "forwarded").
+func WithForwardedHeader(h clientaddr.Header) Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithHeader(h)) }
+}
+
+// WithIPv6Prefix keys IPv6 clients by their /bits network prefix, as httplimit.WithIPv6Prefix
+// does; the default is clientaddr.DefaultIPv6Prefix (64), and 128 keys each address by itself.
+// New panics for bits outside 1 to 128.
+func WithIPv6Prefix(bits int) Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithIPv6Prefix(bits)) }
+}
+
+// WithFieldsVersion selects the revision of draft-ietf-httpapi-ratelimit-headers whose syntax
+// the ratelimit-policy and ratelimit metadata follow; the default is fields.DefaultVersion
+// (-10). New panics for a revision package fields does not write.
+func WithFieldsVersion(v fields.Version) Option { return func(c *config) { c.version = v } }
+
+// WithFailOpenHook sets a function called for each call an engine built with
+// engine.WithFailOpen(true) admitted without deciding, with the backend's error: for logs and
+// metrics, as the call itself goes through.
+func WithFailOpenHook(f func(ctx context.Context, method string, err error)) Option {
+	return func(c *config) { c.onFailOpen = f }
+}
+
+// Limiter decides calls against one policy; its two interceptors share its configuration and
+// its keys. Make one with New; it is safe for concurrent use.
+type Limiter struct {
+	cfg    config
+	engine *engine.Engine
+	policy engine.Policy
+	addr   *clientaddr.Resolver
+	fields *fields.Fields
+	// meta holds every field name as metadata keys are written: in lower case.
+	meta         map[string]string
+	forwardedKey string // the forwarding metadata's key
+}
+
+// New returns a Limiter that admits each call only if p admits one more event for the call's
+// key. It panics if e is nil, p is invalid (see engine.Policy.Validate) or an option's value is
+// out of range: a policy is fixed when the program starts, and a wrong one is a bug to fail on
+// at once.
+func New(e *engine.Engine, p engine.Policy, opts ...Option) *Limiter {
+	if e == nil {
+		panic("grpclimit: New with a nil engine")
+	}
+	cfg := config{keyPrefix: "grpc:", version: fields.DefaultVersion}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	f, err := fields.New(p, cfg.version)
+	if err != nil {
+		panic(fmt.Sprintf("grpclimit: New: %v", err))
+	}
+	addr, err := clientaddr.New(cfg.addr...)
+	if err != nil {
+		panic(fmt.Sprintf("grpclimit: New: %v", err))
+	}
+	l := &Limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), addr: addr, fields: f,
+		meta: map[string]string{}, forwardedKey: strings.ToLower(addr.Header().Name())}
+	for _, name := range f.Names() {
+		l.meta[name] = strings.ToLower(name)
+	}
+	return l
+}
+
+// UnaryServerInterceptor returns the interceptor for unary calls: pass it to
+// grpc.ChainUnaryInterceptor (or grpc.UnaryInterceptor).
+func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := l.decide(ctx, info.FullMethod)
+		if md != nil {
+			// Before the handler nothing was sent, so this cannot fail; the handler may add more.
+			_ = grpc.SetHeader(ctx, md)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns the interceptor for streams, decided once when a stream
+// opens: pass it to grpc.ChainStreamInterceptor (or grpc.StreamInterceptor).
+func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, err := l.decide(ss.Context(), info.FullMethod)
+		if md != nil {
+			_ = ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// decide takes the call's decision: the header metadata to send (nil when there was no
+// decision), and the status error to end the call with (nil to let it through).
+func (l *Limiter) decide(ctx context.Context, method string) (metadata.MD, error) {
+	key, subject, err := l.key(ctx, method)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	res, err := l.engine.AllowPolicy(ctx, l.cfg.keyPrefix+key, l.policy, 1)
+	if err != nil {
+		return nil, status.Error(failureCode(err), fmt.Sprintf("grpclimit: %s: %v", method, err))
+	}
+	md := make(metadata.MD, 2)
+	for _, f := range l.fields.Policy() {
+		md[l.meta[f.Name]] = []string{f.Value}
+	}
+	if res.BackendErr != nil {
+		if l.cfg.onFailOpen != nil {
+			l.cfg.onFailOpen(ctx, method, res.BackendErr)
+		}
+		return md, nil
+	}
+	var buf [2]fields.Field
+	for _, f := range l.fields.AppendDecision(buf[:0], res) {
+		md[l.meta[f.Name]] = []string{f.Value}
+	}
+	if !res.Allowed {
+		return md, l.denied(subject, res)
+	}
+	return md, nil
+}
+
+// failureCode is the status of a call the engine could not decide: the caller's own end, or
+// Unavailable.
+func failureCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	}
+	return codes.Unavailable
+}
+
+// denied is the status of a denied call: ResourceExhausted, with RetryInfo and QuotaFailure.
+func (l *Limiter) denied(subject string, res engine.Result) error {
+	lim := l.fields.Named(res)
+	name := fields.WindowName(lim.Window)
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("rate limit exceeded: %d per %s, retry after %s", lim.Max, name, res.RetryAfter))
+	detailed, err := st.WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     subject,
+			Description: fmt.Sprintf("%d requests per %s", lim.Max, name),
+			QuotaId:     name,
+			QuotaValue:  int64(lim.Max),
+		}}},
+	)
+	if err != nil { // not reached: both details marshal
+		return st.Err()
+	}
+	return detailed.Err()
+}
+
+// key returns the call's key, without the prefix, and the subject QuotaFailure names: the
+// client's address ("clientip:2001:db8::/64"), or where a key came from ("metadata:x-api-key",
+// "key"), never a metadata or function key's value, which may be a credential.
+func (l *Limiter) key(ctx context.Context, method string) (key, subject string, err error) {
+	if l.cfg.keyFunc != nil {
+		key, err = l.cfg.keyFunc(ctx, method)
+		if err != nil {
+			return "", "", fmt.Errorf("%w: %w", ErrKey, err)
+		}
+		subject = l.cfg.keySource
+	} else {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return "", "", fmt.Errorf("%w: no peer address", ErrKey)
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		key, err = l.addr.Key(p.Addr.String(), md.Get(l.forwardedKey))
+		if err != nil {
+			return "", "", fmt.Errorf("%w: %w", ErrKey, err)
+		}
+		subject = "clientip:" + key
+	}
+	switch {
+	case key == "":
+		return "", "", fmt.Errorf("%w: empty key", ErrKey)
+	case len(key) > MaxKeyLength:
+		return "", "", fmt.Errorf("%w: key of %d bytes, more than %d", ErrKey, len(key), MaxKeyLength)
+	}
+	return key, subject, nil
+}
