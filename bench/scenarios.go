@@ -64,11 +64,14 @@ func (b *bencher) logf(format string, args ...any) {
 	fmt.Fprintf(b.progress, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// engines returns one engine per client, all in the given mode and under the run's prefix.
+// engines returns one engine per client, all in the given mode and under the run's prefix. The
+// bench's servers run without persistence on purpose (but for the durability scenario's): the
+// persistence check is off.
 func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range b.clients {
-		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix)}, opts...)...)
+		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix),
+			engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
 		if err != nil {
 			return nil, err
 		}

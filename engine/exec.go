@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/loader"
 )
@@ -19,8 +16,9 @@ func (e *Engine) scripts() []*loader.Script {
 }
 
 // runDecision takes one decision (or peek) through c and turns the server's answer into a
-// Result. Every scripted decision goes through here, batched or not, so the replica-ack and
-// fail-open policies apply to all of them. The reply is the shape decide.lua documents; its
+// Result. Every scripted decision goes through here, batched or not, so the acknowledgement
+// (WithReplicaAck, WithDurableAck) and fail-open policies apply to all of them. A denial
+// ignores what its call's WAIT or WAITAOF answered: only an admission is refused for it. The reply is the shape decide.lua documents; its
 // limit position and default reset_after refer to req.limits (ascending windows).
 func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
@@ -46,24 +44,11 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
 	if c.ack && r.Allowed {
-		if out.ackErr != nil {
-			return e.backendFailure(ctx, classify(what()+": WAIT", out.ackErr))
-		}
-		if out.acked < int64(e.ackReplicas) {
-			return e.backendFailure(ctx, fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
-				what(), ErrUnavailable, out.acked, e.ackReplicas, e.ackTimeout))
+		if err := e.acking.check(out.ack); err != nil {
+			return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 		}
 	}
 	return r, nil
-}
-
-// waitCommand is WAIT for the configured replicas and timeout.
-func (e *Engine) waitCommand() valkey.Completed {
-	ms := int64(e.ackTimeout / time.Millisecond)
-	if e.ackTimeout%time.Millisecond != 0 {
-		ms++
-	}
-	return e.client.B().Wait().Numreplicas(int64(e.ackReplicas)).Timeout(ms).Build()
 }
 
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed
