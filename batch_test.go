@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -288,20 +287,9 @@ func TestBatchedPeeks(t *testing.T) {
 // decisions shares it, and every admitted decision is on the replica when its caller hears yes.
 func TestBatchedReplicaAckOneWaitPerCall(t *testing.T) {
 	primary := valkeytest.New(t, valkeytest.OwnServer())
-	replica := valkeytest.New(t, valkeytest.OwnServer())
 	ctx := context.Background()
-	rc := replica.Client(t)
-	host, port, _ := strings.Cut(primary.Addr, ":")
-	if err := rc.Do(ctx, rc.B().Replicaof().Host(host).Port(mustAtoi(t, port)).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	rc := replicaOf(t, primary)
 	pc := primary.Client(t)
-	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the replica to be online", func() (bool, error) {
-		info, err := valkeytest.ReadInfo(ctx, pc, "replication")
-		return strings.Contains(info["slave0"], "state=online"), err
-	}); err != nil {
-		t.Fatal(err)
-	}
 	var es []*engine.Engine
 	for i := 0; i < 4; i++ {
 		es = append(es, enginetest.New(t, primary.Client(t), engine.WithBatching(true), engine.WithReplicaAck(1, time.Second)))

@@ -80,7 +80,7 @@ func (a acking) check(got acks) error {
 			ErrUnavailable, got.replicas, a.replicas, a.timeout)
 	}
 	if got.aofLocal < int64(a.aofLocal) || got.aofReplicas < int64(a.aofReplicas) {
-		return fmt.Errorf("%w: admitted, but not fsynced as asked within %s: to %d of %d local append-only files, %d of %d replicas'",
+		return fmt.Errorf("%w: admitted, but not fsynced as asked within %s: local append-only file %d of %d, replicas %d of %d",
 			ErrUnavailable, a.aofTimeout, got.aofLocal, a.aofLocal, got.aofReplicas, a.aofReplicas)
 	}
 	return nil

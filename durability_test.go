@@ -1,0 +1,348 @@
+package strictrate_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// crashAndRestart kills the server with SIGKILL, starts it again on the same files, and waits
+// until e decides again.
+func crashAndRestart(t *testing.T, own *valkeytest.Server, e *engine.Engine) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := own.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the restarted server to decide", func() (bool, error) {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := e.Peek(pctx, "restarted", engine.PerMinute(1))
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replicaOf starts a server of its own as a replica of primary, waits until primary counts it
+// online, and returns its client. The primary starts the sync at once instead of after its
+// default 5 seconds (repl-diskless-sync-delay).
+func replicaOf(t *testing.T, primary *valkeytest.Server) valkey.Client {
+	t.Helper()
+	replica := valkeytest.New(t, valkeytest.OwnServer())
+	ctx := context.Background()
+	pc := primary.Client(t)
+	if err := pc.Do(ctx, pc.B().ConfigSet().ParameterValue().ParameterValue("repl-diskless-sync-delay", "0").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	rc := replica.Client(t)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if err := rc.Do(ctx, rc.B().Replicaof().Host(host).Port(mustAtoi(t, port)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the replica to be online", func() (bool, error) {
+		info, err := valkeytest.ReadInfo(ctx, pc, "replication")
+		return strings.Contains(info["slave0"], "state=online"), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// fillAll admits one event at a time on every key until l denies, and returns how many it admitted.
+func fillAll(t *testing.T, e *engine.Engine, keys []string, l engine.Limit) int {
+	t.Helper()
+	admitted := 0
+	for _, key := range keys {
+		for mustAllowN(t, e, key, l, 1).Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// Without persistence, a server killed and restarted comes back empty: every key admits its
+// whole window again, at once. The over-admission is everything admitted in the window before
+// the crash: here 4 keys at 50 per hour, 200 admitted before, 200 more after (100 %).
+func TestCrashWithoutPersistenceForgetsEveryWindow(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	e := enginetest.New(t, c)
+	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	l := engine.PerHour(50)
+
+	before := fillAll(t, e, keys, l)
+	want(t, "admitted before the crash", before, len(keys)*l.Max)
+	crashAndRestart(t, own, e)
+	for _, key := range keys {
+		want(t, "events in the log after the restart", events(t, c, key), int64(0))
+	}
+	after := fillAll(t, e, keys, l)
+	t.Logf("no persistence: %d admitted, kill -9, restart: %d more admitted in the same hour (%.0f %% over)",
+		before, after, 100*float64(after)/float64(before))
+	want(t, "over-admitted after the restart", after, len(keys)*l.Max)
+}
+
+// With appendonly yes (appendfsync everysec), 16 goroutines admit on a few keys and the server
+// is killed with SIGKILL mid-run: after a restart on the same files, every admission a caller
+// was told yes of is still in the log. A killed process loses nothing the kernel already has,
+// and Valkey writes the append-only file before it replies.
+func TestCrashWithAppendOnlyKeepsEveryAdmission(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("everysec"))
+	c := own.Client(t)
+	es := []*engine.Engine{enginetest.New(t, c), enginetest.New(t, own.Client(t))}
+	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	l := engine.Limit{Max: 1_000_000, Window: time.Hour}
+	ctx := context.Background()
+
+	type toldYes struct {
+		key   string
+		entry engine.EntryID
+	}
+	var (
+		mu       sync.Mutex
+		told     []toldYes
+		admitted atomic.Int64
+		failed   atomic.Int64
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+	)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, key := es[g%len(es)], keys[g%len(keys)]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				r, err := e.Allow(tctx, key, l)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if !r.Allowed {
+					t.Errorf("denied below the limit: %+v", r)
+					return
+				}
+				mu.Lock()
+				told = append(told, toldYes{key, r.Entry})
+				mu.Unlock()
+				admitted.Add(1)
+			}
+		}()
+	}
+	if err := valkeytest.WaitFor(ctx, 20*time.Second, "2000 admissions", func() (bool, error) {
+		return admitted.Load() >= 2000, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Crash(); err != nil { // mid-run: the goroutines are still deciding
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	crashAndRestart(t, own, es[0])
+
+	// An entry is its time and its position among the key's entries of that microsecond: a
+	// told-yes (At, Seq) is in the log when the log holds at least Seq entries at At.
+	atMicros := map[string]map[int64]int{}
+	var logged int64
+	for _, key := range keys {
+		log := enginetest.Log(t, c, prefix, key)
+		atMicros[key] = map[int64]int{}
+		for _, entry := range log.Entries {
+			atMicros[key][entry.At.UnixMicro()]++
+		}
+		logged += int64(log.Events)
+	}
+	lost := 0
+	for _, y := range told {
+		if atMicros[y.key][y.entry.At.UnixMicro()] < y.entry.Seq {
+			lost++
+		}
+	}
+	t.Logf("appendonly yes, everysec: %d told yes, kill -9 mid-run (%d calls failed with it), restart: %d events in the logs, %d told-yes admissions lost",
+		len(told), failed.Load(), logged, lost)
+	if lost > 0 || logged < int64(len(told)) {
+		t.Fatalf("%d of %d told-yes admissions are not in the logs after kill -9 and restart (%d events logged)", lost, len(told), logged)
+	}
+}
+
+// WithDurableAck sends one WAITAOF behind every deciding call, batches included, and the
+// admissions it let through are all in the file after kill -9.
+func TestDurableAckOneWaitaofPerCall(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
+	var es []*engine.Engine
+	for i := 0; i < 4; i++ {
+		es = append(es, enginetest.New(t, own.Client(t), engine.WithBatching(true), engine.WithDurableAck(1, 0, 2*time.Second)))
+	}
+	c := own.Client(t)
+	key, l := newKey(t), engine.PerHour(200)
+	resetStats(t, c)
+	results := runConcurrently(t, es, 64, 400, func(e *engine.Engine) (engine.Result, error) {
+		return e.Allow(context.Background(), key, l)
+	})
+	info, err := valkeytest.ReadInfo(context.Background(), c, "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitaofs, calls := info.CommandStats()["waitaof"].Calls, scriptCalls(t, c)
+	t.Logf("400 decisions in %d script calls, %d WAITAOFs", calls, waitaofs)
+	if waitaofs != calls || calls >= 300 {
+		t.Fatalf("%d WAITAOFs for %d script calls and 400 decisions: want one per call, shared by a batch", waitaofs, calls)
+	}
+	admitted := 0
+	for _, r := range results {
+		if r.Allowed {
+			admitted++
+		}
+	}
+	want(t, "admitted", admitted, l.Max)
+	crashAndRestart(t, own, es[0])
+	want(t, "events after kill -9 and restart", events(t, c, key), int64(l.Max))
+}
+
+// An admission whose WAITAOF cannot be satisfied in time (a replica that does not exist) is
+// refused with ErrUnavailable, though recorded: it can under-admit, never over-admit. A denial
+// is never refused for durability: it comes back as a denial. With a local fsync only, a
+// denial writes nothing, so its WAITAOF has nothing to wait for.
+func TestDurableAckDenials(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
+	c := own.Client(t)
+	ctx := context.Background()
+	l := engine.PerHour(2)
+
+	noReplica := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 1, 100*time.Millisecond))
+	key := newKey(t)
+	for i := 0; i < l.Max; i++ {
+		r, err := noReplica.Allow(ctx, key, l)
+		if !errors.Is(err, engine.ErrUnavailable) || r.Allowed || !strings.Contains(err.Error(), "replicas 0 of 1") {
+			t.Fatalf("admission whose WAITAOF asks for a missing replica: %+v, %v; want ErrUnavailable saying so", r, err)
+		}
+	}
+	want(t, "events recorded, though refused", events(t, c, key), int64(l.Max))
+	start := time.Now()
+	r, err := noReplica.Allow(ctx, key, l)
+	took := time.Since(start)
+	if err != nil || r.Allowed || r.RetryAfter <= 0 {
+		t.Fatalf("denial whose WAITAOF cannot be satisfied: %+v, %v; want a denial and no error", r, err)
+	}
+	t.Logf("a denial whose WAITAOF asks for a missing replica (timeout 100ms) took %s", took)
+
+	local := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 0, time.Second))
+	key = newKey(t)
+	want(t, "admitted with a local fsync", fillAll(t, local, []string{key}, l), l.Max)
+	offset := func() string {
+		t.Helper()
+		info, err := valkeytest.ReadInfo(ctx, c, "replication")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info["master_repl_offset"]
+	}
+	before := offset()
+	var took5 []time.Duration
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		if r := mustAllowN(t, local, key, l, 1); r.Allowed {
+			t.Fatalf("admitted past the limit: %+v", r)
+		}
+		took5 = append(took5, time.Since(start).Round(time.Microsecond))
+	}
+	want(t, "replication offset after 5 denials (what they wrote)", offset(), before)
+	t.Logf("5 denials with a local fsync asked took %v", took5)
+}
+
+// New refuses WithDurableAck's local fsync on a server without an append-only file, whatever
+// the persistence check says, and refuses arguments WAITAOF cannot take.
+func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
+	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
+	for _, check := range []engine.PersistenceCheck{engine.PersistenceWarn, engine.PersistenceIgnore} {
+		_, err := engine.New(c, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(check))
+		if !errors.Is(err, engine.ErrPersistence) || !strings.Contains(err.Error(), "appendonly no") {
+			t.Fatalf("WithDurableAck(1, 0) without an append-only file: %v, want ErrPersistence naming appendonly no", err)
+		}
+	}
+	// Only replicas asked for: the primary's own file is not needed.
+	if _, err := engine.New(c, engine.WithDurableAck(0, 1, time.Second), engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil {
+		t.Fatalf("WithDurableAck(0, 1) without an append-only file: %v", err)
+	}
+	for _, opts := range [][]engine.Option{
+		{engine.WithDurableAck(2, 0, time.Second)},
+		{engine.WithDurableAck(-1, 0, time.Second)},
+		{engine.WithDurableAck(1, -1, time.Second)},
+		{engine.WithDurableAck(1, 0, -time.Second)},
+		{engine.WithDurableAck(1, 0, time.Second), engine.WithMode(engine.Pipelined)},
+	} {
+		if _, err := engine.New(c, opts...); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Fatalf("New(%d options): %v, want ErrInvalidArgument", len(opts), err)
+		}
+	}
+}
+
+// A server with neither an append-only file nor a replica gets one warning naming what a
+// restart forgets (or ErrPersistence, or nothing); one with either, none.
+func TestPersistenceCheck(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	quiet := func(opts ...engine.Option) {
+		t.Helper()
+		logs.Reset()
+		if _, err := engine.New(c, append(opts, engine.WithLogger(logger))...); err != nil || logs.Len() != 0 {
+			t.Fatalf("New: %v, logged %q; want neither", err, logs.String())
+		}
+	}
+
+	if _, err := engine.New(c, engine.WithLogger(logger)); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), own.Addr) ||
+		!strings.Contains(logs.String(), "forgets every admitted event") {
+		t.Fatalf("default check on a server without persistence logged %d warnings: %q", n, logs.String())
+	}
+	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.PersistenceRefuse)); !errors.Is(err, engine.ErrPersistence) {
+		t.Fatalf("PersistenceRefuse without persistence: %v, want ErrPersistence", err)
+	}
+	quiet(engine.WithPersistenceCheck(engine.PersistenceIgnore))
+	// A user that may not run INFO is not checked.
+	limited := own.NewUser(t, "noinfo", "pw", "+@all", "-info")
+	if _, err := engine.New(limited, engine.WithPersistenceCheck(engine.PersistenceRefuse)); err != nil {
+		t.Fatalf("New without INFO permission: %v", err)
+	}
+
+	setAppendOnly := func(v string) {
+		t.Helper()
+		if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("appendonly", v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setAppendOnly("yes")
+	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+	setAppendOnly("no")
+	replicaOf(t, own)
+	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+}
