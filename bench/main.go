@@ -40,7 +40,7 @@ type config struct {
 	JSONPath    string        `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "ceiling"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "ceiling", "durability"}
 
 func main() {
 	var cfg config

@@ -90,6 +90,7 @@ type Report struct {
 	Memory     []MemoryRow     `json:"memory,omitempty"`
 	ServerCost []ServerCostRow `json:"server_cost,omitempty"`
 	Ceiling    []CeilingRow    `json:"ceiling,omitempty"`
+	Durability []DurabilityRow `json:"durability,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
 
@@ -144,6 +145,16 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("ceiling: %w", err)
 		}
 		r.Ceiling = rows
+		if note != "" {
+			r.Notes = append(r.Notes, note)
+		}
+	}
+	if b.wants("durability") {
+		rows, note, err := b.durability(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("durability: %w", err)
+		}
+		r.Durability = rows
 		if note != "" {
 			r.Notes = append(r.Notes, note)
 		}
