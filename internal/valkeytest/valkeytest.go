@@ -53,6 +53,7 @@ type config struct {
 	allowExternal bool
 	addr          string
 	args          []string // more server arguments (ServerArgs)
+	env           []string // more environment for the server (ServerEnv)
 }
 
 // OwnServer makes Start launch a server of its own even when VALKEY_ADDR is set: for tests
@@ -67,6 +68,16 @@ func ServerArgs(args ...string) Option {
 	return func(c *config) {
 		c.allowExternal = false
 		c.args = append(c.args, args...)
+	}
+}
+
+// ServerEnv adds variables ("NAME=value") to the environment of the server Start launches,
+// e.g. LD_PRELOAD for a fault-injecting library. It implies OwnServer, and a valkey-server (or
+// redis-server) binary on PATH: Start fails rather than start a container without them.
+func ServerEnv(vars ...string) Option {
+	return func(c *config) {
+		c.allowExternal = false
+		c.env = append(c.env, vars...)
 	}
 }
 
@@ -101,7 +112,10 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		return &Server{Addr: addr, Source: "env"}, nil
 	}
 	if bin := FindBinary(); bin != "" {
-		return startBinary(ctx, bin, cfg.args)
+		return startBinary(ctx, bin, cfg.args, cfg.env)
+	}
+	if len(cfg.env) > 0 {
+		return nil, fmt.Errorf("valkeytest: %w: ServerEnv needs valkey-server or redis-server on PATH", ErrNoServer)
 	}
 	s, dockerErr := startDocker(ctx, cfg.args)
 	if dockerErr == nil {
@@ -254,16 +268,17 @@ type process struct {
 	dir   string
 	port  string
 	extra []string // more server arguments, e.g. cluster mode
+	env   []string // more environment, added to the test process's
 	cmd   *exec.Cmd
 	done  chan struct{} // closed when the process has exited
 }
 
-func startBinary(ctx context.Context, bin string, args []string) (*Server, error) {
+func startBinary(ctx context.Context, bin string, args, env []string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "strictrate-valkey-")
 	if err != nil {
 		return nil, fmt.Errorf("valkeytest: temp dir: %w", err)
 	}
-	p := &process{bin: bin, dir: dir, extra: args}
+	p := &process{bin: bin, dir: dir, extra: args, env: env}
 	var lastErr error
 	// A free port can be taken by someone else between the probe and the bind: try a few.
 	for attempt := 0; attempt < 5; attempt++ {
@@ -298,6 +313,9 @@ func (p *process) start(ctx context.Context) error {
 		"--enable-debug-command", "local",
 	}, p.extra...)
 	p.cmd = exec.Command(p.bin, args...)
+	if len(p.env) > 0 {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
 	dieWithParent(p.cmd.SysProcAttr)
 	if err := p.cmd.Start(); err != nil {
