@@ -30,12 +30,7 @@ var durabilitySettings = []durabilitySetting{
 	{"no persistence", []valkeytest.Option{valkeytest.OwnServer()}, nil},
 	{"appendfsync everysec", []valkeytest.Option{valkeytest.AppendOnly("everysec")}, nil},
 	{"appendfsync always", []valkeytest.Option{valkeytest.AppendOnly("always")}, nil},
-	// Under everysec the server answers WAITAOF on its cron tick, hz times a second (10 by
-	// default): the hz 100 row shows what that knob buys.
-	{"everysec + WithDurableAck(1, 0, 1s)", []valkeytest.Option{valkeytest.AppendOnly("everysec")},
-		[]engine.Option{engine.WithDurableAck(1, 0, time.Second)}},
-	{"everysec, hz 100 + WithDurableAck(1, 0, 1s)", []valkeytest.Option{valkeytest.AppendOnly("everysec"), valkeytest.ServerArgs("--hz", "100")},
-		[]engine.Option{engine.WithDurableAck(1, 0, time.Second)}},
+	// New refuses WithDurableAck under everysec, where WAITAOF does not wait for the fsync.
 	{"always + WithDurableAck(1, 0, 1s)", []valkeytest.Option{valkeytest.AppendOnly("always")},
 		[]engine.Option{engine.WithDurableAck(1, 0, time.Second)}},
 }

@@ -33,8 +33,8 @@ var (
 	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
 
 	// ErrPersistence is returned by New when the servers do not keep the logs as asked: a
-	// primary without an append-only file while WithDurableAck asks for a local fsync, or a
-	// primary with neither an append-only file nor a replica under
+	// primary without appendonly yes and appendfsync always while WithDurableAck asks for a
+	// local fsync, or a primary with neither an append-only file nor a replica under
 	// WithPersistenceCheck(PersistenceRefuse).
 	ErrPersistence = errors.New("strictrate: the server does not persist limiter logs as asked")
 )

@@ -116,16 +116,25 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // the admissions of its call; and when replicas are asked for that are not there, a denial's
 // call waits out the whole timeout, then returns the denial and no error.
 //
-// The server must run with appendonly yes when local is 1: New checks every primary (INFO
-// persistence) and fails with ErrPersistence otherwise; a node that refuses INFO is not
-// checked. local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off
-// (the default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may
-// block until the context ends. Atomic mode only: New refuses it in Pipelined mode. With
-// WithReplicaAck too, WAIT and then WAITAOF follow each call. The cost is an fsync per call
-// (shared by a batch) and a round trip on a connection of its own, as for WAIT. Under
-// appendfsync always the server has fsynced before it answers, and WAITAOF returns at once;
-// under everysec it answers on its cron tick: measured, about 100 ms per call at the default hz
-// 10, 10 ms at hz 100. See the README's durability table.
+// When local is 1 the server must run with appendonly yes and appendfsync always: New checks
+// every primary (INFO persistence, CONFIG GET appendfsync) and fails with ErrPersistence
+// otherwise. Under appendfsync everysec, Valkey (8.0.1, measured with a simulated power loss in
+// TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the fsync ran, so it
+// would acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
+// the default hz 10); under no it never fsyncs. A node that refuses INFO or CONFIG is not
+// checked, and the replicas' own appendfsync cannot be checked from the primary: run them with
+// always too.
+//
+// local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off (the
+// default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may block
+// until the context ends. Atomic mode only: New refuses it in Pipelined mode. With
+// WithReplicaAck too, WAIT and then WAITAOF follow each call.
+//
+// The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
+// returns at once, but it goes on a connection of its own, as WAIT does (see the README's
+// durability table). What it adds to appendfsync always alone is that each admission's fsync
+// is confirmed by the server instead of assumed from its configuration, and that replicas'
+// files can be asked for.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.durableLocal, o.durableReplicas, o.durableTimeout = local, replicas, timeout }
 }

@@ -14,8 +14,9 @@ import (
 // neither an append-only file nor a connected replica keeps the logs only in memory: check
 // says whether New fails (ErrPersistence), logs one warning naming every such node, or says
 // nothing. needAOF (WithDurableAck with a local fsync) fails New with ErrPersistence for any
-// primary without appendonly yes, whatever check says. A node that refuses INFO is not
-// checked; a node that cannot be reached fails New with ErrUnavailable.
+// primary that cannot fsync an admission before WAITAOF acknowledges it (checkDurable),
+// whatever check says. A node that refuses INFO is not checked; a node that cannot be reached
+// fails New with ErrUnavailable.
 func checkPersistence(ctx context.Context, client valkey.Client, check PersistenceCheck, needAOF bool, logger *slog.Logger) error {
 	if check == PersistenceIgnore && !needAOF {
 		return nil
@@ -33,9 +34,10 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 			return nil // a replica takes no decisions
 		}
 		aof := infoField(text, "aof_enabled") == "1"
-		if needAOF && !aof {
-			return fmt.Errorf("%w: node %s runs appendonly no, and WithDurableAck asks for a local fsync: "+
-				"run it with appendonly yes, or ask only replicas (WithDurableAck(0, n, timeout))", ErrPersistence, addr)
+		if needAOF {
+			if err := checkDurable(ctx, addr, node, aof); err != nil {
+				return err
+			}
 		}
 		if !aof && infoField(text, "connected_slaves") == "0" {
 			inMemory = append(inMemory, addr)
@@ -54,6 +56,31 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	}
 	if logger != nil {
 		logger.Warn("strictrate: " + msg)
+	}
+	return nil
+}
+
+// checkDurable returns ErrPersistence unless the primary at addr fsyncs an admission before
+// its WAITAOF acknowledges it: appendonly yes, and appendfsync always. Under everysec, Valkey
+// (8.0.1 measured, TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the
+// fsync ran, so an admission told yes can still be lost to a power loss; under no it never
+// fsyncs, and WAITAOF times out. A node that refuses CONFIG GET is taken at its INFO's word.
+func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool) error {
+	const advice = "WithDurableAck with a local fsync needs appendonly yes and appendfsync always " +
+		"(or ask only replicas: WithDurableAck(0, n, timeout))"
+	if !aof {
+		return fmt.Errorf("%w: node %s runs appendonly no; %s", ErrPersistence, addr, advice)
+	}
+	kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("appendfsync").Build()).AsStrMap()
+	if err != nil {
+		if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
+			return nil // CONFIG is disabled or not permitted here: nothing more to check
+		}
+		return classify("strictrate: new engine: CONFIG GET appendfsync on "+addr, err)
+	}
+	if fsync := kv["appendfsync"]; fsync != "always" {
+		return fmt.Errorf("%w: node %s runs appendfsync %s, under which WAITAOF does not wait for the fsync "+
+			"(everysec: Valkey answers it on its cron tick; no: it never fsyncs); %s", ErrPersistence, addr, fsync, advice)
 	}
 	return nil
 }
