@@ -262,27 +262,7 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 		es = append(es, enginetest.New(t, own.Client(t), engine.WithBatching(true), engine.WithDurableAck(1, 0, 2*time.Second)))
 	}
 	c := own.Client(t)
-	key, l := newKey(t), engine.PerHour(200)
-	resetStats(t, c)
-	results := runConcurrently(t, es, 64, 400, func(e *engine.Engine) (engine.Result, error) {
-		return e.Allow(context.Background(), key, l)
-	})
-	info, err := valkeytest.ReadInfo(context.Background(), c, "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitaofs, calls := info.CommandStats()["waitaof"].Calls, scriptCalls(t, c)
-	t.Logf("400 decisions in %d script calls, %d WAITAOFs", calls, waitaofs)
-	if waitaofs != calls || calls >= 300 {
-		t.Fatalf("%d WAITAOFs for %d script calls and 400 decisions: want one per call, shared by a batch", waitaofs, calls)
-	}
-	admitted := 0
-	for _, r := range results {
-		if r.Allowed {
-			admitted++
-		}
-	}
-	want(t, "admitted", admitted, l.Max)
+	key, l := oneFollowerPerCall(t, c, es, "waitaof")
 	crashAndRestart(t, own, es[0])
 	want(t, "events after kill -9 and restart", events(t, c, key), int64(l.Max))
 }
