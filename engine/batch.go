@@ -167,7 +167,7 @@ type committer struct {
 	e       *Engine
 	single  *loader.Script                              // a call of one request
 	batch   *loader.Script                              // a call of several
-	ack     bool                                        // follow each call with WAIT, WAITAOF (writes under WithReplicaAck, WithDurableAck)
+	ack     bool                                        // follow each writing call with WAIT and/or WAITAOF
 	then    func([]valkey.Completed) []valkey.Completed // appends them
 	cluster bool
 

@@ -113,7 +113,8 @@ type Engine struct {
 // error wrapping ErrPreload. A node that cannot be reached gives ErrUnavailable; an eviction
 // policy that may drop limiter keys gives ErrEvictionPolicy (see WithEvictionCheck); a server
 // that keeps the logs only in memory is logged as a warning (see WithPersistenceCheck), and one
-// without the append-only file WithDurableAck needs gives ErrPersistence.
+// that cannot fsync what WithDurableAck asks for (appendonly yes, appendfsync always) gives
+// ErrPersistence.
 func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
