@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -288,37 +287,35 @@ func TestBatchedPeeks(t *testing.T) {
 // decisions shares it, and every admitted decision is on the replica when its caller hears yes.
 func TestBatchedReplicaAckOneWaitPerCall(t *testing.T) {
 	primary := valkeytest.New(t, valkeytest.OwnServer())
-	replica := valkeytest.New(t, valkeytest.OwnServer())
-	ctx := context.Background()
-	rc := replica.Client(t)
-	host, port, _ := strings.Cut(primary.Addr, ":")
-	if err := rc.Do(ctx, rc.B().Replicaof().Host(host).Port(mustAtoi(t, port)).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	pc := primary.Client(t)
-	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the replica to be online", func() (bool, error) {
-		info, err := valkeytest.ReadInfo(ctx, pc, "replication")
-		return strings.Contains(info["slave0"], "state=online"), err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	rc := replicaOf(t, primary)
 	var es []*engine.Engine
 	for i := 0; i < 4; i++ {
 		es = append(es, enginetest.New(t, primary.Client(t), engine.WithBatching(true), engine.WithReplicaAck(1, time.Second)))
 	}
+	key, l := oneFollowerPerCall(t, primary.Client(t), es, "wait")
+	want(t, "events on the replica", events(t, rc, key), int64(l.Max))
+}
+
+// oneFollowerPerCall has 64 goroutines take 400 decisions on one key at 200 per hour through
+// es, and checks that follower (the command sent behind each call: "wait", "waitaof") ran once
+// per script call, that the calls were batched, and that Max were admitted. It returns the key
+// and its limit.
+func oneFollowerPerCall(t *testing.T, c valkey.Client, es []*engine.Engine, follower string) (string, engine.Limit) {
+	t.Helper()
+	ctx := context.Background()
 	key, l := newKey(t), engine.PerHour(200)
-	resetStats(t, pc)
+	resetStats(t, c)
 	results := runConcurrently(t, es, 64, 400, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(ctx, key, l)
 	})
-	info, err := valkeytest.ReadInfo(ctx, pc, "commandstats")
+	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
 	if err != nil {
 		t.Fatal(err)
 	}
-	waits, calls := info.CommandStats()["wait"].Calls, scriptCalls(t, pc)
-	t.Logf("400 decisions in %d script calls, %d WAITs", calls, waits)
-	if waits != calls || waits >= 300 {
-		t.Fatalf("%d WAITs for %d script calls and 400 decisions: want one per call, shared", waits, calls)
+	follows, calls := info.CommandStats()[follower].Calls, scriptCalls(t, c)
+	t.Logf("400 decisions in %d script calls, %d %s", calls, follows, follower)
+	if follows != calls || follows >= 300 {
+		t.Fatalf("%d %s for %d script calls and 400 decisions: want one per call, shared", follows, follower, calls)
 	}
 	admitted := 0
 	for _, r := range results {
@@ -327,7 +324,7 @@ func TestBatchedReplicaAckOneWaitPerCall(t *testing.T) {
 		}
 	}
 	want(t, "admitted", admitted, l.Max)
-	want(t, "events on the replica", events(t, rc, key), int64(l.Max))
+	return key, l
 }
 
 func mustAtoi(t *testing.T, s string) int64 {

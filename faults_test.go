@@ -165,7 +165,8 @@ func TestEvictionPolicyCheck(t *testing.T) {
 		t.Fatalf("EvictionWarn logged %q", logs.String())
 	}
 	logs.Reset()
-	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionIgnore), engine.WithLogger(logger)); err != nil || logs.Len() != 0 {
+	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionIgnore), engine.WithPersistenceCheck(engine.PersistenceIgnore),
+		engine.WithLogger(logger)); err != nil || logs.Len() != 0 {
 		t.Fatalf("New with EvictionIgnore: %v, logged %q", err, logs.String())
 	}
 

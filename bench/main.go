@@ -42,7 +42,7 @@ type config struct {
 	JSONPath    string        `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "ceiling"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling"}
 
 func main() {
 	var cfg config

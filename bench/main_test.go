@@ -23,7 +23,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	if err := run(context.Background(), cfg, &out, &progress); err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
 	}
-	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "| atomic |", "| pipelined |"} {
+	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "| atomic |", "| pipelined |"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("Markdown output lacks %q:\n%s", want, out.String())
 		}
@@ -110,6 +110,15 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "### In-flight limits") {
 		t.Errorf("Markdown output lacks the lease table:\n%s", out.String())
+	}
+
+	if len(r.Durability) != len(durabilitySettings) {
+		t.Fatalf("durability rows: %d, want %d", len(r.Durability), len(durabilitySettings))
+	}
+	for _, d := range r.Durability {
+		if d.Setting == "" || d.DecisionsPerSec <= 0 || d.Decisions == 0 || d.OverNone <= 0 {
+			t.Errorf("durability row %+v", d)
+		}
 	}
 
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {

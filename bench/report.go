@@ -93,6 +93,15 @@ func writeMarkdown(w io.Writer, r *Report) {
 				f1(c.ServerUSPerCall), ratio)
 		}
 	}
+	if len(r.Durability) > 0 {
+		fmt.Fprintf(w, "\n### Durability: batched decisions on %d keys, each setting on a server of its own\n\n", r.Durability[0].Keys)
+		table(w, []string{"setting", "decisions/s", "vs no persistence", "p50 µs", "p99 µs", "decisions/call",
+			"server CPU µs/decision", "client CPU µs/decision", "admitted"})
+		for _, d := range r.Durability {
+			row(w, d.Setting, f0(d.DecisionsPerSec), fmt.Sprintf("%.3f", d.OverNone), f0(d.P50us), f0(d.P99us), f1(d.MeanBatch),
+				f1(d.ServerCPUPerOp), f1(d.ClientCPUPerOp), pct(d.AdmittedShare))
+		}
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "\n%s\n", n)
 	}

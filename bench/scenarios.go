@@ -64,11 +64,14 @@ func (b *bencher) logf(format string, args ...any) {
 	fmt.Fprintf(b.progress, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// engines returns one engine per client, all in the given mode and under the run's prefix.
+// engines returns one engine per client, all in the given mode and under the run's prefix. The
+// bench's servers run without persistence on purpose (but for the durability scenario's): the
+// persistence check is off.
 func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range b.clients {
-		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix)}, opts...)...)
+		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix),
+			engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -88,6 +91,7 @@ type Report struct {
 	ServerCost []ServerCostRow `json:"server_cost,omitempty"`
 	Ceiling    []CeilingRow    `json:"ceiling,omitempty"`
 	Leases     []LeaseRow      `json:"leases,omitempty"`
+	Durability []DurabilityRow `json:"durability,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
 
@@ -149,6 +153,16 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("ceiling: %w", err)
 		}
 		r.Ceiling = rows
+		if note != "" {
+			r.Notes = append(r.Notes, note)
+		}
+	}
+	if b.wants("durability") {
+		rows, note, err := b.durability(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("durability: %w", err)
+		}
+		r.Durability = rows
 		if note != "" {
 			r.Notes = append(r.Notes, note)
 		}

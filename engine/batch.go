@@ -123,8 +123,7 @@ type outcome struct {
 	nvals    int
 	err      error // the request failed: its call, or this request alone
 	replyErr error // the reply was not one the scripts give
-	acked    int64 // with replica acknowledgement: the replicas that acknowledged its call
-	ackErr   error
+	ack      acks  // with acknowledgement: what the WAIT or WAITAOF behind its call answered
 }
 
 // readReply reads a single script's reply into o.
@@ -161,7 +160,7 @@ type committer struct {
 	e       *Engine
 	single  *loader.Script // a call of one request
 	batch   *loader.Script // a call of several
-	ack     bool           // follow each call with WAIT (writes under WithReplicaAck)
+	ack     bool           // follow each writing call with WAIT and/or WAITAOF
 	cluster bool
 
 	mu     sync.Mutex
@@ -175,7 +174,7 @@ type queue struct {
 }
 
 func newCommitter(e *Engine, single, batch *loader.Script) *committer {
-	return &committer{e: e, single: single, batch: batch, ack: e.ackReplicas > 0 && !single.ReadOnly(),
+	return &committer{e: e, single: single, batch: batch, ack: e.acking.on() && !single.ReadOnly(),
 		cluster: e.client.Mode() == valkey.ClientModeCluster, queues: map[uint16]*queue{}}
 }
 
@@ -308,20 +307,16 @@ func (c *committer) sendTaken(q *queue, calls []*call) {
 	c.send(ctx, q, calls)
 }
 
-// exec runs s with keys and args, followed by WAIT when acknowledgement is asked for.
-func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string) (reply, waited valkey.ValkeyResult) {
-	if c.ack {
-		return s.ExecThen(ctx, c.e.client, keys, args, c.e.waitCommand)
-	}
-	return s.Exec(ctx, c.e.client, keys, args), valkey.ValkeyResult{}
+// exec runs s with keys and args, followed in the same round trip by WAIT and WAITAOF when
+// acknowledgement is asked for: one of each per call, whatever the decisions it carries.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string) (valkey.ValkeyResult, acks) {
+	return c.e.execAcked(ctx, s, c.ack, keys, args)
 }
 
 func (c *committer) sendOne(ctx context.Context, cl *call) {
-	reply, waited := c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs())
+	var reply valkey.ValkeyResult
+	reply, cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs())
 	cl.out.readReply(reply)
-	if c.ack {
-		cl.out.acked, cl.out.ackErr = waited.AsInt64()
-	}
 }
 
 func (c *committer) sendBatch(ctx context.Context, calls []*call) {
@@ -359,12 +354,7 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 			args = append(args, cl.req.now)
 		}
 	}
-	reply, waited := c.exec(ctx, c.batch, keys, args)
-	var acked int64
-	var ackErr error
-	if c.ack {
-		acked, ackErr = waited.AsInt64()
-	}
+	reply, ack := c.exec(ctx, c.batch, keys, args)
 	err := reply.Error()
 	var vals []valkey.ValkeyMessage
 	var replyErr error
@@ -373,7 +363,7 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 	}
 	pos := 1
 	for _, cl := range calls {
-		cl.out.acked, cl.out.ackErr = acked, ackErr
+		cl.out.ack = ack
 		switch {
 		case err != nil:
 			cl.out.err = err

@@ -125,9 +125,8 @@ type Engine struct {
 	limitSets     sync.Map // Limit -> *limitSet
 	limitSetCount atomic.Int64
 
-	failOpen    bool
-	ackReplicas int
-	ackTimeout  time.Duration
+	failOpen bool
+	acking   acking // WithReplicaAck, WithDurableAck
 
 	// Pipelined mode makes its members on the client: an id random per engine, then a counter.
 	memberID [8]byte
@@ -137,7 +136,10 @@ type Engine struct {
 // New returns an engine that uses client. Unless WithPreload(false) is given it loads the
 // scripts on every node first, so a server without working scripting fails here with an
 // error wrapping ErrPreload. A node that cannot be reached gives ErrUnavailable; an eviction
-// policy that may drop limiter keys gives ErrEvictionPolicy (see WithEvictionCheck).
+// policy that may drop limiter keys gives ErrEvictionPolicy (see WithEvictionCheck); a server
+// that keeps the logs only in memory is logged as a warning (see WithPersistenceCheck), and one
+// that cannot fsync what WithDurableAck asks for (appendonly yes, appendfsync always) gives
+// ErrPersistence.
 func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
@@ -148,6 +150,9 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	}
 	if o.mode != Atomic && o.mode != Pipelined {
 		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidArgument, int(o.mode))
+	}
+	if err := o.validateDurableAck(); err != nil {
+		return nil, err
 	}
 	e := &Engine{
 		client:   client,
@@ -162,9 +167,9 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		batching: o.batching,
 		shadow:   o.shadow,
 
-		failOpen:    o.failOpen,
-		ackReplicas: o.ackReplicas,
-		ackTimeout:  o.ackTimeout,
+		failOpen: o.failOpen,
+		acking: acking{replicas: o.ackReplicas, timeout: o.ackTimeout,
+			aofLocal: o.durableLocal, aofReplicas: o.durableReplicas, aofTimeout: o.durableTimeout},
 	}
 	var err error
 	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
@@ -179,10 +184,14 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
-	if o.evictionCheck != EvictionIgnore || o.preload {
+	needAOF := o.durableLocal > 0
+	if o.evictionCheck != EvictionIgnore || o.persistenceCheck != PersistenceIgnore || needAOF || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
 		defer cancel()
 		if err := checkEviction(ctx, client, o.evictionCheck, o.logger); err != nil {
+			return nil, err
+		}
+		if err := checkPersistence(ctx, client, o.persistenceCheck, needAOF, o.logger); err != nil {
 			return nil, err
 		}
 		if o.preload {

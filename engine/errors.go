@@ -38,6 +38,12 @@ var (
 	// ErrEvictionPolicy is returned by New when a node's maxmemory-policy may evict limiter
 	// keys (allkeys-*) and WithEvictionCheck is EvictionRefuse, the default.
 	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
+
+	// ErrPersistence is returned by New when the servers do not keep the logs as asked: a
+	// primary without appendonly yes and appendfsync always while WithDurableAck asks for a
+	// local fsync, or a primary with neither an append-only file nor a replica under
+	// WithPersistenceCheck(PersistenceRefuse).
+	ErrPersistence = errors.New("strictrate: the server does not persist limiter logs as asked")
 )
 
 // DeniedError is the error Check, Record and Acquire return when denied. It matches

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 
 	"github.com/valkey-io/valkey-go"
@@ -17,24 +16,17 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 	if check == EvictionIgnore {
 		return nil
 	}
-	nodes := client.Nodes()
-	addrs := make([]string, 0, len(nodes))
-	for addr := range nodes {
-		addrs = append(addrs, addr)
-	}
-	sort.Strings(addrs)
-	for _, addr := range addrs {
-		node := nodes[addr]
+	return eachNode(client, func(addr string, node valkey.Client) error {
 		kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
 		if err != nil {
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
-				continue // CONFIG is disabled or not permitted here: nothing to check
+				return nil // CONFIG is disabled or not permitted here: nothing to check
 			}
 			return classify("strictrate: new engine: CONFIG GET maxmemory-policy on "+addr, err)
 		}
 		policy := kv["maxmemory-policy"]
 		if !strings.HasPrefix(policy, "allkeys-") {
-			continue
+			return nil
 		}
 		msg := fmt.Sprintf("node %s has maxmemory-policy %s: under memory pressure it may evict a limiter key, "+
 			"forgetting admitted events; use noeviction, or volatile-* with care", addr, policy)
@@ -42,9 +34,8 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 			if logger != nil {
 				logger.Warn("strictrate: " + msg)
 			}
-			continue
+			return nil
 		}
 		return fmt.Errorf("%w: %s (WithEvictionCheck(EvictionWarn) to only warn)", ErrEvictionPolicy, msg)
-	}
-	return nil
+	})
 }

@@ -20,8 +20,9 @@ func (e *Engine) scripts() []*loader.Script {
 }
 
 // runDecision takes one decision (or peek) through c and turns the server's answer into a
-// Result. Every scripted decision goes through here, batched or not, so the replica-ack and
-// fail-open policies apply to all of them. The reply is the shape decide.lua documents; its
+// Result. Every scripted decision goes through here, batched or not, so the acknowledgement
+// (WithReplicaAck, WithDurableAck) and fail-open policies apply to all of them. A denial
+// ignores what its call's WAIT or WAITAOF answered: only an admission is refused for it. The reply is the shape decide.lua documents; its
 // limit position and default reset_after refer to req.limits (ascending windows).
 func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
@@ -55,8 +56,8 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
 	if c.ack && r.Allowed {
-		if err := e.checkAck(what, out.acked, out.ackErr); err != nil {
-			return e.backendFailure(ctx, err)
+		if err := e.acking.check(out.ack); err != nil {
+			return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 		}
 	}
 	if cached && !r.Allowed {
@@ -95,18 +96,12 @@ func (e *Engine) forgetDenials(fullKey string) {
 
 // runAcked sends script s for the full key fullKey and hands its reply to read, which decodes
 // it and reports whether the call granted something (a lease, an extension). With
-// WithReplicaAck, a writing script goes with WAIT behind it, and a grant that fewer replicas
-// acknowledged is an error wrapping ErrUnavailable. Errors are wrapped with what() and
-// classified; the fail-open policy is the caller's to apply.
+// WithReplicaAck or WithDurableAck, a writing script goes with WAIT or WAITAOF behind it, and a
+// grant not held where it was asked to be is an error wrapping ErrUnavailable. Errors are
+// wrapped with what() and classified; the fail-open policy is the caller's to apply.
 func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string, read func(valkey.ValkeyResult) (granted bool, err error)) error {
-	keys := []string{fullKey}
-	ack := e.ackReplicas > 0 && !s.ReadOnly()
-	var reply, waited valkey.ValkeyResult
-	if ack {
-		reply, waited = s.ExecThen(ctx, e.client, keys, args, e.waitCommand)
-	} else {
-		reply = s.Exec(ctx, e.client, keys, args)
-	}
+	ack := e.acking.on() && !s.ReadOnly()
+	reply, got := e.execAcked(ctx, s, ack, []string{fullKey}, args)
 	if err := reply.Error(); err != nil {
 		return classify(what(), err)
 	}
@@ -115,32 +110,23 @@ func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() str
 		return fmt.Errorf("%s: %w", what(), err)
 	}
 	if ack && granted {
-		acked, err := waited.AsInt64()
-		return e.checkAck(what, acked, err)
+		if err := e.acking.check(got); err != nil {
+			return fmt.Errorf("%s: %w", what(), err)
+		}
 	}
 	return nil
 }
 
-// checkAck judges a write's WAIT reply: nil when enough replicas acknowledged it, else an
-// error wrapping ErrUnavailable (the write stays on the primary: it can only under-admit).
-func (e *Engine) checkAck(what func() string, acked int64, err error) error {
-	if err != nil {
-		return classify(what()+": WAIT", err)
+// execAcked runs s with keys and args, followed in the same round trip, when ack is set, by
+// the WAIT and WAITAOF the engine asks for, and returns what they answered.
+func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string) (valkey.ValkeyResult, acks) {
+	if !ack {
+		return s.Exec(ctx, e.client, keys, args), acks{}
 	}
-	if acked < int64(e.ackReplicas) {
-		return fmt.Errorf("%s: %w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
-			what(), ErrUnavailable, acked, e.ackReplicas, e.ackTimeout)
-	}
-	return nil
-}
-
-// waitCommand is WAIT for the configured replicas and timeout.
-func (e *Engine) waitCommand() valkey.Completed {
-	ms := int64(e.ackTimeout / time.Millisecond)
-	if e.ackTimeout%time.Millisecond != 0 {
-		ms++
-	}
-	return e.client.B().Wait().Numreplicas(int64(e.ackReplicas)).Timeout(ms).Build()
+	reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+		return e.acking.commands(e.client.B(), cmds)
+	})
+	return reply, e.acking.read(after)
 }
 
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed

@@ -44,7 +44,11 @@ type options struct {
 	failOpen         bool
 	ackReplicas      int
 	ackTimeout       time.Duration
+	durableLocal     int
+	durableReplicas  int
+	durableTimeout   time.Duration
 	evictionCheck    EvictionCheck
+	persistenceCheck PersistenceCheck
 	logger           *slog.Logger
 	batching         bool
 	shadow           bool
@@ -54,7 +58,7 @@ type options struct {
 
 func defaultOptions() options {
 	return options{mode: Atomic, prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
-		evictionCheck: EvictionRefuse, logger: slog.Default(), batching: true}
+		evictionCheck: EvictionRefuse, persistenceCheck: PersistenceWarn, logger: slog.Default(), batching: true}
 }
 
 // WithMode selects Atomic (the default) or Pipelined.
@@ -71,7 +75,8 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.clock 
 
 // WithPreload controls whether New loads the scripts on every node (default true), so that a
 // server without working scripting fails at start-up. Without it the first decision loads
-// the script instead (New still reads maxmemory-policy unless WithEvictionCheck(EvictionIgnore)).
+// the script instead (New still reads maxmemory-policy unless WithEvictionCheck(EvictionIgnore),
+// and INFO persistence unless WithPersistenceCheck(PersistenceIgnore) without WithDurableAck).
 func WithPreload(preload bool) Option { return func(o *options) { o.preload = preload } }
 
 // WithPreloadTimeout bounds how long New waits for the preload; the default is 10 seconds.
@@ -98,6 +103,61 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ackReplicas, o.ackTimeout = replicas, timeout }
 }
 
+// WithDurableAck makes every admission wait, in the same round trip and on the same connection,
+// until it is fsynced to disk (WAITAOF local replicas timeout): to the server's own append-only
+// file when local is 1, and to the append-only files of at least replicas replicas. An fsynced
+// admission survives a power loss, not only a crash of the server's process. An admission not
+// fsynced as asked within timeout returns an error wrapping ErrUnavailable instead of yes (the
+// event stays recorded: the error can only under-admit, never over-admit). The WAITAOF follows
+// the call that decides, since its outcome is not known before; where decisions are batched
+// (WithBatching), one WAITAOF serves the whole call.
+//
+// Denials are never refused for durability: a denial ignores its call's WAITAOF reply. The
+// WAITAOF goes with the call all the same (its outcome is not known before), and the caller
+// hears the denial with that reply, so whether a denial's call waits on the server side is the
+// WAITAOF's business. Measured on Valkey 8.0.1 (TestDurableAckDenials): a denial writes
+// nothing, so with local only its WAITAOF finds this connection's writes already fsynced and
+// answers at once (0.1-0.2 ms, as without the option); in a batch, a denial waits as long as
+// the admissions of its call; and when replicas are asked for that are not there, a denial's
+// call waits out the whole timeout, then returns the denial and no error.
+//
+// When local is 1 the server must run with appendonly yes and appendfsync always: New checks
+// every primary (INFO persistence, CONFIG GET appendfsync) and fails with ErrPersistence
+// otherwise. Under appendfsync everysec, Valkey (8.0.1, measured with a simulated power loss in
+// TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the fsync ran, so it
+// would acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
+// the default hz 10); under no it never fsyncs. A node that refuses INFO or CONFIG is not
+// checked, and the replicas' own appendfsync cannot be checked from the primary: run them with
+// always too.
+//
+// local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off (the
+// default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may block
+// until the context ends. Atomic mode only: New refuses it in Pipelined mode. With
+// WithReplicaAck too, WAIT and then WAITAOF follow each call.
+//
+// The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
+// returns at once, but it goes on a connection of its own, as WAIT does (see the README's
+// durability table). What it adds to appendfsync always alone is that each admission's fsync
+// is confirmed by the server instead of assumed from its configuration, and that replicas'
+// files can be asked for.
+func WithDurableAck(local, replicas int, timeout time.Duration) Option {
+	return func(o *options) { o.durableLocal, o.durableReplicas, o.durableTimeout = local, replicas, timeout }
+}
+
+// validateDurableAck checks WithDurableAck's arguments, and that the mode can honour them.
+func (o *options) validateDurableAck() error {
+	switch {
+	case o.durableLocal == 0 && o.durableReplicas == 0:
+		return nil
+	case o.durableLocal < 0 || o.durableLocal > 1 || o.durableReplicas < 0 || o.durableTimeout < 0:
+		return fmt.Errorf("%w: WithDurableAck(%d, %d, %s): local must be 0 or 1, replicas and timeout at least 0",
+			ErrInvalidArgument, o.durableLocal, o.durableReplicas, o.durableTimeout)
+	case o.mode != Atomic:
+		return fmt.Errorf("%w: WithDurableAck needs Atomic mode, not %s", ErrInvalidArgument, o.mode)
+	}
+	return nil
+}
+
 // EvictionCheck is what New does when the server may evict any key (maxmemory-policy
 // allkeys-*): an evicted log forgets admitted events, and the limit admits them again.
 type EvictionCheck int
@@ -114,6 +174,29 @@ const (
 // WithEvictionCheck sets what New does when a node's maxmemory-policy can evict limiter keys.
 // A server that refuses CONFIG GET (managed services often do) is not checked.
 func WithEvictionCheck(c EvictionCheck) Option { return func(o *options) { o.evictionCheck = c } }
+
+// PersistenceCheck is what New does when a primary keeps the logs only in memory: neither an
+// append-only file (appendonly yes) nor a connected replica. A restart of such a server
+// forgets every key's log, every event admitted in every window, and each key may then admit up
+// to its Max again at once (an RDB snapshot, where configured, brings back only the logs as of
+// the last snapshot).
+type PersistenceCheck int
+
+const (
+	// PersistenceRefuse makes New fail with ErrPersistence.
+	PersistenceRefuse PersistenceCheck = iota
+	// PersistenceWarn makes New log one warning through the engine's logger, naming every such
+	// node, and go on (the default).
+	PersistenceWarn
+	// PersistenceIgnore skips the check, and its INFO (unless WithDurableAck needs it).
+	PersistenceIgnore
+)
+
+// WithPersistenceCheck sets what New does when a primary has neither an append-only file nor a
+// replica. A server that refuses INFO is not checked.
+func WithPersistenceCheck(c PersistenceCheck) Option {
+	return func(o *options) { o.persistenceCheck = c }
+}
 
 // WithLogger sets where the engine logs warnings; the default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }

@@ -63,11 +63,14 @@ func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []st
 	return s.lua.Exec(ctx, client, keys, args)
 }
 
-// ExecThen runs the script as Exec does and sends then right behind it in the same round trip,
-// on the same connection: for WAIT, which waits for the replication of that connection's
-// writes. After NOSCRIPT both are sent again, the script as EVAL. In a cluster, then must be
-// keyless or in the script's slot. It returns both replies.
-func (s *Script) ExecThen(ctx context.Context, client valkey.Client, keys, args []string, then func() valkey.Completed) (script, after valkey.ValkeyResult) {
+// ExecThen runs the script as Exec does and sends the commands then appends right behind it,
+// in the same round trip and on the same connection: for WAIT and WAITAOF, which wait until that
+// connection's writes reach replicas or the disk. then receives a slice holding the script's
+// command and returns it with its own appended; it is called again after NOSCRIPT (a command
+// cannot be sent twice), when everything goes again with the script as EVAL. In a cluster,
+// then's commands must be keyless or in the script's slot. It returns the script's reply, and
+// theirs in the order then appended them.
+func (s *Script) ExecThen(ctx context.Context, client valkey.Client, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
 	b := client.B()
 	var first valkey.Completed
 	if s.readOnly {
@@ -75,17 +78,17 @@ func (s *Script) ExecThen(ctx context.Context, client valkey.Client, keys, args 
 	} else {
 		first = b.Evalsha().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
-	replies := client.DoMulti(ctx, first, then())
+	replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), first))...)
 	if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
-		return replies[0], replies[1]
+		return replies[0], replies[1:]
 	}
 	if s.readOnly {
 		first = b.EvalRo().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	} else {
 		first = b.Eval().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
-	replies = client.DoMulti(ctx, first, then())
-	return replies[0], replies[1]
+	replies = client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), first))...)
+	return replies[0], replies[1:]
 }
 
 // Preload runs SCRIPT LOAD for every script on every node the client knows (client.Nodes():

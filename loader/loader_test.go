@@ -106,3 +106,30 @@ func TestPreloadFailsWhenScriptingIsRefused(t *testing.T) {
 		t.Fatalf("Preload(nil client) = %v, want ErrPreload", err)
 	}
 }
+
+// ExecThen sends the commands behind the script in one round trip and hands back every reply
+// in order, after NOSCRIPT too (when all of them go again).
+func TestExecThenReturnsEveryReply(t *testing.T) {
+	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
+	ctx := context.Background()
+	s := loader.New("incr", "return redis.call('INCR', KEYS[1])")
+	then := func(cmds []valkey.Completed) []valkey.Completed {
+		return append(cmds, c.B().Wait().Numreplicas(0).Timeout(1).Build(), c.B().Get().Key("n").Build())
+	}
+	for _, want := range []int64{1, 2} { // the first after NOSCRIPT: nothing was preloaded
+		got, after := s.ExecThen(ctx, c, []string{"n"}, nil, then)
+		n, err := got.AsInt64()
+		if err != nil || n != want || len(after) != 2 {
+			t.Fatalf("ExecThen: script %d, %v, %d replies after; want %d and 2", n, err, len(after), want)
+		}
+		if waited, err := after[0].AsInt64(); err != nil || waited != 0 {
+			t.Fatalf("WAIT behind the script: %d, %v", waited, err)
+		}
+		if read, err := after[1].AsInt64(); err != nil || read != want {
+			t.Fatalf("GET behind the script: %d, %v; want %d", read, err, want)
+		}
+	}
+	if calls := commandCalls(t, c); calls["eval"] != 1 || calls["evalsha"] != 2 || calls["wait"] != 3 {
+		t.Fatalf("command calls %v: want eval 1 (after NOSCRIPT), evalsha 2, wait 3", calls)
+	}
+}

@@ -107,8 +107,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer client.Close()
 	// The tool reads and deletes; it neither needs the scripts up front nor judges the eviction
-	// policy.
-	e, err := engine.New(client, engine.WithPrefix(*prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore))
+	// policy or the persistence.
+	e, err := engine.New(client, engine.WithPrefix(*prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore),
+		engine.WithPersistenceCheck(engine.PersistenceIgnore))
 	if err != nil {
 		return err
 	}

@@ -34,10 +34,12 @@ func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 // Set moves the clock to t, forward or back.
 func (c *Clock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
-// New returns an engine on c with opts, and fails tb if engine.New refuses.
+// New returns an engine on c with opts, and fails tb if engine.New refuses. The tests' servers
+// run without persistence on purpose, so the persistence check is off unless opts turn it on
+// again (engine.WithPersistenceCheck).
 func New(tb testing.TB, c valkey.Client, opts ...engine.Option) *engine.Engine {
 	tb.Helper()
-	e, err := engine.New(c, opts...)
+	e, err := engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("engine.New: %v", err)
 	}
@@ -57,7 +59,8 @@ func Clocked(tb testing.TB, c valkey.Client, opts ...engine.Option) (*engine.Eng
 // empty log.
 func Log(tb testing.TB, c valkey.Client, prefix, key string) engine.Log {
 	tb.Helper()
-	e := New(tb, c, engine.WithPrefix(prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore))
+	e := New(tb, c, engine.WithPrefix(prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore),
+		engine.WithPersistenceCheck(engine.PersistenceIgnore))
 	l, err := e.Inspect(context.Background(), key, 0)
 	if err != nil {
 		tb.Fatalf("inspect %q: %v", key, err)

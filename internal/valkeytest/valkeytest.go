@@ -2,9 +2,10 @@
 //
 // Start finds a server in this order: the address given with Addr; else the address in
 // VALKEY_ADDR; else a valkey-server (or redis-server) binary on PATH, started on a free loopback
-// port in a temporary directory with persistence off; else a valkey/valkey:8 container through
-// a local Docker engine. Whatever it starts, Close stops; New ties that to the test's cleanup,
-// so it runs when a test fails too. The package talks to servers through valkey-go only.
+// port in a temporary directory with persistence off (unless AppendOnly or ServerArgs say
+// otherwise); else a valkey/valkey:8 container through a local Docker engine. Whatever it
+// starts, Close stops; New ties that to the test's cleanup, so it runs when a test fails too.
+// The package talks to servers through valkey-go only.
 package valkeytest
 
 import (
@@ -51,11 +52,41 @@ type Option func(*config)
 type config struct {
 	allowExternal bool
 	addr          string
+	args          []string // more server arguments (ServerArgs)
+	env           []string // more environment for the server (ServerEnv)
 }
 
 // OwnServer makes Start launch a server of its own even when VALKEY_ADDR is set: for tests
 // that stop, restart or reconfigure the server, which they must never do to a shared one.
 func OwnServer() Option { return func(c *config) { c.allowExternal = false } }
+
+// ServerArgs adds arguments to the command line of the server Start launches, after its own,
+// so that they win over them: ServerArgs("--appendonly", "yes") turns on the append-only file
+// the default line turns off. It implies OwnServer (a shared server cannot be started with
+// arguments); a container gets them too.
+func ServerArgs(args ...string) Option {
+	return func(c *config) {
+		c.allowExternal = false
+		c.args = append(c.args, args...)
+	}
+}
+
+// ServerEnv adds variables ("NAME=value") to the environment of the server Start launches,
+// e.g. LD_PRELOAD for a fault-injecting library. It implies OwnServer, and a valkey-server (or
+// redis-server) binary on PATH: Start fails rather than start a container without them.
+func ServerEnv(vars ...string) Option {
+	return func(c *config) {
+		c.allowExternal = false
+		c.env = append(c.env, vars...)
+	}
+}
+
+// AppendOnly makes Start launch a server of its own that keeps an append-only file in its
+// directory, fsynced as fsync says ("always", "everysec" or "no"): after Crash (or Stop),
+// Restart brings the server back with what the file holds, as a production server restarts.
+func AppendOnly(fsync string) Option {
+	return ServerArgs("--appendonly", "yes", "--appendfsync", fsync)
+}
 
 // Addr makes Start use the server at addr (host:port) as it is, once it answers PING, before
 // anything else the package comment lists; Close then leaves it running. An empty addr changes
@@ -81,9 +112,12 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		return &Server{Addr: addr, Source: "env"}, nil
 	}
 	if bin := FindBinary(); bin != "" {
-		return startBinary(ctx, bin)
+		return startBinary(ctx, bin, cfg.args, cfg.env)
 	}
-	s, dockerErr := startDocker(ctx)
+	if len(cfg.env) > 0 {
+		return nil, fmt.Errorf("valkeytest: %w: ServerEnv needs valkey-server or redis-server on PATH", ErrNoServer)
+	}
+	s, dockerErr := startDocker(ctx, cfg.args)
 	if dockerErr == nil {
 		return s, nil
 	}
@@ -234,16 +268,17 @@ type process struct {
 	dir   string
 	port  string
 	extra []string // more server arguments, e.g. cluster mode
+	env   []string // more environment, added to the test process's
 	cmd   *exec.Cmd
 	done  chan struct{} // closed when the process has exited
 }
 
-func startBinary(ctx context.Context, bin string) (*Server, error) {
+func startBinary(ctx context.Context, bin string, args, env []string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "strictrate-valkey-")
 	if err != nil {
 		return nil, fmt.Errorf("valkeytest: temp dir: %w", err)
 	}
-	p := &process{bin: bin, dir: dir}
+	p := &process{bin: bin, dir: dir, extra: args, env: env}
 	var lastErr error
 	// A free port can be taken by someone else between the probe and the bind: try a few.
 	for attempt := 0; attempt < 5; attempt++ {
@@ -278,6 +313,9 @@ func (p *process) start(ctx context.Context) error {
 		"--enable-debug-command", "local",
 	}, p.extra...)
 	p.cmd = exec.Command(p.bin, args...)
+	if len(p.env) > 0 {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
 	dieWithParent(p.cmd.SysProcAttr)
 	if err := p.cmd.Start(); err != nil {
@@ -348,9 +386,10 @@ func (p *process) stopAndClean() error {
 	return os.RemoveAll(p.dir)
 }
 
-// Stop stops a server that Start launched from a binary, keeping its address, so that Restart
-// can bring it back: data and loaded scripts are gone, as after a real restart without
-// persistence. It fails for a server Start did not launch.
+// Stop stops a server that Start launched from a binary (SIGTERM), keeping its address and
+// directory, so that Restart can bring it back: loaded scripts are gone, and so is the data,
+// as after a real restart without persistence, unless the server keeps an append-only file
+// (AppendOnly). It fails for a server Start did not launch.
 func (s *Server) Stop() error {
 	if s.proc == nil {
 		return errors.New("valkeytest: Stop needs a server launched by Start (use OwnServer)")
@@ -359,7 +398,20 @@ func (s *Server) Stop() error {
 	return nil
 }
 
-// Restart starts a stopped server again on the same address.
+// Crash kills a server that Start launched from a binary at once (SIGKILL, kill -9), as a
+// failure kills a process: nothing is flushed, but what the server had written to its files
+// is in the kernel's hands and stays. Its address and directory are kept for Restart. It
+// fails for a server Start did not launch.
+func (s *Server) Crash() error {
+	if s.proc == nil {
+		return errors.New("valkeytest: Crash needs a server launched by Start (use OwnServer)")
+	}
+	s.proc.crash()
+	return nil
+}
+
+// Restart starts a stopped or crashed server again on the same address, in the same directory
+// and with the same arguments: a server with an append-only file loads it.
 func (s *Server) Restart(ctx context.Context) error {
 	if s.proc == nil {
 		return errors.New("valkeytest: Restart needs a server launched by Start (use OwnServer)")
@@ -368,7 +420,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	return s.proc.start(ctx)
 }
 
-func startDocker(ctx context.Context) (*Server, error) {
+func startDocker(ctx context.Context, args []string) (*Server, error) {
 	pool, err := dockertest.NewPool("")
 	if err != nil {
 		return nil, err
@@ -379,7 +431,7 @@ func startDocker(ctx context.Context) (*Server, error) {
 	res, err := pool.RunWithOptions(&dockertest.RunOptions{
 		Repository: "valkey/valkey",
 		Tag:        "8",
-		Cmd:        []string{"valkey-server", "--save", "", "--appendonly", "no"},
+		Cmd:        append([]string{"valkey-server", "--save", "", "--appendonly", "no"}, args...),
 		PortBindings: map[dc.Port][]dc.PortBinding{
 			"6379/tcp": {{HostIP: "127.0.0.1", HostPort: ""}},
 		},

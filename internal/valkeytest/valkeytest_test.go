@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 )
 
 func TestStartBinaryStopsEverythingOnClose(t *testing.T) {
@@ -153,5 +155,42 @@ func TestWaitFor(t *testing.T) {
 	cancel()
 	if err := WaitFor(cancelled, time.Minute, "never", func() (bool, error) { return false, nil }); !errors.Is(err, context.Canceled) {
 		t.Fatalf("WaitFor with a cancelled context: %v", err)
+	}
+}
+
+// A server with an append-only file comes back from kill -9 with its data; one without comes
+// back empty.
+func TestCrashAndRestartOnTheSameFiles(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want string
+	}{
+		{"appendonly", []Option{AppendOnly("always")}, "kept"},
+		{"no persistence", []Option{OwnServer()}, ""},
+	} {
+		s := New(t, tc.opts...)
+		c := s.Client(t)
+		if err := c.Do(ctx, c.B().Set().Key("k").Value("kept").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Crash(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ping(ctx, s.Addr); err == nil {
+			t.Fatalf("%s: server answers after Crash", tc.name)
+		}
+		if err := s.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Do(ctx, c.B().Get().Key("k").Build()).ToString()
+		if tc.want == "" && !valkey.IsValkeyNil(err) || tc.want != "" && (err != nil || got != tc.want) {
+			t.Fatalf("%s: GET after kill -9 and restart: %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+	if err := (&Server{Addr: "127.0.0.1:1"}).Crash(); err == nil {
+		t.Fatal("Crash of a server Start did not launch should fail")
 	}
 }

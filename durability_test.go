@@ -1,0 +1,397 @@
+package strictrate_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// crashAndRestart kills the server with SIGKILL, starts it again on the same files, and waits
+// until e decides again.
+func crashAndRestart(t *testing.T, own *valkeytest.Server, e *engine.Engine) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := own.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the restarted server to decide", func() (bool, error) {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := e.Peek(pctx, "restarted", engine.PerMinute(1))
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replicaOf starts a server of its own as a replica of primary, waits until primary counts it
+// online, and returns its client. The primary starts the sync at once instead of after its
+// default 5 seconds (repl-diskless-sync-delay).
+func replicaOf(t *testing.T, primary *valkeytest.Server) valkey.Client {
+	t.Helper()
+	replica := valkeytest.New(t, valkeytest.OwnServer())
+	ctx := context.Background()
+	pc := primary.Client(t)
+	if err := pc.Do(ctx, pc.B().ConfigSet().ParameterValue().ParameterValue("repl-diskless-sync-delay", "0").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	rc := replica.Client(t)
+	host, port, _ := strings.Cut(primary.Addr, ":")
+	if err := rc.Do(ctx, rc.B().Replicaof().Host(host).Port(mustAtoi(t, port)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the replica to be online", func() (bool, error) {
+		info, err := valkeytest.ReadInfo(ctx, pc, "replication")
+		return strings.Contains(info["slave0"], "state=online"), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// fillAll admits one event at a time on every key until l denies, and returns how many it admitted.
+func fillAll(t *testing.T, e *engine.Engine, keys []string, l engine.Limit) int {
+	t.Helper()
+	admitted := 0
+	for _, key := range keys {
+		for mustAllowN(t, e, key, l, 1).Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// Without persistence, a server killed and restarted comes back empty: every key admits its
+// whole window again, at once. The over-admission is everything admitted in the window before
+// the crash: here 4 keys at 50 per hour, 200 admitted before, 200 more after (100 %).
+func TestCrashWithoutPersistenceForgetsEveryWindow(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	e := enginetest.New(t, c)
+	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	l := engine.PerHour(50)
+
+	before := fillAll(t, e, keys, l)
+	want(t, "admitted before the crash", before, len(keys)*l.Max)
+	crashAndRestart(t, own, e)
+	for _, key := range keys {
+		want(t, "events in the log after the restart", events(t, c, key), int64(0))
+	}
+	after := fillAll(t, e, keys, l)
+	t.Logf("no persistence: %d admitted, kill -9, restart: %d more admitted in the same hour (%.0f %% over)",
+		before, after, 100*float64(after)/float64(before))
+	want(t, "over-admitted after the restart", after, len(keys)*l.Max)
+}
+
+// toldYes is an admission a caller was told yes of.
+type toldYes struct {
+	key   string
+	entry engine.EntryID
+}
+
+// admitUntilCrash has 16 goroutines admit on keys through es (their limit l far above what
+// they reach) until at least admissions were told yes, kills the server with SIGKILL while
+// they go on, and restarts it on its files. It returns every admission told yes, and how many
+// calls failed with the crash.
+func admitUntilCrash(t *testing.T, own *valkeytest.Server, es []*engine.Engine, keys []string, l engine.Limit, admissions int64) ([]toldYes, int64) {
+	t.Helper()
+	ctx := context.Background()
+	var (
+		mu       sync.Mutex
+		told     []toldYes
+		admitted atomic.Int64
+		failed   atomic.Int64
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+	)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, key := es[g%len(es)], keys[g%len(keys)]
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				r, err := e.Allow(tctx, key, l)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if !r.Allowed {
+					t.Errorf("denied below the limit: %+v", r)
+					return
+				}
+				mu.Lock()
+				told = append(told, toldYes{key, r.Entry})
+				mu.Unlock()
+				admitted.Add(1)
+			}
+		}()
+	}
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "enough admissions", func() (bool, error) {
+		return admitted.Load() >= admissions, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	crashAndRestart(t, own, es[0]) // mid-run: the goroutines are still deciding when it dies
+	close(stop)
+	wg.Wait()
+	return told, failed.Load()
+}
+
+// missingFromLogs reads the keys' logs and counts the told-yes admissions they lack, and the
+// events they hold. An entry is its time and its position among the key's entries of that
+// microsecond: a told-yes (At, Seq) is in the log when the log holds at least Seq entries at At.
+func missingFromLogs(t *testing.T, c valkey.Client, keys []string, told []toldYes) (lost int, logged int64) {
+	t.Helper()
+	atMicros := map[string]map[int64]int{}
+	for _, key := range keys {
+		log := enginetest.Log(t, c, prefix, key)
+		atMicros[key] = map[int64]int{}
+		for _, entry := range log.Entries {
+			atMicros[key][entry.At.UnixMicro()]++
+		}
+		logged += int64(log.Events)
+	}
+	for _, y := range told {
+		if atMicros[y.key][y.entry.At.UnixMicro()] < y.entry.Seq {
+			lost++
+		}
+	}
+	return lost, logged
+}
+
+// With appendonly yes (appendfsync everysec), 16 goroutines admit on a few keys and the server
+// is killed with SIGKILL mid-run: after a restart on the same files, every admission a caller
+// was told yes of is still in the log. A killed process loses nothing the kernel already has,
+// and Valkey writes the append-only file before it replies.
+func TestCrashWithAppendOnlyKeepsEveryAdmission(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("everysec"))
+	c := own.Client(t)
+	es := []*engine.Engine{enginetest.New(t, c), enginetest.New(t, own.Client(t))}
+	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	told, failed := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour}, 2000)
+	lost, logged := missingFromLogs(t, c, keys, told)
+	t.Logf("appendonly yes, everysec: %d told yes, kill -9 mid-run (%d calls failed with it), restart: %d events in the logs, %d told-yes admissions lost",
+		len(told), failed, logged, lost)
+	if lost > 0 || logged < int64(len(told)) {
+		t.Fatalf("%d of %d told-yes admissions are not in the logs after kill -9 and restart (%d events logged)", lost, len(told), logged)
+	}
+}
+
+// A power loss, simulated: testdata/powerloss.c, built with the C compiler and loaded into the
+// server with LD_PRELOAD, keeps the server's append-only writes in its own memory until it
+// fsyncs them, so kill -9 drops what a power loss would. Under appendfsync always, and with
+// WithDurableAck on it, no admission told yes may be lost. Under everysec the admissions told
+// yes since the last fsync are lost; and WAITAOF there does not wait for the fsync, which is why
+// New refuses WithDurableAck under everysec: the last case switches the server to everysec
+// behind the engine's back to show it. Both everysec figures are logged, not asserted (a crash
+// right after an fsync could lose nothing).
+func TestPowerLossSimulated(t *testing.T) {
+	cc := valkeytest.FindTool("gcc", "cc")
+	if cc == "" {
+		t.Skip("needs a C compiler (gcc or cc) on PATH to build testdata/powerloss.c")
+	}
+	so := filepath.Join(t.TempDir(), "powerloss.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", so, "testdata/powerloss.c", "-ldl", "-lpthread").CombinedOutput(); err != nil {
+		t.Fatalf("build the write-back layer: %v\n%s", err, out)
+	}
+	durable := []engine.Option{engine.WithDurableAck(1, 0, 2*time.Second)}
+	for _, tc := range []struct {
+		name       string
+		fsync      string // the server's appendfsync once the engines are made
+		opts       []engine.Option
+		admissions int64
+		mayLose    bool
+	}{
+		{"everysec", "everysec", nil, 2000, true},
+		{"always", "always", nil, 1000, false},
+		{"always + WithDurableAck(1, 0, 2s)", "always", durable, 1000, false},
+		{"WithDurableAck(1, 0, 2s), then everysec", "everysec", durable, 200, true},
+	} {
+		// hz 100: under everysec the server answers WAITAOF on its cron tick, hz times a second.
+		own := valkeytest.New(t, valkeytest.AppendOnly("always"), valkeytest.ServerArgs("--hz", "100"),
+			valkeytest.ServerEnv("LD_PRELOAD="+so))
+		c := own.Client(t)
+		es := []*engine.Engine{enginetest.New(t, c, tc.opts...), enginetest.New(t, own.Client(t), tc.opts...)}
+		set := c.B().ConfigSet().ParameterValue().ParameterValue("appendfsync", tc.fsync).Build()
+		if err := c.Do(context.Background(), set).Error(); err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+		told, failed := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour}, tc.admissions)
+		lost, logged := missingFromLogs(t, c, keys, told)
+		t.Logf("simulated power loss, %s: %d told yes, %d calls failed with the crash, %d events in the logs after it, %d told-yes admissions lost",
+			tc.name, len(told), failed, logged, lost)
+		if !tc.mayLose && lost > 0 {
+			t.Fatalf("%s: %d of %d admissions told yes were lost to a simulated power loss", tc.name, lost, len(told))
+		}
+	}
+}
+
+// WithDurableAck sends one WAITAOF behind every deciding call, batches included, and the
+// admissions it let through are all in the file after kill -9.
+func TestDurableAckOneWaitaofPerCall(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
+	var es []*engine.Engine
+	for i := 0; i < 4; i++ {
+		es = append(es, enginetest.New(t, own.Client(t), engine.WithBatching(true), engine.WithDurableAck(1, 0, 2*time.Second)))
+	}
+	c := own.Client(t)
+	key, l := oneFollowerPerCall(t, c, es, "waitaof")
+	crashAndRestart(t, own, es[0])
+	want(t, "events after kill -9 and restart", events(t, c, key), int64(l.Max))
+}
+
+// An admission whose WAITAOF cannot be satisfied in time (a replica that does not exist) is
+// refused with ErrUnavailable, though recorded: it can under-admit, never over-admit. A denial
+// is never refused for durability: it comes back as a denial. With a local fsync only, a
+// denial writes nothing, so its WAITAOF has nothing to wait for.
+func TestDurableAckDenials(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
+	c := own.Client(t)
+	ctx := context.Background()
+	l := engine.PerHour(2)
+
+	noReplica := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 1, 100*time.Millisecond))
+	key := newKey(t)
+	for i := 0; i < l.Max; i++ {
+		r, err := noReplica.Allow(ctx, key, l)
+		if !errors.Is(err, engine.ErrUnavailable) || r.Allowed || !strings.Contains(err.Error(), "replicas 0 of 1") {
+			t.Fatalf("admission whose WAITAOF asks for a missing replica: %+v, %v; want ErrUnavailable saying so", r, err)
+		}
+	}
+	want(t, "events recorded, though refused", events(t, c, key), int64(l.Max))
+	start := time.Now()
+	r, err := noReplica.Allow(ctx, key, l)
+	took := time.Since(start)
+	if err != nil || r.Allowed || r.RetryAfter <= 0 {
+		t.Fatalf("denial whose WAITAOF cannot be satisfied: %+v, %v; want a denial and no error", r, err)
+	}
+	t.Logf("a denial whose WAITAOF asks for a missing replica (timeout 100ms) took %s", took)
+
+	local := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 0, time.Second))
+	key = newKey(t)
+	want(t, "admitted with a local fsync", fillAll(t, local, []string{key}, l), l.Max)
+	offset := func() string {
+		t.Helper()
+		info, err := valkeytest.ReadInfo(ctx, c, "replication")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info["master_repl_offset"]
+	}
+	before := offset()
+	var took5 []time.Duration
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		if r := mustAllowN(t, local, key, l, 1); r.Allowed {
+			t.Fatalf("admitted past the limit: %+v", r)
+		}
+		took5 = append(took5, time.Since(start).Round(time.Microsecond))
+	}
+	want(t, "replication offset after 5 denials (what they wrote)", offset(), before)
+	t.Logf("5 denials with a local fsync asked took %v", took5)
+}
+
+// New refuses WithDurableAck's local fsync on a server without an append-only file, or one
+// that does not fsync before it answers (appendfsync everysec), whatever the persistence check
+// says, and refuses arguments WAITAOF cannot take.
+func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
+	everysec := valkeytest.New(t, valkeytest.AppendOnly("everysec")).Client(t)
+	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second)); !errors.Is(err, engine.ErrPersistence) ||
+		!strings.Contains(err.Error(), "appendfsync everysec") {
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec: %v, want ErrPersistence naming it", err)
+	}
+	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
+	for _, check := range []engine.PersistenceCheck{engine.PersistenceWarn, engine.PersistenceIgnore} {
+		_, err := engine.New(c, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(check))
+		if !errors.Is(err, engine.ErrPersistence) || !strings.Contains(err.Error(), "appendonly no") {
+			t.Fatalf("WithDurableAck(1, 0) without an append-only file: %v, want ErrPersistence naming appendonly no", err)
+		}
+	}
+	// Only replicas asked for: the primary's own file is not needed.
+	if _, err := engine.New(c, engine.WithDurableAck(0, 1, time.Second), engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil {
+		t.Fatalf("WithDurableAck(0, 1) without an append-only file: %v", err)
+	}
+	for _, opts := range [][]engine.Option{
+		{engine.WithDurableAck(2, 0, time.Second)},
+		{engine.WithDurableAck(-1, 0, time.Second)},
+		{engine.WithDurableAck(1, -1, time.Second)},
+		{engine.WithDurableAck(1, 0, -time.Second)},
+		{engine.WithDurableAck(1, 0, time.Second), engine.WithMode(engine.Pipelined)},
+	} {
+		if _, err := engine.New(c, opts...); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Fatalf("New(%d options): %v, want ErrInvalidArgument", len(opts), err)
+		}
+	}
+}
+
+// A server with neither an append-only file nor a replica gets one warning naming what a
+// restart forgets (or ErrPersistence, or nothing); one with either, none.
+func TestPersistenceCheck(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	quiet := func(opts ...engine.Option) {
+		t.Helper()
+		logs.Reset()
+		if _, err := engine.New(c, append(opts, engine.WithLogger(logger))...); err != nil || logs.Len() != 0 {
+			t.Fatalf("New: %v, logged %q; want neither", err, logs.String())
+		}
+	}
+
+	if _, err := engine.New(c, engine.WithLogger(logger)); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), own.Addr) ||
+		!strings.Contains(logs.String(), "forgets every admitted event") {
+		t.Fatalf("default check on a server without persistence logged %d warnings: %q", n, logs.String())
+	}
+	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.PersistenceRefuse)); !errors.Is(err, engine.ErrPersistence) {
+		t.Fatalf("PersistenceRefuse without persistence: %v, want ErrPersistence", err)
+	}
+	quiet(engine.WithPersistenceCheck(engine.PersistenceIgnore))
+	// A user that may not run INFO is not checked.
+	limited := own.NewUser(t, "noinfo", "pw", "+@all", "-info")
+	if _, err := engine.New(limited, engine.WithPersistenceCheck(engine.PersistenceRefuse)); err != nil {
+		t.Fatalf("New without INFO permission: %v", err)
+	}
+
+	setAppendOnly := func(v string) {
+		t.Helper()
+		if err := c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("appendonly", v).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setAppendOnly("yes")
+	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+	setAppendOnly("no")
+	replicaOf(t, own)
+	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+}

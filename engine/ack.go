@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// acking is what an admission waits for before its caller hears yes: replicas that hold it
+// (WithReplicaAck: WAIT) and copies of it fsynced to an append-only file (WithDurableAck:
+// WAITAOF). The committer sends the commands right behind every call that writes, in the same
+// round trip and on the same connection, so they wait for exactly that call's writes; one set
+// serves every decision of a batch.
+type acking struct {
+	replicas    int // WAIT numreplicas; below 1, no WAIT
+	timeout     time.Duration
+	aofLocal    int // WAITAOF numlocal, 0 or 1
+	aofReplicas int // WAITAOF numreplicas
+	aofTimeout  time.Duration
+}
+
+func (a acking) wait() bool    { return a.replicas > 0 }
+func (a acking) waitAOF() bool { return a.aofLocal > 0 || a.aofReplicas > 0 }
+func (a acking) on() bool      { return a.wait() || a.waitAOF() }
+
+// commands appends WAIT and WAITAOF, those asked for, in that order, to cmds.
+func (a acking) commands(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
+	if a.wait() {
+		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(millisUp(a.timeout)).Build())
+	}
+	if a.waitAOF() {
+		cmds = append(cmds, b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).
+			Timeout(millisUp(a.aofTimeout)).Build())
+	}
+	return cmds
+}
+
+// acks is what the commands behind one call answered.
+type acks struct {
+	replicas    int64  // WAIT: replicas that hold the call's writes
+	aofLocal    int64  // WAITAOF: 1 when the server's own append-only file has them fsynced
+	aofReplicas int64  // WAITAOF: replicas whose append-only files have them fsynced
+	err         error  // the command named by failed could not answer
+	failed      string // "WAIT" or "WAITAOF"
+}
+
+// read reads the replies of the commands behind a call, in the order commands appended them.
+func (a acking) read(replies []valkey.ValkeyResult) acks {
+	var got acks
+	if a.wait() {
+		if got.replicas, got.err = replies[0].AsInt64(); got.err != nil {
+			got.failed = "WAIT"
+			return got
+		}
+		replies = replies[1:]
+	}
+	if a.waitAOF() {
+		counts, err := replies[0].AsIntSlice()
+		if err == nil && len(counts) != 2 {
+			err = fmt.Errorf("reply has %d values, want 2", len(counts))
+		}
+		if err != nil {
+			got.err, got.failed = err, "WAITAOF"
+			return got
+		}
+		got.aofLocal, got.aofReplicas = counts[0], counts[1]
+	}
+	return got
+}
+
+// check returns nil when got is all a asked for, else why not: an error wrapping ErrUnavailable
+// (the admission was recorded, but is not held where it was asked to be), or the server's.
+func (a acking) check(got acks) error {
+	if got.err != nil {
+		return classify(got.failed, got.err)
+	}
+	if got.replicas < int64(a.replicas) {
+		return fmt.Errorf("%w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
+			ErrUnavailable, got.replicas, a.replicas, a.timeout)
+	}
+	if got.aofLocal < int64(a.aofLocal) || got.aofReplicas < int64(a.aofReplicas) {
+		return fmt.Errorf("%w: admitted, but not fsynced as asked within %s: local append-only file %d of %d, replicas %d of %d",
+			ErrUnavailable, a.aofTimeout, got.aofLocal, a.aofLocal, got.aofReplicas, a.aofReplicas)
+	}
+	return nil
+}
+
+// millisUp is d in whole milliseconds, rounded up, as WAIT and WAITAOF take their timeout.
+func millisUp(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}

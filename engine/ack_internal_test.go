@@ -1,0 +1,47 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An admission passes only with everything asked for; what is missing is named.
+func TestAckingCheck(t *testing.T) {
+	both := acking{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
+	if err := both.check(acks{replicas: 1, aofLocal: 1, aofReplicas: 2}); err != nil {
+		t.Fatalf("everything acknowledged: %v", err)
+	}
+	for _, tc := range []struct {
+		got  acks
+		says string
+	}{
+		{acks{replicas: 0, aofLocal: 1, aofReplicas: 1}, "0 of 1 replicas acknowledged it within 1s"},
+		{acks{replicas: 1, aofLocal: 0, aofReplicas: 1}, "local append-only file 0 of 1, replicas 1 of 1"},
+		{acks{replicas: 1, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
+	} {
+		if err := both.check(tc.got); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("check(%+v) = %v, want ErrUnavailable saying %q", tc.got, err, tc.says)
+		}
+	}
+	if err := both.check(acks{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
+		!strings.HasPrefix(err.Error(), "WAITAOF: ") {
+		t.Errorf("a WAITAOF that could not answer: %v", err)
+	}
+	if (acking{}).on() || !(acking{aofReplicas: 1}).on() || (acking{aofReplicas: 1}).wait() {
+		t.Error("on/wait/waitAOF disagree with the counts")
+	}
+	if millisUp(time.Millisecond+1) != 2 || millisUp(time.Second) != 1000 || millisUp(0) != 0 {
+		t.Error("millisUp does not round up to whole milliseconds")
+	}
+}
+
+func TestInfoField(t *testing.T) {
+	text := "# Persistence\r\naof_enabled:1\r\naof_enabled_extra:9\r\n# Replication\r\nrole:master\r\nconnected_slaves:0"
+	for name, want := range map[string]string{"aof_enabled": "1", "role": "master", "connected_slaves": "0", "absent": ""} {
+		if got := infoField(text, name); got != want {
+			t.Errorf("infoField(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
