@@ -253,8 +253,8 @@ func TestPowerLossSimulated(t *testing.T) {
 	}
 }
 
-// WithDurableAck sends one WAITAOF behind every deciding call, batches included, and the
-// admissions it let through are all in the file after kill -9.
+// WithDurableAck sends one WAITAOF after every admitting call, batches included, and none after
+// a call that only denied; the admissions it let through are all in the file after kill -9.
 func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
 	var es []*engine.Engine
@@ -262,22 +262,37 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 		es = append(es, enginetest.New(t, own.Client(t), engine.WithBatching(true), engine.WithDurableAck(1, 0, 2*time.Second)))
 	}
 	c := own.Client(t)
-	key, l := oneFollowerPerCall(t, c, es, "waitaof")
+	key, l := oneFollowerPerCall(t, c, es, "waitaof", engine.PerHour(400))
+	// The key is full: 64 goroutines' 200 more decisions are denials, batched, and no call of
+	// theirs sends a WAITAOF.
+	before, calls := waitaofCalls(t, c), scriptCalls(t, c)
+	for _, r := range runConcurrently(t, es, 64, 200, func(e *engine.Engine) (engine.Result, error) {
+		return e.Allow(context.Background(), key, l)
+	}) {
+		if r.Allowed {
+			t.Fatalf("admitted past a full window: %+v", r)
+		}
+	}
+	denyingCalls := scriptCalls(t, c) - calls
+	if after := waitaofCalls(t, c); after != before || denyingCalls < 1 {
+		t.Fatalf("%d WAITAOFs after %d calls that only denied, want none", after-before, denyingCalls)
+	}
 	crashAndRestart(t, own, es[0])
 	want(t, "events after kill -9 and restart", events(t, c, key), int64(l.Max))
 }
 
 // An admission whose WAITAOF cannot be satisfied in time (a replica that does not exist) is
 // refused with ErrUnavailable, though recorded: it can under-admit, never over-admit. A denial
-// is never refused for durability: it comes back as a denial. With a local fsync only, a
-// denial writes nothing, so its WAITAOF has nothing to wait for.
+// never waits: no WAITAOF follows it, so it comes back at once, as a denial, even when the
+// WAITAOF asked for could never be satisfied.
 func TestDurableAckDenials(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
 	c := own.Client(t)
 	ctx := context.Background()
 	l := engine.PerHour(2)
 
-	noReplica := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 1, 100*time.Millisecond))
+	const timeout = 500 * time.Millisecond
+	noReplica := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 1, timeout))
 	key := newKey(t)
 	for i := 0; i < l.Max; i++ {
 		r, err := noReplica.Allow(ctx, key, l)
@@ -286,13 +301,20 @@ func TestDurableAckDenials(t *testing.T) {
 		}
 	}
 	want(t, "events recorded, though refused", events(t, c, key), int64(l.Max))
-	start := time.Now()
-	r, err := noReplica.Allow(ctx, key, l)
-	took := time.Since(start)
-	if err != nil || r.Allowed || r.RetryAfter <= 0 {
-		t.Fatalf("denial whose WAITAOF cannot be satisfied: %+v, %v; want a denial and no error", r, err)
+	before := waitaofCalls(t, c)
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		r, err := noReplica.Allow(ctx, key, l)
+		took := time.Since(start)
+		if err != nil || r.Allowed || r.RetryAfter <= 0 {
+			t.Fatalf("denial whose WAITAOF could not be satisfied: %+v, %v; want a denial and no error", r, err)
+		}
+		if took >= timeout/2 {
+			t.Fatalf("a denial took %s with a WAITAOF timeout of %s: it waited", took, timeout)
+		}
+		t.Logf("a denial, with a missing replica asked for (timeout %s), took %s", timeout, took)
 	}
-	t.Logf("a denial whose WAITAOF asks for a missing replica (timeout 100ms) took %s", took)
+	want(t, "WAITAOFs sent for 3 denials", waitaofCalls(t, c), before)
 
 	local := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 0, time.Second))
 	key = newKey(t)
@@ -305,7 +327,8 @@ func TestDurableAckDenials(t *testing.T) {
 		}
 		return info["master_repl_offset"]
 	}
-	before := offset()
+	before = waitaofCalls(t, c)
+	offsetBefore := offset()
 	var took5 []time.Duration
 	for i := 0; i < 5; i++ {
 		start := time.Now()
@@ -314,18 +337,37 @@ func TestDurableAckDenials(t *testing.T) {
 		}
 		took5 = append(took5, time.Since(start).Round(time.Microsecond))
 	}
-	want(t, "replication offset after 5 denials (what they wrote)", offset(), before)
+	want(t, "replication offset after 5 denials (what they wrote)", offset(), offsetBefore)
+	want(t, "WAITAOFs sent for 5 denials", waitaofCalls(t, c), before)
 	t.Logf("5 denials with a local fsync asked took %v", took5)
 }
 
 // New refuses WithDurableAck's local fsync on a server without an append-only file, or one
-// that does not fsync before it answers (appendfsync everysec), whatever the persistence check
-// says, and refuses arguments WAITAOF cannot take.
+// that never fsyncs it (appendfsync no), whatever the persistence check says; under everysec,
+// whose WAITAOF may answer before the fsync, it warns (the default), refuses
+// (PersistenceRefuse) or says nothing (PersistenceIgnore). It refuses arguments WAITAOF cannot
+// take.
 func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
 	everysec := valkeytest.New(t, valkeytest.AppendOnly("everysec")).Client(t)
-	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second)); !errors.Is(err, engine.ErrPersistence) ||
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithLogger(logger)); err != nil ||
+		strings.Count(logs.String(), "level=WARN") != 1 || !strings.Contains(logs.String(), "appendfsync everysec") {
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec: %v, logged %q; want one warning naming it", err, logs.String())
+	}
+	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.PersistenceRefuse)); !errors.Is(err, engine.ErrPersistence) ||
 		!strings.Contains(err.Error(), "appendfsync everysec") {
-		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec: %v, want ErrPersistence naming it", err)
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, PersistenceRefuse: %v, want ErrPersistence naming it", err)
+	}
+	logs.Reset()
+	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithLogger(logger),
+		engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil || logs.Len() != 0 {
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, PersistenceIgnore: %v, logged %q; want neither", err, logs.String())
+	}
+	never := valkeytest.New(t, valkeytest.AppendOnly("no")).Client(t)
+	if _, err := engine.New(never, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.PersistenceIgnore)); !errors.Is(err, engine.ErrPersistence) ||
+		!strings.Contains(err.Error(), "appendfsync no") {
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync no: %v, want ErrPersistence naming it", err)
 	}
 	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
 	for _, check := range []engine.PersistenceCheck{engine.PersistenceWarn, engine.PersistenceIgnore} {
@@ -394,4 +436,34 @@ func TestPersistenceCheck(t *testing.T) {
 	setAppendOnly("no")
 	replicaOf(t, own)
 	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+}
+
+// waitaofCalls is how many WAITAOF commands the server at c has run since its stats were reset.
+func waitaofCalls(t *testing.T, c valkey.Client) int64 {
+	t.Helper()
+	info, err := valkeytest.ReadInfo(context.Background(), c, "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.CommandStats()["waitaof"].Calls
+}
+
+// Leases are acknowledged as decisions are: a granted Acquire is followed by one WAITAOF, and a
+// lease that no replica fsynced in time is an ErrUnavailable error; a denied Acquire sends none.
+func TestDurableAckLeases(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
+	c := own.Client(t)
+	e := enginetest.New(t, c, engine.WithDurableAck(1, 0, time.Second))
+	key := newKey(t)
+	before := waitaofCalls(t, c)
+	mustAcquire(t, e, key, 1, time.Minute)
+	want(t, "WAITAOFs after a granted Acquire", waitaofCalls(t, c), before+1)
+	mustDeny(t, e, key, 1, time.Minute)
+	want(t, "WAITAOFs after a denied Acquire", waitaofCalls(t, c), before+1)
+
+	noReplica := enginetest.New(t, c, engine.WithDurableAck(1, 1, 50*time.Millisecond))
+	if l, err := noReplica.Acquire(context.Background(), newKey(t), 1, time.Minute); !errors.Is(err, engine.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "replicas 0 of 1") {
+		t.Fatalf("Acquire whose WAITAOF asks for a missing replica: %+v, %v; want ErrUnavailable saying so", l, err)
+	}
 }

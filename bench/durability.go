@@ -30,7 +30,8 @@ var durabilitySettings = []durabilitySetting{
 	{"no persistence", []valkeytest.Option{valkeytest.OwnServer()}, nil},
 	{"appendfsync everysec", []valkeytest.Option{valkeytest.AppendOnly("everysec")}, nil},
 	{"appendfsync always", []valkeytest.Option{valkeytest.AppendOnly("always")}, nil},
-	// New refuses WithDurableAck under everysec, where WAITAOF does not wait for the fsync.
+	// Under everysec New only warns, but WAITAOF there may answer before the fsync: always is the
+	// setting WithDurableAck is for.
 	{"always + WithDurableAck(1, 0, 1s)", []valkeytest.Option{valkeytest.AppendOnly("always")},
 		[]engine.Option{engine.WithDurableAck(1, 0, time.Second)}},
 }

@@ -9,9 +9,11 @@ import (
 
 // acking is what an admission waits for before its caller hears yes: replicas that hold it
 // (WithReplicaAck: WAIT) and copies of it fsynced to an append-only file (WithDurableAck:
-// WAITAOF). The committer sends the commands right behind every call that writes, in the same
-// round trip and on the same connection, so they wait for exactly that call's writes; one set
-// serves every decision of a batch.
+// WAITAOF). Both wait for the writes of the connection they are sent on, so both go on the
+// connection of the call that decided, and one of each serves every decision of a batch. WAIT
+// goes in the same round trip as the call, whatever it decides (one per call); WAITAOF goes
+// right after the reply, on the same connection, and only when the call admitted something: a
+// call that only denied sends none and never waits for a disk.
 type acking struct {
 	replicas    int // WAIT numreplicas; below 1, no WAIT
 	timeout     time.Duration
@@ -24,48 +26,54 @@ func (a acking) wait() bool    { return a.replicas > 0 }
 func (a acking) waitAOF() bool { return a.aofLocal > 0 || a.aofReplicas > 0 }
 func (a acking) on() bool      { return a.wait() || a.waitAOF() }
 
-// commands appends WAIT and WAITAOF, those asked for, in that order, to cmds.
-func (a acking) commands(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
+// inline appends the WAIT asked for, if any, to cmds: what goes behind the call in its round trip.
+func (a acking) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
 	if a.wait() {
 		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(millisUp(a.timeout)).Build())
 	}
-	if a.waitAOF() {
-		cmds = append(cmds, b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).
-			Timeout(millisUp(a.aofTimeout)).Build())
-	}
 	return cmds
+}
+
+// afterAdmission is the WAITAOF sent once a call's reply shows an admission.
+func (a acking) afterAdmission(b valkey.Builder) valkey.Completed {
+	return b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).Timeout(millisUp(a.aofTimeout)).Build()
 }
 
 // acks is what the commands behind one call answered.
 type acks struct {
 	replicas    int64  // WAIT: replicas that hold the call's writes
+	aofSent     bool   // WAITAOF was sent: the call admitted something
 	aofLocal    int64  // WAITAOF: 1 when the server's own append-only file has them fsynced
 	aofReplicas int64  // WAITAOF: replicas whose append-only files have them fsynced
 	err         error  // the command named by failed could not answer
 	failed      string // "WAIT" or "WAITAOF"
 }
 
-// read reads the replies of the commands behind a call, in the order commands appended them.
-func (a acking) read(replies []valkey.ValkeyResult) acks {
+// readInline reads the replies of the commands inline appended, in their order.
+func (a acking) readInline(replies []valkey.ValkeyResult) acks {
 	var got acks
 	if a.wait() {
 		if got.replicas, got.err = replies[0].AsInt64(); got.err != nil {
 			got.failed = "WAIT"
-			return got
 		}
-		replies = replies[1:]
 	}
-	if a.waitAOF() {
-		counts, err := replies[0].AsIntSlice()
-		if err == nil && len(counts) != 2 {
-			err = fmt.Errorf("reply has %d values, want 2", len(counts))
-		}
-		if err != nil {
+	return got
+}
+
+// readAfter adds the reply of the WAITAOF sent after the call to got.
+func (a acking) readAfter(got acks, reply valkey.ValkeyResult) acks {
+	got.aofSent = true
+	counts, err := reply.AsIntSlice()
+	if err == nil && len(counts) != 2 {
+		err = fmt.Errorf("reply has %d values, want 2", len(counts))
+	}
+	if err != nil {
+		if got.err == nil {
 			got.err, got.failed = err, "WAITAOF"
-			return got
 		}
-		got.aofLocal, got.aofReplicas = counts[0], counts[1]
+		return got
 	}
+	got.aofLocal, got.aofReplicas = counts[0], counts[1]
 	return got
 }
 
@@ -78,6 +86,9 @@ func (a acking) check(got acks) error {
 	if got.replicas < int64(a.replicas) {
 		return fmt.Errorf("%w: admitted on the primary, but %d of %d replicas acknowledged it within %s",
 			ErrUnavailable, got.replicas, a.replicas, a.timeout)
+	}
+	if a.waitAOF() && !got.aofSent {
+		return fmt.Errorf("%w: admitted, but no WAITAOF followed its call", ErrUnavailable)
 	}
 	if got.aofLocal < int64(a.aofLocal) || got.aofReplicas < int64(a.aofReplicas) {
 		return fmt.Errorf("%w: admitted, but not fsynced as asked within %s: local append-only file %d of %d, replicas %d of %d",

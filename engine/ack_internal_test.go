@@ -10,16 +10,17 @@ import (
 // An admission passes only with everything asked for; what is missing is named.
 func TestAckingCheck(t *testing.T) {
 	both := acking{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
-	if err := both.check(acks{replicas: 1, aofLocal: 1, aofReplicas: 2}); err != nil {
+	if err := both.check(acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
 		t.Fatalf("everything acknowledged: %v", err)
 	}
 	for _, tc := range []struct {
 		got  acks
 		says string
 	}{
-		{acks{replicas: 0, aofLocal: 1, aofReplicas: 1}, "0 of 1 replicas acknowledged it within 1s"},
-		{acks{replicas: 1, aofLocal: 0, aofReplicas: 1}, "local append-only file 0 of 1, replicas 1 of 1"},
-		{acks{replicas: 1, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
+		{acks{replicas: 0, aofSent: true, aofLocal: 1, aofReplicas: 1}, "0 of 1 replicas acknowledged it within 1s"},
+		{acks{replicas: 1, aofSent: true, aofLocal: 0, aofReplicas: 1}, "local append-only file 0 of 1, replicas 1 of 1"},
+		{acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
+		{acks{replicas: 1, aofLocal: 1, aofReplicas: 1}, "no WAITAOF followed its call"},
 	} {
 		if err := both.check(tc.got); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("check(%+v) = %v, want ErrUnavailable saying %q", tc.got, err, tc.says)

@@ -123,7 +123,7 @@ type outcome struct {
 	nvals    int
 	err      error // the request failed: its call, or this request alone
 	replyErr error // the reply was not one the scripts give
-	ack      acks  // with acknowledgement: what the WAIT or WAITAOF behind its call answered
+	ack      acks  // with acknowledgement: what the WAIT and WAITAOF with its call answered
 }
 
 // readReply reads a single script's reply into o.
@@ -160,7 +160,7 @@ type committer struct {
 	e       *Engine
 	single  *loader.Script // a call of one request
 	batch   *loader.Script // a call of several
-	ack     bool           // follow each writing call with WAIT and/or WAITAOF
+	ack     bool           // send each writing call with WAIT and/or WAITAOF (after an admission)
 	cluster bool
 
 	mu     sync.Mutex
@@ -307,16 +307,55 @@ func (c *committer) sendTaken(q *queue, calls []*call) {
 	c.send(ctx, q, calls)
 }
 
-// exec runs s with keys and args, followed in the same round trip by WAIT and WAITAOF when
-// acknowledgement is asked for: one of each per call, whatever the decisions it carries.
-func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string) (valkey.ValkeyResult, acks) {
-	return c.e.execAcked(ctx, s, c.ack, keys, args)
+// exec runs s with keys and args and the acknowledgements asked for (execAcked): one WAIT per
+// call, and one WAITAOF per call that admitted something, whatever the decisions it carries.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, admits func(valkey.ValkeyResult) bool) (valkey.ValkeyResult, acks) {
+	return c.e.execAcked(ctx, s, c.ack, keys, args, admits)
 }
 
 func (c *committer) sendOne(ctx context.Context, cl *call) {
 	var reply valkey.ValkeyResult
-	reply, cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs())
+	reply, cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), singleAdmits)
 	cl.out.readReply(reply)
+}
+
+// singleAdmits reports whether a single decision's reply admits: its retry_after (the third
+// value, 0 when absent) is 0. A reply of another shape counts as admitting, so that it is
+// acknowledged rather than not; it is refused when decoded anyway.
+func singleAdmits(reply valkey.ValkeyResult) bool {
+	vals, err := reply.ToArray()
+	if err != nil || len(vals) < 3 {
+		return true
+	}
+	retry, err := vals[2].AsInt64()
+	return err != nil || retry == 0
+}
+
+// batchAdmits reports whether any decision in a batch reply admits (see batchInts for the
+// layout). A reply of another shape counts as admitting, as in singleAdmits.
+func batchAdmits(reply valkey.ValkeyResult) bool {
+	vals, err := reply.ToArray()
+	if err != nil {
+		return true
+	}
+	for pos := 1; pos < len(vals); {
+		if vals[pos].Error() != nil {
+			pos++
+			continue
+		}
+		count, err := vals[pos].AsInt64()
+		if err != nil || count < 1 || pos+int(count) >= len(vals) {
+			return true
+		}
+		if count < 2 {
+			return true
+		}
+		if retry, err := vals[pos+2].AsInt64(); err != nil || retry == 0 {
+			return true
+		}
+		pos += int(count) + 1
+	}
+	return false
 }
 
 func (c *committer) sendBatch(ctx context.Context, calls []*call) {
@@ -354,7 +393,7 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 			args = append(args, cl.req.now)
 		}
 	}
-	reply, ack := c.exec(ctx, c.batch, keys, args)
+	reply, ack := c.exec(ctx, c.batch, keys, args, batchAdmits)
 	err := reply.Error()
 	var vals []valkey.ValkeyMessage
 	var replyErr error

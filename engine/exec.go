@@ -22,8 +22,9 @@ func (e *Engine) scripts() []*loader.Script {
 // runDecision takes one decision (or peek) through c and turns the server's answer into a
 // Result. Every scripted decision goes through here, batched or not, so the acknowledgement
 // (WithReplicaAck, WithDurableAck) and fail-open policies apply to all of them. A denial
-// ignores what its call's WAIT or WAITAOF answered: only an admission is refused for it. The reply is the shape decide.lua documents; its
-// limit position and default reset_after refer to req.limits (ascending windows).
+// ignores what its call's WAIT answered (a call that only denied sends no WAITAOF): only an
+// admission is refused for it. The reply is the shape decide.lua documents; its limit position
+// and default reset_after refer to req.limits (ascending windows).
 func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
 	what := func() string {
@@ -96,18 +97,28 @@ func (e *Engine) forgetDenials(fullKey string) {
 
 // runAcked sends script s for the full key fullKey and hands its reply to read, which decodes
 // it and reports whether the call granted something (a lease, an extension). With
-// WithReplicaAck or WithDurableAck, a writing script goes with WAIT or WAITAOF behind it, and a
-// grant not held where it was asked to be is an error wrapping ErrUnavailable. Errors are
-// wrapped with what() and classified; the fail-open policy is the caller's to apply.
+// WithReplicaAck or WithDurableAck, a writing script goes with WAIT in its round trip and is
+// followed by WAITAOF when it granted, and a grant not held where it was asked to be is an
+// error wrapping ErrUnavailable. Errors are wrapped with what() and classified; the fail-open
+// policy is the caller's to apply.
 func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string, read func(valkey.ValkeyResult) (granted bool, err error)) error {
 	ack := e.acking.on() && !s.ReadOnly()
-	reply, got := e.execAcked(ctx, s, ack, []string{fullKey}, args)
+	var granted, decoded bool
+	var readErr error
+	decode := func(reply valkey.ValkeyResult) bool {
+		granted, readErr = read(reply)
+		decoded = true
+		return granted && readErr == nil
+	}
+	reply, got := e.execAcked(ctx, s, ack, []string{fullKey}, args, decode)
 	if err := reply.Error(); err != nil {
 		return classify(what(), err)
 	}
-	granted, err := read(reply)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what(), err)
+	if !decoded {
+		decode(reply)
+	}
+	if readErr != nil {
+		return fmt.Errorf("%s: %w", what(), readErr)
 	}
 	if ack && granted {
 		if err := e.acking.check(got); err != nil {
@@ -117,16 +128,36 @@ func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() str
 	return nil
 }
 
-// execAcked runs s with keys and args, followed in the same round trip, when ack is set, by
-// the WAIT and WAITAOF the engine asks for, and returns what they answered.
-func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string) (valkey.ValkeyResult, acks) {
+// execAcked runs s with keys and args and, when ack is set, the acknowledgements the engine
+// asks for: WAIT in the same round trip; and with WithDurableAck, on a connection of its own
+// for the call, WAITAOF right after the reply when admits, called with the script's reply
+// when it is not an error, says the call admitted something. It returns what they answered.
+func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, admits func(valkey.ValkeyResult) bool) (valkey.ValkeyResult, acks) {
 	if !ack {
 		return s.Exec(ctx, e.client, keys, args), acks{}
 	}
-	reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
-		return e.acking.commands(e.client.B(), cmds)
+	if !e.acking.waitAOF() {
+		reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+			return e.acking.inline(e.client.B(), cmds)
+		})
+		return reply, e.acking.readInline(after)
+	}
+	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
+	// on one connection held for the call.
+	var reply valkey.ValkeyResult
+	var got acks
+	_ = e.client.Dedicated(func(dc valkey.DedicatedClient) error {
+		var after []valkey.ValkeyResult
+		reply, after = s.ExecThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+			return e.acking.inline(dc.B(), cmds)
+		})
+		got = e.acking.readInline(after)
+		if reply.Error() == nil && admits(reply) {
+			got = e.acking.readAfter(got, dc.Do(ctx, e.acking.afterAdmission(dc.B())))
+		}
+		return nil
 	})
-	return reply, e.acking.read(after)
+	return reply, got
 }
 
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed

@@ -103,43 +103,44 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ackReplicas, o.ackTimeout = replicas, timeout }
 }
 
-// WithDurableAck makes every admission wait, in the same round trip and on the same connection,
-// until it is fsynced to disk (WAITAOF local replicas timeout): to the server's own append-only
-// file when local is 1, and to the append-only files of at least replicas replicas. An fsynced
-// admission survives a power loss, not only a crash of the server's process. An admission not
-// fsynced as asked within timeout returns an error wrapping ErrUnavailable instead of yes (the
-// event stays recorded: the error can only under-admit, never over-admit). The WAITAOF follows
-// the call that decides, since its outcome is not known before; where decisions are batched
-// (WithBatching), one WAITAOF serves the whole call.
+// WithDurableAck makes every admission wait until it is fsynced to disk (WAITAOF local
+// replicas timeout): to the server's own append-only file when local is 1, and to the
+// append-only files of at least replicas replicas. An fsynced admission survives a power loss,
+// not only a crash of the server's process. An admission not fsynced as asked within timeout
+// returns an error wrapping ErrUnavailable instead of yes (the event stays recorded: the error
+// can only under-admit, never over-admit).
 //
-// Denials are never refused for durability: a denial ignores its call's WAITAOF reply. The
-// WAITAOF goes with the call all the same (its outcome is not known before), and the caller
-// hears the denial with that reply, so whether a denial's call waits on the server side is the
-// WAITAOF's business. Measured on Valkey 8.0.1 (TestDurableAckDenials): a denial writes
-// nothing, so with local only its WAITAOF finds this connection's writes already fsynced and
-// answers at once (0.1-0.2 ms, as without the option); in a batch, a denial waits as long as
-// the admissions of its call; and when replicas are asked for that are not there, a denial's
-// call waits out the whole timeout, then returns the denial and no error.
+// The WAITAOF goes on the same connection as the call that decided, right after its reply, and
+// only when that call admitted something: one WAITAOF per admitting call, and where decisions
+// are batched (WithBatching) one serves the whole call. A call that only denied sends none, so
+// a denial never waits for a disk, not even when the replicas asked for are missing. That
+// costs an admission one more round trip on the connection (tens of microseconds on a local
+// network, against the milliseconds of an fsync); sending WAITAOF in the call's own round trip
+// instead would make every denial wait too, which under attack, when most calls deny, is the
+// wrong trade.
 //
-// When local is 1 the server must run with appendonly yes and appendfsync always: New checks
-// every primary (INFO persistence, CONFIG GET appendfsync) and fails with ErrPersistence
-// otherwise. Under appendfsync everysec, Valkey (8.0.1, measured with a simulated power loss in
+// When local is 1 the server must run with appendonly yes: New checks every primary (INFO
+// persistence, CONFIG GET appendfsync) and fails with ErrPersistence otherwise, and also under
+// appendfsync no (it never fsyncs, so WAITAOF never acknowledges). Run appendfsync always:
+// under everysec, Valkey (8.0.1, measured with a simulated power loss in
 // TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the fsync ran, so it
-// would acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
-// the default hz 10); under no it never fsyncs. A node that refuses INFO or CONFIG is not
-// checked, and the replicas' own appendfsync cannot be checked from the primary: run them with
-// always too.
+// may acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
+// the default hz 10). New accepts everysec but logs a warning (WithPersistenceCheck:
+// PersistenceRefuse makes it fail with ErrPersistence, PersistenceIgnore says nothing). A node
+// that refuses INFO or CONFIG is not checked, and the replicas' own appendfsync cannot be
+// checked from the primary: run them with always too.
 //
 // local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off (the
 // default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may block
 // until the context ends. Atomic mode only: New refuses it in Pipelined mode. With
-// WithReplicaAck too, WAIT and then WAITAOF follow each call.
+// WithReplicaAck too, WAIT goes in the call's round trip, as without this option, and WAITAOF
+// after it.
 //
 // The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
-// returns at once, but it goes on a connection of its own, as WAIT does (see the README's
-// durability table). What it adds to appendfsync always alone is that each admission's fsync
-// is confirmed by the server instead of assumed from its configuration, and that replicas'
-// files can be asked for.
+// returns at once, but the call and its WAITAOF hold a connection of their own, as WAIT does
+// (see the README's durability table). What it adds to appendfsync always alone is that each
+// admission's fsync is confirmed by the server instead of assumed from its configuration, and
+// that replicas' files can be asked for.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.durableLocal, o.durableReplicas, o.durableTimeout = local, replicas, timeout }
 }

@@ -14,14 +14,15 @@ import (
 // neither an append-only file nor a connected replica keeps the logs only in memory: check
 // says whether New fails (ErrPersistence), logs one warning naming every such node, or says
 // nothing. needAOF (WithDurableAck with a local fsync) fails New with ErrPersistence for any
-// primary that cannot fsync an admission before WAITAOF acknowledges it (checkDurable),
-// whatever check says. A node that refuses INFO is not checked; a node that cannot be reached
-// fails New with ErrUnavailable.
+// primary without an append-only file, or that never fsyncs it (appendfsync no), whatever check
+// says; a primary under appendfsync everysec, whose WAITAOF may answer before the fsync
+// (checkDurable), is treated as check says. A node that refuses INFO is not checked; a node
+// that cannot be reached fails New with ErrUnavailable.
 func checkPersistence(ctx context.Context, client valkey.Client, check PersistenceCheck, needAOF bool, logger *slog.Logger) error {
 	if check == PersistenceIgnore && !needAOF {
 		return nil
 	}
-	var inMemory []string
+	var inMemory, weakAck []string
 	err := eachNode(client, func(addr string, node valkey.Client) error {
 		text, err := node.Do(ctx, node.B().Info().Section("persistence", "replication").Build()).ToString()
 		if err != nil {
@@ -35,8 +36,12 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 		}
 		aof := infoField(text, "aof_enabled") == "1"
 		if needAOF {
-			if err := checkDurable(ctx, addr, node, aof); err != nil {
+			weak, err := checkDurable(ctx, addr, node, aof)
+			if err != nil {
 				return err
+			}
+			if weak {
+				weakAck = append(weakAck, addr)
 			}
 		}
 		if !aof && infoField(text, "connected_slaves") == "0" {
@@ -44,8 +49,22 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 		}
 		return nil
 	})
-	if err != nil || len(inMemory) == 0 || check == PersistenceIgnore {
+	if err != nil || check == PersistenceIgnore {
 		return err
+	}
+	if len(weakAck) > 0 {
+		msg := fmt.Sprintf("node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
+			"before its fsync (Valkey 8.0 answers it on its cron tick; measured with a simulated power loss), so "+
+			"WithDurableAck's yes can still be lost to a power loss: run appendfsync always", strings.Join(weakAck, ", "))
+		if check == PersistenceRefuse {
+			return fmt.Errorf("%w: %s (WithPersistenceCheck(PersistenceWarn) to only warn)", ErrPersistence, msg)
+		}
+		if logger != nil {
+			logger.Warn("strictrate: " + msg)
+		}
+	}
+	if len(inMemory) == 0 {
+		return nil
 	}
 	msg := fmt.Sprintf("node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
 		"forgets every admitted event of every window, and each key can admit up to its Max again at once; "+
@@ -60,29 +79,34 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	return nil
 }
 
-// checkDurable returns ErrPersistence unless the primary at addr fsyncs an admission before
-// its WAITAOF acknowledges it: appendonly yes, and appendfsync always. Under everysec, Valkey
+// checkDurable returns ErrPersistence unless the primary at addr can fsync an admission before
+// its WAITAOF acknowledges it: appendonly yes, and appendfsync other than no (under no it never
+// fsyncs, and every WAITAOF would time out). It reports weak under appendfsync everysec: Valkey
 // (8.0.1 measured, TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the
-// fsync ran, so an admission told yes can still be lost to a power loss; under no it never
-// fsyncs, and WAITAOF times out. A node that refuses CONFIG GET is taken at its INFO's word.
-func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool) error {
-	const advice = "WithDurableAck with a local fsync needs appendonly yes and appendfsync always " +
+// fsync ran, so an admission told yes can still be lost to a power loss; only always makes the
+// acknowledgement a disk write. A node that refuses CONFIG GET is taken at its INFO's word.
+func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool) (weak bool, err error) {
+	const advice = "WithDurableAck with a local fsync needs appendonly yes, and appendfsync always to be sure " +
 		"(or ask only replicas: WithDurableAck(0, n, timeout))"
 	if !aof {
-		return fmt.Errorf("%w: node %s runs appendonly no; %s", ErrPersistence, addr, advice)
+		return false, fmt.Errorf("%w: node %s runs appendonly no; %s", ErrPersistence, addr, advice)
 	}
 	kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("appendfsync").Build()).AsStrMap()
 	if err != nil {
 		if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
-			return nil // CONFIG is disabled or not permitted here: nothing more to check
+			return false, nil // CONFIG is disabled or not permitted here: nothing more to check
 		}
-		return classify("strictrate: new engine: CONFIG GET appendfsync on "+addr, err)
+		return false, classify("strictrate: new engine: CONFIG GET appendfsync on "+addr, err)
 	}
-	if fsync := kv["appendfsync"]; fsync != "always" {
-		return fmt.Errorf("%w: node %s runs appendfsync %s, under which WAITAOF does not wait for the fsync "+
-			"(everysec: Valkey answers it on its cron tick; no: it never fsyncs); %s", ErrPersistence, addr, fsync, advice)
+	switch fsync := kv["appendfsync"]; fsync {
+	case "always":
+		return false, nil
+	case "no":
+		return false, fmt.Errorf("%w: node %s runs appendfsync no, under which it never fsyncs and WAITAOF "+
+			"never acknowledges; %s", ErrPersistence, addr, advice)
+	default:
+		return true, nil
 	}
-	return nil
 }
 
 // eachNode calls fn for every node the client knows, in the order of their addresses (so the

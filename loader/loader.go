@@ -64,13 +64,15 @@ func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []st
 }
 
 // ExecThen runs the script as Exec does and sends the commands then appends right behind it,
-// in the same round trip and on the same connection: for WAIT and WAITAOF, which wait until that
-// connection's writes reach replicas or the disk. then receives a slice holding the script's
+// in the same round trip and on the same connection: for WAIT, which waits until that
+// connection's writes reach replicas. then receives a slice holding the script's
 // command and returns it with its own appended; it is called again after NOSCRIPT (a command
 // cannot be sent twice), when everything goes again with the script as EVAL. In a cluster,
-// then's commands must be keyless or in the script's slot. It returns the script's reply, and
-// theirs in the order then appended them.
-func (s *Script) ExecThen(ctx context.Context, client valkey.Client, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
+// then's commands must be keyless or in the script's slot. client may be a dedicated
+// connection (valkey.DedicatedClient), so that a caller can send more on the same connection
+// once it has read the reply. It returns the script's reply, and theirs in the order then
+// appended them.
+func (s *Script) ExecThen(ctx context.Context, client valkey.CoreClient, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
 	b := client.B()
 	var first valkey.Completed
 	if s.readOnly {
