@@ -52,31 +52,29 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	if err != nil || check == PersistenceIgnore {
 		return err
 	}
-	if len(weakAck) > 0 {
-		msg := fmt.Sprintf("node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
-			"before its fsync (Valkey 8.0 answers it on its cron tick; measured with a simulated power loss), so "+
-			"WithDurableAck's yes can still be lost to a power loss: run appendfsync always", strings.Join(weakAck, ", "))
+	// report refuses (PersistenceRefuse) or warns (PersistenceWarn) about the nodes named.
+	report := func(nodes []string, format string) error {
+		if len(nodes) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf(format, strings.Join(nodes, ", "))
 		if check == PersistenceRefuse {
 			return fmt.Errorf("%w: %s (WithPersistenceCheck(PersistenceWarn) to only warn)", ErrPersistence, msg)
 		}
 		if logger != nil {
 			logger.Warn("strictrate: " + msg)
 		}
-	}
-	if len(inMemory) == 0 {
 		return nil
 	}
-	msg := fmt.Sprintf("node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
+	if err := report(weakAck, "node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
+		"before its fsync (Valkey 8.0 answers it on its cron tick; measured with a simulated power loss), so "+
+		"WithDurableAck's yes can still be lost to a power loss: run appendfsync always"); err != nil {
+		return err
+	}
+	return report(inMemory, "node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
 		"forgets every admitted event of every window, and each key can admit up to its Max again at once; "+
 		"run appendonly yes (a crash then forgets nothing; a power loss up to about a second under appendfsync everysec, "+
-		"nothing under always or WithDurableAck), or attach a replica", strings.Join(inMemory, ", "))
-	if check == PersistenceRefuse {
-		return fmt.Errorf("%w: %s (WithPersistenceCheck(PersistenceWarn) to only warn)", ErrPersistence, msg)
-	}
-	if logger != nil {
-		logger.Warn("strictrate: " + msg)
-	}
-	return nil
+		"nothing under always or WithDurableAck), or attach a replica")
 }
 
 // checkDurable returns ErrPersistence unless the primary at addr can fsync an admission before
