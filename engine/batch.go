@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -103,18 +104,7 @@ func (r *request) size() int {
 
 // sameLimits reports whether two sets count the same limits.
 func (s *limitSet) sameLimits(o *limitSet) bool {
-	if s == o {
-		return true
-	}
-	if len(s.nums) != len(o.nums) {
-		return false
-	}
-	for i := range s.nums {
-		if s.nums[i] != o.nums[i] {
-			return false
-		}
-	}
-	return true
+	return s == o || slices.Equal(s.nums, o.nums)
 }
 
 // outcome is what the server answered for one request.
@@ -124,6 +114,12 @@ type outcome struct {
 	err      error // the request failed: its call, or this request alone
 	replyErr error // the reply was not one the scripts give
 	ack      acks  // with acknowledgement: what the WAIT and WAITAOF with its call answered
+}
+
+// admits reports whether o holds a decision that admitted: a reply read without error whose
+// retry_after (the third value, 0 when absent) is 0.
+func (o *outcome) admits() bool {
+	return o.err == nil && o.replyErr == nil && o.nvals >= 2 && (o.nvals < 3 || o.vals[2] == 0)
 }
 
 // readReply reads a single script's reply into o.
@@ -309,53 +305,16 @@ func (c *committer) sendTaken(q *queue, calls []*call) {
 
 // exec runs s with keys and args and the acknowledgements asked for (execAcked): one WAIT per
 // call, and one WAITAOF per call that admitted something, whatever the decisions it carries.
-func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, admits func(valkey.ValkeyResult) bool) (valkey.ValkeyResult, acks) {
-	return c.e.execAcked(ctx, s, c.ack, keys, args, admits)
+// read decodes the reply into the calls' outcomes and reports whether any admits.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, read func(valkey.ValkeyResult) bool) acks {
+	return c.e.execAcked(ctx, s, c.ack, keys, args, read)
 }
 
 func (c *committer) sendOne(ctx context.Context, cl *call) {
-	var reply valkey.ValkeyResult
-	reply, cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), singleAdmits)
-	cl.out.readReply(reply)
-}
-
-// singleAdmits reports whether a single decision's reply admits: its retry_after (the third
-// value, 0 when absent) is 0. A reply of another shape counts as admitting, so that it is
-// acknowledged rather than not; it is refused when decoded anyway.
-func singleAdmits(reply valkey.ValkeyResult) bool {
-	vals, err := reply.ToArray()
-	if err != nil || len(vals) < 3 {
-		return true
-	}
-	retry, err := vals[2].AsInt64()
-	return err != nil || retry == 0
-}
-
-// batchAdmits reports whether any decision in a batch reply admits (see batchInts for the
-// layout). A reply of another shape counts as admitting, as in singleAdmits.
-func batchAdmits(reply valkey.ValkeyResult) bool {
-	vals, err := reply.ToArray()
-	if err != nil {
-		return true
-	}
-	for pos := 1; pos < len(vals); {
-		if vals[pos].Error() != nil {
-			pos++
-			continue
-		}
-		count, err := vals[pos].AsInt64()
-		if err != nil || count < 1 || pos+int(count) >= len(vals) {
-			return true
-		}
-		if count < 2 {
-			return true
-		}
-		if retry, err := vals[pos+2].AsInt64(); err != nil || retry == 0 {
-			return true
-		}
-		pos += int(count) + 1
-	}
-	return false
+	cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), func(reply valkey.ValkeyResult) bool {
+		cl.out.readReply(reply)
+		return cl.out.admits()
+	})
 }
 
 func (c *committer) sendBatch(ctx context.Context, calls []*call) {
@@ -393,7 +352,22 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 			args = append(args, cl.req.now)
 		}
 	}
-	reply, ack := c.exec(ctx, c.batch, keys, args, batchAdmits)
+	ack := c.exec(ctx, c.batch, keys, args, func(reply valkey.ValkeyResult) bool {
+		readBatch(reply, calls)
+		for _, cl := range calls {
+			if cl.out.admits() {
+				return true
+			}
+		}
+		return false
+	})
+	for _, cl := range calls {
+		cl.out.ack = ack
+	}
+}
+
+// readBatch reads a batch script's reply into the outcomes of its calls, in KEYS order.
+func readBatch(reply valkey.ValkeyResult, calls []*call) {
 	err := reply.Error()
 	var vals []valkey.ValkeyMessage
 	var replyErr error
@@ -402,7 +376,6 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 	}
 	pos := 1
 	for _, cl := range calls {
-		cl.out.ack = ack
 		switch {
 		case err != nil:
 			cl.out.err = err

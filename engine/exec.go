@@ -103,19 +103,17 @@ func (e *Engine) forgetDenials(fullKey string) {
 // policy is the caller's to apply.
 func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string, read func(valkey.ValkeyResult) (granted bool, err error)) error {
 	ack := e.acking.on() && !s.ReadOnly()
-	var granted, decoded bool
-	var readErr error
-	decode := func(reply valkey.ValkeyResult) bool {
+	var granted bool
+	var replyErr, readErr error
+	got := e.execAcked(ctx, s, ack, []string{fullKey}, args, func(reply valkey.ValkeyResult) bool {
+		if replyErr = reply.Error(); replyErr != nil {
+			return false
+		}
 		granted, readErr = read(reply)
-		decoded = true
 		return granted && readErr == nil
-	}
-	reply, got := e.execAcked(ctx, s, ack, []string{fullKey}, args, decode)
-	if err := reply.Error(); err != nil {
-		return classify(what(), err)
-	}
-	if !decoded {
-		decode(reply)
+	})
+	if replyErr != nil {
+		return classify(what(), replyErr)
 	}
 	if readErr != nil {
 		return fmt.Errorf("%s: %w", what(), readErr)
@@ -128,36 +126,36 @@ func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() str
 	return nil
 }
 
-// execAcked runs s with keys and args and, when ack is set, the acknowledgements the engine
-// asks for: WAIT in the same round trip; and with WithDurableAck, on a connection of its own
-// for the call, WAITAOF right after the reply when admits, called with the script's reply
-// when it is not an error, says the call admitted something. It returns what they answered.
-func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, admits func(valkey.ValkeyResult) bool) (valkey.ValkeyResult, acks) {
+// execAcked runs s with keys and args, hands the script's reply to read (once, error replies
+// included), and returns what the acknowledgements the engine asks for answered, when ack is
+// set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
+// call, WAITAOF right after the reply when read reports that the call admitted something.
+func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, read func(valkey.ValkeyResult) (admits bool)) acks {
 	if !ack {
-		return s.Exec(ctx, e.client, keys, args), acks{}
+		read(s.Exec(ctx, e.client, keys, args))
+		return acks{}
 	}
 	if !e.acking.waitAOF() {
 		reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
 			return e.acking.inline(e.client.B(), cmds)
 		})
-		return reply, e.acking.readInline(after)
+		read(reply)
+		return e.acking.readInline(after)
 	}
 	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
 	// on one connection held for the call.
-	var reply valkey.ValkeyResult
 	var got acks
 	_ = e.client.Dedicated(func(dc valkey.DedicatedClient) error {
-		var after []valkey.ValkeyResult
-		reply, after = s.ExecThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+		reply, after := s.ExecThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
 			return e.acking.inline(dc.B(), cmds)
 		})
 		got = e.acking.readInline(after)
-		if reply.Error() == nil && admits(reply) {
+		if read(reply) && reply.Error() == nil {
 			got = e.acking.readAfter(got, dc.Do(ctx, e.acking.afterAdmission(dc.B())))
 		}
 		return nil
 	})
-	return reply, got
+	return got
 }
 
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed
