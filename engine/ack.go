@@ -29,14 +29,14 @@ func (a acking) on() bool      { return a.wait() || a.waitAOF() }
 // inline appends the WAIT asked for, if any, to cmds: what goes behind the call in its round trip.
 func (a acking) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
 	if a.wait() {
-		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(millisUp(a.timeout)).Build())
+		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(ceilUnits(time.Millisecond, a.timeout)).Build())
 	}
 	return cmds
 }
 
 // afterAdmission is the WAITAOF sent once a call's reply shows an admission.
 func (a acking) afterAdmission(b valkey.Builder) valkey.Completed {
-	return b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).Timeout(millisUp(a.aofTimeout)).Build()
+	return b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).Timeout(ceilUnits(time.Millisecond, a.aofTimeout)).Build()
 }
 
 // acks is what the commands behind one call answered.
@@ -95,13 +95,4 @@ func (a acking) check(got acks) error {
 			ErrUnavailable, a.aofTimeout, got.aofLocal, a.aofLocal, got.aofReplicas, a.aofReplicas)
 	}
 	return nil
-}
-
-// millisUp is d in whole milliseconds, rounded up, as WAIT and WAITAOF take their timeout.
-func millisUp(d time.Duration) int64 {
-	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		ms++
-	}
-	return ms
 }

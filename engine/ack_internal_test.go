@@ -33,8 +33,9 @@ func TestAckingCheck(t *testing.T) {
 	if (acking{}).on() || !(acking{aofReplicas: 1}).on() || (acking{aofReplicas: 1}).wait() {
 		t.Error("on/wait/waitAOF disagree with the counts")
 	}
-	if millisUp(time.Millisecond+1) != 2 || millisUp(time.Second) != 1000 || millisUp(0) != 0 {
-		t.Error("millisUp does not round up to whole milliseconds")
+	if ceilUnits(time.Millisecond, time.Millisecond+1) != 2 || ceilUnits(time.Millisecond, time.Second) != 1000 ||
+		ceilUnits(time.Millisecond, 0) != 0 || ceilMicros(time.Nanosecond) != 1 {
+		t.Error("ceilUnits does not round up to whole units")
 	}
 }
 

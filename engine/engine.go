@@ -138,7 +138,7 @@ type Engine struct {
 // error wrapping ErrPreload. A node that cannot be reached gives ErrUnavailable; an eviction
 // policy that may drop limiter keys gives ErrEvictionPolicy (see WithEvictionCheck); a server
 // that keeps the logs only in memory is logged as a warning (see WithPersistenceCheck), and one
-// that cannot fsync what WithDurableAck asks for (appendonly yes, appendfsync always) gives
+// that cannot fsync what WithDurableAck asks for (appendonly no, or appendfsync no) gives
 // ErrPersistence.
 func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if client == nil {
@@ -168,8 +168,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		shadow:   o.shadow,
 
 		failOpen: o.failOpen,
-		acking: acking{replicas: o.ackReplicas, timeout: o.ackTimeout,
-			aofLocal: o.durableLocal, aofReplicas: o.durableReplicas, aofTimeout: o.durableTimeout},
+		acking:   o.ack,
 	}
 	var err error
 	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
@@ -184,7 +183,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
-	needAOF := o.durableLocal > 0
+	needAOF := o.ack.aofLocal > 0
 	if o.evictionCheck != EvictionIgnore || o.persistenceCheck != PersistenceIgnore || needAOF || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
 		defer cancel()
@@ -447,7 +446,7 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	for i := 0; i < n; i++ {
 		add = add.ScoreMember(score, e.nextMember())
 	}
-	pttl := (window + 999) / 1000
+	pttl := ceilUnits(time.Millisecond, l.Window)
 	replies := e.client.DoMulti(ctx,
 		b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
 		add.Build(),

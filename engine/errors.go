@@ -40,9 +40,9 @@ var (
 	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
 
 	// ErrPersistence is returned by New when the servers do not keep the logs as asked: a
-	// primary without appendonly yes and appendfsync always while WithDurableAck asks for a
-	// local fsync, or a primary with neither an append-only file nor a replica under
-	// WithPersistenceCheck(PersistenceRefuse).
+	// primary under appendonly no or appendfsync no while WithDurableAck asks for a local fsync
+	// (or under everysec, with WithPersistenceCheck(PersistenceRefuse)), or a primary with
+	// neither an append-only file nor a replica under WithPersistenceCheck(PersistenceRefuse).
 	ErrPersistence = errors.New("strictrate: the server does not persist limiter logs as asked")
 )
 

@@ -35,15 +35,19 @@ func PerHour(n int) Limit { return Limit{Max: n, Window: time.Hour} }
 func (l Limit) String() string { return fmt.Sprintf("%d/%s", l.Max, l.Window) }
 
 // windowMicros is the window in whole microseconds, rounded up: a window is never shortened.
-func (l Limit) windowMicros() int64 { return ceilMicros(l.Window) }
+func (l Limit) windowMicros() int64 { return ceilUnits(time.Microsecond, l.Window) }
 
-// ceilMicros is d in whole microseconds, rounded up.
-func ceilMicros(d time.Duration) int64 {
-	us := int64(d / time.Microsecond)
-	if d%time.Microsecond != 0 {
-		us++
+// ceilMicros is d in whole microseconds, rounded up, as the scripts take times.
+func ceilMicros(d time.Duration) int64 { return ceilUnits(time.Microsecond, d) }
+
+// ceilUnits is d in whole units, rounded up: microseconds for the scripts, milliseconds for
+// PEXPIRE and the timeouts of WAIT and WAITAOF.
+func ceilUnits(unit, d time.Duration) int64 {
+	n := int64(d / unit)
+	if d%unit != 0 {
+		n++
 	}
-	return us
+	return n
 }
 
 // validate checks the limit and the cost n of a request against it.

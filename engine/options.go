@@ -42,11 +42,7 @@ type options struct {
 	preload          bool
 	preloadTimeout   time.Duration
 	failOpen         bool
-	ackReplicas      int
-	ackTimeout       time.Duration
-	durableLocal     int
-	durableReplicas  int
-	durableTimeout   time.Duration
+	ack              acking // WithReplicaAck, WithDurableAck
 	evictionCheck    EvictionCheck
 	persistenceCheck PersistenceCheck
 	logger           *slog.Logger
@@ -100,7 +96,7 @@ func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen =
 // so acknowledged decisions are not pipelined; on 2 cores with the replica on the same
 // machine, BenchmarkReplicaAck measured 13,000 decisions/s against 30,900 without.
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
-	return func(o *options) { o.ackReplicas, o.ackTimeout = replicas, timeout }
+	return func(o *options) { o.ack.replicas, o.ack.timeout = replicas, timeout }
 }
 
 // WithDurableAck makes every admission wait until it is fsynced to disk (WAITAOF local
@@ -142,17 +138,17 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // admission's fsync is confirmed by the server instead of assumed from its configuration, and
 // that replicas' files can be asked for.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
-	return func(o *options) { o.durableLocal, o.durableReplicas, o.durableTimeout = local, replicas, timeout }
+	return func(o *options) { o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout = local, replicas, timeout }
 }
 
 // validateDurableAck checks WithDurableAck's arguments, and that the mode can honour them.
 func (o *options) validateDurableAck() error {
 	switch {
-	case o.durableLocal == 0 && o.durableReplicas == 0:
+	case o.ack.aofLocal == 0 && o.ack.aofReplicas == 0:
 		return nil
-	case o.durableLocal < 0 || o.durableLocal > 1 || o.durableReplicas < 0 || o.durableTimeout < 0:
+	case o.ack.aofLocal < 0 || o.ack.aofLocal > 1 || o.ack.aofReplicas < 0 || o.ack.aofTimeout < 0:
 		return fmt.Errorf("%w: WithDurableAck(%d, %d, %s): local must be 0 or 1, replicas and timeout at least 0",
-			ErrInvalidArgument, o.durableLocal, o.durableReplicas, o.durableTimeout)
+			ErrInvalidArgument, o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout)
 	case o.mode != Atomic:
 		return fmt.Errorf("%w: WithDurableAck needs Atomic mode, not %s", ErrInvalidArgument, o.mode)
 	}
@@ -194,7 +190,9 @@ const (
 )
 
 // WithPersistenceCheck sets what New does when a primary has neither an append-only file nor a
-// replica. A server that refuses INFO is not checked.
+// replica, and, under WithDurableAck with a local fsync, when a primary runs appendfsync
+// everysec (whose WAITAOF may answer before the fsync). A server that refuses INFO is not
+// checked.
 func WithPersistenceCheck(c PersistenceCheck) Option {
 	return func(o *options) { o.persistenceCheck = c }
 }
