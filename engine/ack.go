@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -79,9 +80,9 @@ func (a acking) readAfter(got acks, reply valkey.ValkeyResult) acks {
 
 // check returns nil when got is all a asked for, else why not: an error wrapping ErrUnavailable
 // (the admission was recorded, but is not held where it was asked to be), or the server's.
-func (a acking) check(got acks) error {
+func (a acking) check(ctx context.Context, got acks) error {
 	if got.err != nil {
-		return classify(got.failed, got.err)
+		return classify(ctx, got.failed, got.err)
 	}
 	if got.replicas < int64(a.replicas) {
 		return fmt.Errorf("%w: admitted on the primary, but %d of %d replicas acknowledged it within %s",

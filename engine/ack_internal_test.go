@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 // An admission passes only with everything asked for; what is missing is named.
 func TestAckingCheck(t *testing.T) {
 	both := acking{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
-	if err := both.check(acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
+	if err := both.check(context.Background(), acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
 		t.Fatalf("everything acknowledged: %v", err)
 	}
 	for _, tc := range []struct {
@@ -22,11 +23,11 @@ func TestAckingCheck(t *testing.T) {
 		{acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
 		{acks{replicas: 1, aofLocal: 1, aofReplicas: 1}, "no WAITAOF followed its call"},
 	} {
-		if err := both.check(tc.got); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
+		if err := both.check(context.Background(), tc.got); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("check(%+v) = %v, want ErrUnavailable saying %q", tc.got, err, tc.says)
 		}
 	}
-	if err := both.check(acks{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
+	if err := both.check(context.Background(), acks{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
 		!strings.HasPrefix(err.Error(), "WAITAOF: ") {
 		t.Errorf("a WAITAOF that could not answer: %v", err)
 	}

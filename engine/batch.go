@@ -202,9 +202,11 @@ func (c *committer) do(ctx context.Context, req request) outcome {
 	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
 		q.inFlight++
 		c.mu.Unlock()
+		// Counted out however the call ends, a panic included: a call left counted in flight
+		// would hold every later decision of this destination in the queue for good.
+		defer c.sent(ctx, q, 1)
 		cl := call{ctx: ctx, req: req, sent: true}
 		c.sendOne(ctx, &cl)
-		c.sent(ctx, q, 1)
 		return cl.out
 	}
 	cl := &call{ctx: ctx, req: req, done: make(chan struct{})}
@@ -252,17 +254,28 @@ func (c *committer) take(q *queue) []*call {
 	return batch
 }
 
-// send runs calls as one call to the server, hands each its outcome, and sends what waits.
+// send runs calls as one call to the server, hands each its outcome, and sends what waits. It
+// runs on a goroutine of the committer's, where a panic would end the process and leave the
+// callers waiting: one is handed to every caller of the batch as its error instead, and the
+// call is counted out all the same.
 func (c *committer) send(ctx context.Context, q *queue, calls []*call) {
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("strictrate: the batch call failed: panic: %v", p)
+			for _, cl := range calls {
+				cl.out = outcome{err: err}
+			}
+		}
+		for _, cl := range calls {
+			close(cl.done)
+		}
+		c.sent(ctx, q, len(calls))
+	}()
 	if len(calls) == 1 {
 		c.sendOne(ctx, calls[0])
 	} else {
 		c.sendBatch(ctx, calls)
 	}
-	for _, cl := range calls {
-		close(cl.done)
-	}
-	c.sent(ctx, q, len(calls))
 }
 
 // sent counts a call of n requests that came back, and sends the next batch, if one waits.

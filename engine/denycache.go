@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -96,8 +97,19 @@ func (c *denyCache) store(key string, set *limitSet, n int, r Result, sent, retu
 			return
 		}
 	}
+	// Denials that ran out go first; then, past the bound, the oldest stored: a program that
+	// asks one key with ever new limits keeps a few of them, not all.
+	kd.list = slices.DeleteFunc(kd.list, func(old denial) bool { return !sent.Before(old.until) })
+	if len(kd.list) >= maxDenialsPerKey {
+		kd.list = append(kd.list[:0], kd.list[len(kd.list)-maxDenialsPerKey+1:]...)
+	}
 	kd.list = append(kd.list, d)
 }
+
+// maxDenialsPerKey bounds the denials the cache keeps for one key, one per limit set: as many
+// as a policy may hold limits, so one key's state stays a few kilobytes however many
+// different limits are asked of it.
+const maxDenialsPerKey = MaxPolicyLimits
 
 // forget drops key's cached denials: its room may have come back.
 func (c *denyCache) forget(key string) { c.keys.Remove(key) }

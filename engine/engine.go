@@ -194,12 +194,42 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, err
 		}
 		if o.preload {
-			if err := loader.Preload(ctx, client, e.scripts()...); err != nil {
-				return nil, classify("strictrate: new engine", err)
+			probe := [...]*loader.Script{loader.New("probe", scripts.Probe()), loader.NewReadOnly("probe", scripts.Probe())}
+			if err := loader.Preload(ctx, client, append(e.scripts(), probe[0])...); err != nil {
+				return nil, classify(ctx, "strictrate: new engine", err)
+			}
+			for _, p := range probe {
+				if err := e.checkPermissions(ctx, p); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
 	return e, nil
+}
+
+// checkPermissions runs the probe script p (EVALSHA, or EVALSHA_RO when read-only) and
+// returns an error wrapping ErrPreload that names every command the scripts run with p's kind
+// of call that the client's user may not run on the engine's keys, or may not call p itself.
+// A refusal found here would otherwise come from the first decision, or midway through one.
+func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
+	call := "EVALSHA"
+	writes := "1"
+	if p.ReadOnly() {
+		call, writes = "EVALSHA_RO", ""
+	}
+	denied, err := p.Exec(ctx, e.client, nil, []string{e.prefix + "probe", e.prefix + LeaseNamespace + "probe", writes}).AsStrSlice()
+	var verr *valkey.ValkeyError
+	switch {
+	case errors.As(err, &verr) && strings.HasPrefix(verr.Error(), "NOPERM"):
+		return fmt.Errorf("%w: the client's user may not run %s, which every decision needs: %w", ErrPreload, call, err)
+	case err != nil:
+		return classify(ctx, "strictrate: new engine: check the user's permissions", err)
+	case len(denied) > 0:
+		return fmt.Errorf("%w: the client's user may not run %s, which the engine's scripts run under %s on its keys; grant them (ACL SETUSER)",
+			ErrPreload, strings.Join(denied, ", "), call)
+	}
+	return nil
 }
 
 // Mode returns the engine's mode.
@@ -212,6 +242,9 @@ func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error)
 
 // AllowN records n events for key if l admits all n now, and none otherwise.
 func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result, error) {
+	if err := checkContext(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := validate(key, l, n); err != nil {
 		return Result{}, err
 	}
@@ -223,6 +256,9 @@ func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result
 // Peek returns the decision Allow would take for key now, and records nothing. It runs as a
 // read-only script, so it may be served where only reads are allowed.
 func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) {
+	if err := checkContext(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := validate(key, l, 1); err != nil {
 		return Result{}, err
 	}
@@ -234,13 +270,16 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
 // (Acquire) are another key, and stay.
 func (e *Engine) Reset(ctx context.Context, key string) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if err := validateKey(key); err != nil {
 		return err
 	}
 	full := e.prefix + key
 	e.forgetDenials(full)
 	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
-		return classify("strictrate: reset "+strconv.Quote(key), err)
+		return classify(ctx, "strictrate: reset "+quoteKey(key), err)
 	}
 	return nil
 }
@@ -248,6 +287,9 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // Check reports whether one more event for key would be admitted at now, recording nothing:
 // nil when it would, a *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	l := Limit{Max: limit, Window: window}
 	if err := validate(key, l, 1); err != nil {
 		return err
@@ -261,6 +303,9 @@ func (e *Engine) Check(ctx context.Context, key string, limit int, window time.D
 // Record records one event for key at now if the limit admits it: nil when admitted, a
 // *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	l := Limit{Max: limit, Window: window}
 	if err := validate(key, l, 1); err != nil {
 		return err
@@ -455,12 +500,12 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	)
 	for _, r := range replies {
 		if err := r.Error(); err != nil {
-			return e.backendFailure(ctx, classify("strictrate: allow "+strconv.Quote(key), err))
+			return e.backendFailure(ctx, classify(ctx, "strictrate: allow "+quoteKey(key), err))
 		}
 	}
 	count, err := replies[2].AsInt64()
 	if err != nil {
-		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %q: ZCARD reply: %w", key, err))
+		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %s: ZCARD reply: %w", quoteKey(key), err))
 	}
 	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, QuotaAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
 	if remaining := int64(l.Max) - count; remaining > 0 {
@@ -489,6 +534,16 @@ func validate(key string, l Limit, n int) error {
 	return l.validate(n)
 }
 
+// checkContext refuses a nil context before anything is counted, queued or sent: every call
+// hands its context to the server round trip and, when batched, to the goroutine that sends
+// its batch, and neither can use a nil one.
+func checkContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context; pass context.Background() or a request's context", ErrInvalidArgument)
+	}
+	return nil
+}
+
 func validateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
@@ -497,11 +552,20 @@ func validateKey(key string) error {
 }
 
 // classify wraps err with what was being done, and with ErrUnavailable when the server was
-// not reached or could not answer (a connection error, LOADING, CLUSTERDOWN, TRYAGAIN,
-// MASTERDOWN, BUSY, READONLY). A context's error and other server errors are wrapped as they are.
-func classify(what string, err error) error {
+// not reached or could not answer (a connection error, a timeout of the client's own, LOADING,
+// CLUSTERDOWN, TRYAGAIN, MASTERDOWN, BUSY, READONLY, OOM). The error of ctx, the caller's
+// context, once it is done, and other server errors are wrapped as they are.
+//
+// A context error while ctx is not done is the client's own timeout (valkey-go ends a call
+// whose connection stops answering with context.DeadlineExceeded): the server could not
+// answer, and the caller did not give up. It is wrapped as ErrUnavailable and no longer
+// matches the context errors, so that nobody mistakes it for the caller's deadline.
+func classify(ctx context.Context, what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%s: %w", what, err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return fmt.Errorf("%s: %w: the client timed out waiting for the server (%v)", what, ErrUnavailable, err)
 	}
 	var verr *valkey.ValkeyError
 	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) && !serverCannotAnswer(verr.Error()) {
@@ -513,7 +577,12 @@ func classify(what string, err error) error {
 // unavailableReplies are the error replies of a server that is there but cannot decide now:
 // loading its data, its cluster down, a slot migrating, its primary lost, a script running
 // too long, or a replica that takes no writes (a failover in progress).
-var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY ", "READONLY"}
+//
+// OOM (maxmemory reached under noeviction) is one of them: the server refuses every write
+// until memory is freed, which is the server being unable to decide, not a verdict on the
+// request. So a fail-closed engine refuses, and a fail-open engine admits as it does for an
+// outage (WithFailOpen says what that costs).
+var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY ", "READONLY", "OOM "}
 
 // serverCannotAnswer reports whether an error reply means unavailable rather than refused.
 func serverCannotAnswer(reply string) bool {

@@ -100,10 +100,20 @@ func TestPipelinedMembersAreUniqueAndCompact(t *testing.T) {
 }
 
 func TestClassify(t *testing.T) {
-	c := func(err error) error { return classify("op", err) }
-	if err := c(context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
-		t.Errorf("deadline: %v", err)
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	// The caller's own deadline, passed: the caller's error, not the server's.
+	if err := classify(expired, "op", context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
+		t.Errorf("the caller's deadline: %v", err)
 	}
+	// The same error while the caller's context is live is the client's own timeout: the
+	// server did not answer, and nothing says the caller gave up.
+	for _, own := range []error{context.DeadlineExceeded, context.Canceled} {
+		if err := classify(context.Background(), "op", own); !errors.Is(err, ErrUnavailable) || errors.Is(err, own) {
+			t.Errorf("the client's own %v: %v; want ErrUnavailable, not the context error", own, err)
+		}
+	}
+	c := func(err error) error { return classify(context.Background(), "op", err) }
 	if err := c(valkey.ErrClosing); !errors.Is(err, ErrUnavailable) || !errors.Is(err, valkey.ErrClosing) {
 		t.Errorf("closing: %v", err)
 	}
@@ -140,6 +150,8 @@ func TestServerCannotAnswer(t *testing.T) {
 		"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is no": true,
 		"BUSY Valkey is busy running a script. You can only call SCRIPT KILL":    true,
 		"READONLY You can't write against a read only replica.":                  true,
+		"OOM command not allowed when used memory > 'maxmemory'.":                true,
+		"OOMPH not a reply any server gives":                                     false,
 		"WRONGTYPE Operation against a key holding the wrong kind of value":      false,
 		"NOPERM User has no permissions to run the 'evalsha' command":            false,
 		"ERR Error running script (call to f_x): @user_script:1: bad":            false,

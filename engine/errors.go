@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/strictrate/strictrate/loader"
 )
@@ -55,7 +57,24 @@ type DeniedError struct {
 
 // Error says which key was denied and when to retry.
 func (e *DeniedError) Error() string {
-	return fmt.Sprintf("%s: key %q: retry after %s", ErrRateLimitExceeded, e.Key, e.Result.RetryAfter.Round(time.Microsecond))
+	return fmt.Sprintf("%s: key %s: retry after %s", ErrRateLimitExceeded, quoteKey(e.Key), e.Result.RetryAfter.Round(time.Microsecond))
+}
+
+// maxQuotedKey is the most bytes of a key an error message quotes: enough to tell keys apart
+// in a log line, while a huge key (a client's header, say) costs no more than that per error.
+const maxQuotedKey = 128
+
+// quoteKey writes key quoted for an error message, cut to maxQuotedKey bytes (at a character
+// boundary) with its full length said when longer.
+func quoteKey(key string) string {
+	if len(key) <= maxQuotedKey {
+		return strconv.Quote(key)
+	}
+	cut := maxQuotedKey
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	return strconv.Quote(key[:cut]) + fmt.Sprintf("... (%d bytes)", len(key))
 }
 
 // Unwrap makes errors.Is(err, ErrRateLimitExceeded) true.

@@ -22,7 +22,7 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 				return nil // CONFIG is disabled or not permitted here: nothing to check
 			}
-			return classify("strictrate: new engine: CONFIG GET maxmemory-policy on "+addr, err)
+			return classify(ctx, "strictrate: new engine: CONFIG GET maxmemory-policy on "+addr, err)
 		}
 		policy := kv["maxmemory-policy"]
 		if !strings.HasPrefix(policy, "allkeys-") {

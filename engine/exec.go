@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -28,7 +27,7 @@ func (e *Engine) scripts() []*loader.Script {
 func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
 	what := func() string {
-		return "strictrate: " + op + " " + strconv.Quote(strings.TrimPrefix(req.key, e.prefix))
+		return "strictrate: " + op + " " + quoteKey(strings.TrimPrefix(req.key, e.prefix))
 	}
 	cached := e.denials != nil && c == e.decides
 	var sent time.Time
@@ -47,7 +46,7 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 		out = cl.out
 	}
 	if out.err != nil {
-		return e.backendFailure(ctx, classify(what(), out.err))
+		return e.backendFailure(ctx, classify(ctx, what(), out.err))
 	}
 	if out.replyErr != nil {
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), out.replyErr))
@@ -57,7 +56,7 @@ func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req r
 		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 	}
 	if c.ack && r.Allowed {
-		if err := e.acking.check(out.ack); err != nil {
+		if err := e.acking.check(ctx, out.ack); err != nil {
 			return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
 		}
 	}
@@ -113,13 +112,13 @@ func (e *Engine) runAcked(ctx context.Context, s *loader.Script, what func() str
 		return granted && readErr == nil
 	})
 	if replyErr != nil {
-		return classify(what(), replyErr)
+		return classify(ctx, what(), replyErr)
 	}
 	if readErr != nil {
 		return fmt.Errorf("%s: %w", what(), readErr)
 	}
 	if ack && granted {
-		if err := e.acking.check(got); err != nil {
+		if err := e.acking.check(ctx, got); err != nil {
 			return fmt.Errorf("%s: %w", what(), err)
 		}
 	}

@@ -33,16 +33,19 @@ type LogEntry struct {
 // script code the decisions use, and changes nothing. A key that does not exist has an empty
 // Log. In Pipelined mode the key holds the article's sorted set, which Inspect does not read.
 func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error) {
+	if err := checkContext(ctx); err != nil {
+		return Log{}, err
+	}
 	if err := validateKey(key); err != nil {
 		return Log{}, err
 	}
 	if most < 0 {
 		return Log{}, fmt.Errorf("%w: most %d is negative", ErrInvalidArgument, most)
 	}
-	what := "strictrate: inspect " + strconv.Quote(key)
+	what := "strictrate: inspect " + quoteKey(key)
 	vals, err := e.inspect.Exec(ctx, e.client, []string{e.prefix + key}, []string{strconv.Itoa(most)}).AsIntSlice()
 	if err != nil {
-		return Log{}, classify(what, err)
+		return Log{}, classify(ctx, what, err)
 	}
 	if len(vals) < 5 || (len(vals)-5)%2 != 0 {
 		return Log{}, fmt.Errorf("%s: reply has %d values, want 5 and pairs", what, len(vals))

@@ -73,6 +73,9 @@ type Lease struct {
 // under WithFailOpen(true), a Lease that holds no slot, with BackendErr set, and no error. With
 // WithReplicaAck a lease counts only once a replica holds it.
 func (e *Engine) Acquire(ctx context.Context, key string, max int, ttl time.Duration) (Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return Lease{}, err
+	}
 	if err := validateLease(key, max, ttl); err != nil {
 		return Lease{}, err
 	}
@@ -82,10 +85,10 @@ func (e *Engine) Acquire(ctx context.Context, key string, max int, ttl time.Dura
 	}
 	id, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, fmt.Errorf("strictrate: acquire %q: make a lease id: %w", key, err)
+		return Lease{}, fmt.Errorf("strictrate: acquire %s: make a lease id: %w", quoteKey(key), err)
 	}
 	args := []string{nowArg, strconv.Itoa(max), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
-	what := func() string { return "strictrate: acquire " + strconv.Quote(key) }
+	what := func() string { return "strictrate: acquire " + quoteKey(key) }
 	var v [4]int64
 	err = e.runAcked(ctx, e.acquire, what, e.leaseKey(key), args, func(reply valkey.ValkeyResult) (bool, error) {
 		if _, err := readInts(reply, v[:], len(v)); err != nil {
@@ -125,6 +128,9 @@ func (e *Engine) Acquire(ctx context.Context, key string, max int, ttl time.Dura
 // clock, though the server's copy was not extended. Fail-closed, the error wraps
 // ErrUnavailable and the lease keeps the expiry it had: try again before it passes.
 func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return Lease{}, err
+	}
 	if err := validateHeld(l); err != nil {
 		return Lease{}, err
 	}
@@ -136,7 +142,7 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 		return Lease{}, err
 	}
 	args := []string{nowArg, strconv.FormatInt(ceilMicros(ttl), 10), string(l.ID[:])}
-	what := func() string { return "strictrate: extend lease " + l.ID.String() + " of " + strconv.Quote(l.Key) }
+	what := func() string { return "strictrate: extend lease " + l.ID.String() + " of " + quoteKey(l.Key) }
 	var v [3]int64
 	err = e.runAcked(ctx, e.extend, what, e.leaseKey(l.Key), args, func(reply valkey.ValkeyResult) (bool, error) {
 		if _, err := readInts(reply, v[:], 2); err != nil {
@@ -168,6 +174,9 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 // fail-open policy and no replica acknowledgement: a release lost in a failover only keeps the
 // slot until the lease expires.
 func (e *Engine) Release(ctx context.Context, l Lease) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if err := validateKey(l.Key); err != nil {
 		return err
 	}
@@ -175,7 +184,7 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 		return nil
 	}
 	if err := e.release.Exec(ctx, e.client, []string{e.leaseKey(l.Key)}, []string{string(l.ID[:])}).Error(); err != nil {
-		return classify("strictrate: release lease "+l.ID.String()+" of "+strconv.Quote(l.Key), err)
+		return classify(ctx, "strictrate: release lease "+l.ID.String()+" of "+quoteKey(l.Key), err)
 	}
 	return nil
 }

@@ -12,17 +12,22 @@ import (
 	"github.com/strictrate/strictrate/engine"
 )
 
-// modelEntry is one admitted request in the model's log.
+// modelEntry is one admitted request in the model's log, or a run of refunded ones.
 type modelEntry struct {
 	at   int64 // µs
-	seq  int
+	seq  int   // the first seq it stands for
+	span int   // how many seqs it stands for: 1, or more for a run of refunded entries
 	cost int
 	was  int // the cost it was admitted with
 }
 
 // modelLog is the sliding window log as the contract states it, computed the obvious way:
 // every entry in a list, every count a sum over it. The engine must answer exactly as it does.
-type modelLog struct{ entries []modelEntry }
+// horizon is the longest window any write counted on the key: the log keeps what it counts.
+type modelLog struct {
+	entries []modelEntry
+	horizon int64
+}
 
 func (m *modelLog) trim(cutoff int64) {
 	i := 0
@@ -75,8 +80,10 @@ func (m *modelLog) quotaAfter(now int64, window time.Duration) time.Duration {
 func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) engine.Result {
 	longest := micros(limits[len(limits)-1].Window)
 	if write {
-		m.trim(now - longest)
+		m.horizon = max(m.horizon, longest)
+		m.trim(now - m.horizon)
 	}
+	reach := max(longest, m.horizon)
 	remaining, tightest, retry := 0, 0, int64(0)
 	for i, l := range limits {
 		w := micros(l.Window)
@@ -92,7 +99,7 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 	if retry > 0 {
 		r.Remaining = max(remaining, 0)
 		r.RetryAfter = time.Duration(retry) * time.Microsecond
-		r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+		r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 		r.QuotaAfter = m.quotaAfter(now, r.Window)
 		return r
 	}
@@ -100,7 +107,7 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 	if !write {
 		r.Remaining = remaining
 		if m.count(now, longest) > 0 {
-			r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+			r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 		}
 		r.QuotaAfter = m.quotaAfter(now, r.Window)
 		return r
@@ -113,23 +120,55 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 			break
 		}
 		if e.at == now {
-			seq++
+			seq += e.span
 		}
 	}
-	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, cost: n, was: n})
-	r.ResetAfter = time.Duration(m.newest()+longest-now) * time.Microsecond
+	if p == len(m.entries) && p > 0 && m.entries[p-1].cost == 0 && m.entries[p-1].at < now {
+		// A refunded run at the end leaves once a later microsecond is appended.
+		m.entries = m.entries[:p-1]
+		p--
+	}
+	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, span: 1, cost: n, was: n})
+	r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 	r.QuotaAfter = m.quotaAfter(now, r.Window)
 	r.Entry = engine.EntryID{At: r.At, Seq: seq, Cost: n}
 	return r
 }
 
+// settle lowers the entry id names to actual; one refunded in full is then compacted: joined
+// with the refunded entries of its microsecond beside it into one run, and the run taken out
+// when it is the last entry of its microsecond and older than the newest entry.
 func (m *modelLog) settle(id engine.EntryID, actual int) {
 	for i := range m.entries {
 		e := &m.entries[i]
-		if e.at == id.At.UnixMicro() && e.seq == id.Seq && e.cost <= id.Cost {
-			e.cost = min(e.cost, actual)
+		if e.at == id.At.UnixMicro() && id.Seq >= e.seq && id.Seq < e.seq+e.span && e.cost <= id.Cost {
+			if actual >= e.cost {
+				return
+			}
+			e.cost = actual
+			if actual == 0 {
+				m.compact(i)
+			}
+			return
 		}
 	}
+}
+
+func (m *modelLog) compact(i int) {
+	es := m.entries
+	if i+1 < len(es) && es[i+1].at == es[i].at && es[i+1].cost == 0 {
+		es[i].span += es[i+1].span
+		es = slices.Delete(es, i+1, i+2)
+	}
+	if i > 0 && es[i-1].at == es[i].at && es[i-1].cost == 0 {
+		es[i-1].span += es[i].span
+		es = slices.Delete(es, i, i+1)
+		i--
+	}
+	if es[i].at < es[len(es)-1].at && (i+1 == len(es) || es[i+1].at > es[i].at) {
+		es = slices.Delete(es, i, i+1)
+	}
+	m.entries = es
 }
 
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }

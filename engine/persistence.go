@@ -29,7 +29,7 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 				return nil // INFO is disabled or not permitted here: nothing to check
 			}
-			return classify("strictrate: new engine: INFO persistence on "+addr, err)
+			return classify(ctx, "strictrate: new engine: INFO persistence on "+addr, err)
 		}
 		if infoField(text, "role") != "master" {
 			return nil // a replica takes no decisions
@@ -94,7 +94,7 @@ func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool
 		if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 			return false, nil // CONFIG is disabled or not permitted here: nothing more to check
 		}
-		return false, classify("strictrate: new engine: CONFIG GET appendfsync on "+addr, err)
+		return false, classify(ctx, "strictrate: new engine: CONFIG GET appendfsync on "+addr, err)
 	}
 	switch fsync := kv["appendfsync"]; fsync {
 	case "always":

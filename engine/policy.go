@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -60,6 +61,20 @@ func (p Policy) String() string {
 	return strings.Join(parts, " and ")
 }
 
+// Tag returns a compact name of p's limits, the same for the same limits in any order, for
+// keys: each limit as max/window in microseconds, by ascending window, joined by commas
+// ("5/3600000000,100/60000000"). The middlewares put it in their keys, so that requests judged
+// by different policies never share a log (see the README's "Limits that share a key").
+func (p Policy) Tag() string {
+	sorted := slices.Clone(p)
+	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Or(cmp.Compare(a.Window, b.Window), cmp.Compare(a.Max, b.Max)) })
+	parts := make([]string, len(sorted))
+	for i, l := range sorted {
+		parts[i] = strconv.Itoa(l.Max) + "/" + strconv.FormatInt(l.windowMicros(), 10)
+	}
+	return strings.Join(parts, ",")
+}
+
 // Longest returns the limit of p with the longest window; the zero Limit when p is empty.
 func (p Policy) Longest() Limit {
 	var longest Limit
@@ -87,6 +102,9 @@ func (p Policy) Longest() Limit {
 // The admitted request is one entry of the key's log, whatever the number of limits: Refund
 // and Settle give its cost back to every window at once.
 func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
+	if err := checkContext(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
@@ -115,6 +133,9 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 // ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
 // may be served where only reads are allowed. It validates as AllowPolicy does.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
+	if err := checkContext(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}

@@ -61,3 +61,17 @@ func TestPolicyLongestAndString(t *testing.T) {
 		t.Errorf("String = %q, want %q", got, want)
 	}
 }
+
+// A policy's tag names its limits whatever their order, and tells different limits apart.
+func TestPolicyTag(t *testing.T) {
+	a, b := Limit{Max: 5, Window: time.Hour}, Limit{Max: 100, Window: time.Minute}
+	if got, want := (Policy{a, b}).Tag(), "100/60000000,5/3600000000"; got != want {
+		t.Fatalf("Tag = %q, want %q", got, want)
+	}
+	if (Policy{b, a}).Tag() != (Policy{a, b}).Tag() {
+		t.Fatal("the same limits in another order have another tag")
+	}
+	if (Policy{a}).Tag() == (Policy{{Max: 6, Window: time.Hour}}).Tag() || (Policy{a}).Tag() == (Policy{a, b}).Tag() {
+		t.Fatal("different policies share a tag")
+	}
+}

@@ -28,6 +28,9 @@ func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
 // a retried Settle is harmless. Otherwise it is Refund, which is Settle to 0, with the same
 // atomicity, idempotence and no-ops.
 func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if err := validateKey(key); err != nil {
 		return err
 	}
@@ -47,7 +50,7 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
 	e.forgetDenials(e.prefix + key)
 	if err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).Error(); err != nil {
-		return classify("strictrate: settle "+strconv.Quote(key), err)
+		return classify(ctx, "strictrate: settle "+quoteKey(key), err)
 	}
 	return nil
 }

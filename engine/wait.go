@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -23,6 +22,9 @@ func (e *Engine) Wait(ctx context.Context, key string, l Limit) (Result, error) 
 // WithShadow every request is admitted at once. A caller's clock (WithClock) must move for a
 // wait to end: the sleeps are real time.
 func (e *Engine) WaitN(ctx context.Context, key string, l Limit, n int) (Result, error) {
+	if err := checkContext(ctx); err != nil {
+		return Result{}, err
+	}
 	if err := validate(key, l, n); err != nil {
 		return Result{}, err
 	}
@@ -40,7 +42,7 @@ func (e *Engine) WaitN(ctx context.Context, key string, l Limit, n int) (Result,
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			return r, fmt.Errorf("strictrate: wait %s for %d: %w", strconv.Quote(key), n, ctx.Err())
+			return r, fmt.Errorf("strictrate: wait %s for %d: %w", quoteKey(key), n, ctx.Err())
 		}
 	}
 }

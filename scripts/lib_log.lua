@@ -55,16 +55,37 @@ local function make_entry(t, cost)
   return struct.pack('>i7BI4', t, 255, cost)
 end
 
--- read_entry decodes the entry at byte pos of s: its time, its cost and the position after it.
+-- read_entry decodes the entry at byte pos of s: its time, its cost, the position after it,
+-- and, for a refunded run (see the header comment), how many seqs it stands for (nil: one).
 local function read_entry(s, pos)
   local t = struct.unpack('>i7', s, pos)
   local b = string.byte(s, pos + 7)
   if b < 254 then
     return t, b, pos + 8
   elseif b == 254 then
-    return t, (struct.unpack('>I2', s, pos + 8)), pos + 10
+    local v = struct.unpack('>I2', s, pos + 8)
+    if v < 254 then
+      return t, 0, pos + 10, v
+    end
+    return t, v, pos + 10
   end
-  return t, (struct.unpack('>I4', s, pos + 8)), pos + 12
+  local v = struct.unpack('>I4', s, pos + 8)
+  if v < 65536 then
+    return t, 0, pos + 12, v
+  end
+  return t, v, pos + 12
+end
+
+-- make_run encodes a refunded run: span refunded entries of one microsecond (1 to 65535), as
+-- one entry of cost 0. One is a plain entry of cost 0; more use the cost encodings that
+-- make_entry never writes (254 then a value below 254; 255 then a value below 65536).
+local function make_run(t, span)
+  if span == 1 then
+    return make_entry(t, 0)
+  elseif span < 254 then
+    return struct.pack('>i7BI2', t, 254, span)
+  end
+  return struct.pack('>i7BI4', t, 255, span)
 end
 
 -- read_header reads key's header: the string, false when the key does not exist, or the
@@ -73,10 +94,10 @@ local function read_header(key)
   return redis.pcall('LINDEX', key, 0)
 end
 
--- write_small writes a small header: total, count, newest, seq, then the open chunk, given in
--- two parts.
-local function write_small(key, exists, total, count, newest, seq, open, more)
-  local header = 'S' .. struct.pack('>i7i7i7i7', total, count, newest, seq) .. open .. more
+-- write_small writes a small header: its kind ('T', or 'U' when the last entry is a refunded
+-- run; nil: 'T'), total, count, newest, seq, horizon, then the open chunk, given in two parts.
+local function write_small(key, exists, total, count, newest, seq, horizon, open, more, kind)
+  local header = (kind or 'T') .. struct.pack('>i7i7i7i7i7', total, count, newest, seq, horizon) .. open .. more
   if exists then
     redis.call('LSET', key, 0, header)
   else
@@ -97,20 +118,23 @@ local function general()
 
   -- make_element encodes an entry as an element of its own (a closed entry): as in the open
   -- chunk, but a cost-1 entry is its 7 bytes of time alone, since the element's length tells.
-  function g.make_element(t, cost)
+  -- A refunded run of more than one seq (span) is make_run's.
+  function g.make_element(t, cost, span)
     if cost == 1 then
       return struct.pack('>i7', t)
+    elseif cost == 0 and span ~= nil then
+      return make_run(t, span)
     end
     return make_entry(t, cost)
   end
 
-  -- read_element decodes a closed entry: its time and cost.
+  -- read_element decodes a closed entry: its time, cost and span (nil: one seq).
   function g.read_element(e)
     if #e == 7 then
       return (struct.unpack('>i7', e)), 1
     end
-    local t, cost = read_entry(e, 1)
-    return t, cost
+    local t, cost, _, span = read_entry(e, 1)
+    return t, cost, span
   end
 
   -- read_log makes the log from key's header h (read_header's reply). convert allows turning a
@@ -151,21 +175,26 @@ local function general()
     end
     if not h then
       return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = -2 ^ 54,
-        seq = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = ''}
+        seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = ''}
     end
-    -- A header opens with 'S' (small: 4 fields) or 'F' (full: 9 fields, then cursors).
+    -- A header opens with 'T' (small: 5 fields) or 'G' (full: 10 fields, then cursors); 'S'
+    -- and 'F' are the same without the horizon, as earlier releases wrote them.
     local kind = string.byte(h, 1)
-    if not (kind == 83 and #h >= 29 or kind == 70 and #h >= 64) then
+    local small, full = kind == 84 or kind == 85, kind == 71 or kind == 72
+    if not (small and #h >= 36 or full and #h >= 71 or kind == 83 and #h >= 29 or kind == 70 and #h >= 64) then
       error({err = 'WRONGTYPE strictrate: the key holds a list that is not a strictrate log'})
     end
     local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
-    local gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0
-    if kind == 70 then
+    local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
+    if small or full then
+      horizon, pos = struct.unpack('>i7', h, pos)
+    end
+    if full or kind == 70 then
       gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
     end
     local log = {key = key, exists = true, dirty = false, total = total, count = count,
-      newest = newest, seq = seq, gone = gone, closed = closed, oldest = oldest,
-      oldest_cost = oldest_cost, cursors = {}, open = nil}
+      newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
+      oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == 85 or kind == 72}
     for i = 1, ncursors do
       local c = {}
       c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
@@ -190,10 +219,11 @@ local function general()
       end
     end
     if log.gone == 0 and log.closed == 0 and #parts == 0 then
-      write_small(log.key, log.exists, log.total, log.count, log.newest, log.seq, log.open, '')
+      write_small(log.key, log.exists, log.total, log.count, log.newest, log.seq, log.horizon, log.open, '',
+        log.tail_refunded and 'U' or 'T')
     else
-      local header = 'F' .. struct.pack('>i7i7i7i7i7i7i7i7i7', log.total, log.count, log.newest,
-        log.seq, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts) .. log.open
+      local header = (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count, log.newest,
+        log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts) .. log.open
       if log.exists then
         redis.call('LSET', log.key, 0, header)
       else
@@ -222,18 +252,20 @@ local function general()
     end
   end
 
-  -- open_entries decodes the open chunk once per call: times, costs, and byte positions.
+  -- open_entries decodes the open chunk once per call: times, costs, byte positions, and the
+  -- spans of refunded runs (by entry number; absent: one seq).
   function g.open_entries(log)
     if log.open_ts == nil then
-      local ts, cs, ps, pos, s = {}, {}, {}, 1, log.open
+      local ts, cs, ps, ss, pos, s = {}, {}, {}, {}, 1, log.open
       while pos <= #s do
-        ps[#ps + 1] = pos
-        ts[#ts + 1], cs[#cs + 1], pos = read_entry(s, pos)
+        local k = #ts + 1
+        ps[k] = pos
+        ts[k], cs[k], pos, ss[k] = read_entry(s, pos)
       end
       ps[#ps + 1] = pos
-      log.open_ts, log.open_cs, log.open_ps = ts, cs, ps
+      log.open_ts, log.open_cs, log.open_ps, log.open_ss = ts, cs, ps, ss
     end
-    return log.open_ts, log.open_cs, log.open_ps
+    return log.open_ts, log.open_cs, log.open_ps, log.open_ss
   end
 
   -- set_open replaces the open chunk, forgetting its decoded form.
@@ -241,12 +273,13 @@ local function general()
     log.open, log.open_ts, log.open_cs, log.open_ps = s, nil, nil, nil
   end
 
-  -- entries returns the times and costs of live entries [from, to] (clamped to the last).
+  -- entries returns the times, costs and spans (by position; absent: one seq) of live entries
+  -- [from, to] (clamped to the last).
   function g.entries(log, from, to)
     if to >= log.count then
       to = log.count - 1
     end
-    local ts, cs = {}, {}
+    local ts, cs, ss = {}, {}, {}
     if from < log.closed then
       local last = to
       if last >= log.closed then
@@ -255,26 +288,27 @@ local function general()
       local skip = 1 + log.gone
       local es = redis.call('LRANGE', log.key, from + skip, last + skip)
       for i = 1, #es do
-        ts[i], cs[i] = g.read_element(es[i])
+        ts[i], cs[i], ss[i] = g.read_element(es[i])
       end
     end
     if to >= log.closed then
-      local ots, ocs = g.open_entries(log)
+      local ots, ocs, _, oss = g.open_entries(log)
       local first = from
       if first < log.closed then
         first = log.closed
       end
       for i = first, to do
-        ts[#ts + 1], cs[#cs + 1] = ots[i - log.closed + 1], ocs[i - log.closed + 1]
+        local k = #ts + 1
+        ts[k], cs[k], ss[k] = ots[i - log.closed + 1], ocs[i - log.closed + 1], oss[i - log.closed + 1]
       end
     end
-    return ts, cs
+    return ts, cs, ss
   end
 
-  -- entry_at returns the time and cost of live entry i.
+  -- entry_at returns the time, cost and span (nil: one seq) of live entry i.
   function g.entry_at(log, i)
-    local ts, cs = g.entries(log, i, i)
-    return ts[1], cs[1]
+    local ts, cs, ss = g.entries(log, i, i)
+    return ts[1], cs[1], ss[1]
   end
 
   -- oldest_time is the time of the oldest live entry, or 2^54 when there is none.
@@ -416,13 +450,13 @@ local function general()
 
   -- flush moves the open chunk's entries behind the header, as closed entries.
   function g.flush(log)
-    local ts, cs = g.open_entries(log)
+    local ts, cs, _, ss = g.open_entries(log)
     if #ts == 0 then
       return
     end
     local es = {}
     for i = 1, #ts do
-      es[i] = g.make_element(ts[i], cs[i])
+      es[i] = g.make_element(ts[i], cs[i], ss[i])
     end
     redis.call('RPUSH', log.key, unpack(es))
     if log.closed == 0 then
@@ -441,12 +475,12 @@ local function general()
       if lo < 0 then
         lo = 0
       end
-      local ts = g.entries(log, lo, hi)
+      local ts, _, ss = g.entries(log, lo, hi)
       for j = #ts, 1, -1 do
         if ts[j] > t then
           p = lo + j - 1
         elseif ts[j] == t then
-          same = same + 1
+          same = same + (ss[j] or 1)
         else
           done = true
           break
@@ -462,8 +496,8 @@ local function general()
     else
       -- Every element before entry p (the header, gone entries, entries at or before t)
       -- differs from it, so the first element equal to it is entry p.
-      local pt, pc = g.entry_at(log, p)
-      redis.call('LINSERT', log.key, 'BEFORE', g.make_element(pt, pc), g.make_element(t, cost))
+      local pt, pc, ps = g.entry_at(log, p)
+      redis.call('LINSERT', log.key, 'BEFORE', g.make_element(pt, pc, ps), g.make_element(t, cost))
       log.closed = log.closed + 1
       if p == 0 then
         log.oldest, log.oldest_cost = t, cost
@@ -491,26 +525,115 @@ local function general()
         hi = mid
       end
     end
-    local at = lo + seq - 1
-    if at >= log.count or g.entry_at(log, at) ~= t then
-      return nil
+    -- The entries of that microsecond in order, a refunded run standing for its span of seqs.
+    local below = 0
+    for at = lo, log.count - 1 do
+      local et, _, span = g.entry_at(log, at)
+      if et ~= t then
+        return nil
+      end
+      below = below + (span or 1)
+      if seq <= below then
+        return at
+      end
     end
-    return at
+    return nil
   end
 
-  -- set_cost rewrites live entry i's cost.
-  function g.set_cost(log, i, cost)
+  -- set_cost rewrites live entry i's cost; with span, it becomes a refunded run of span seqs
+  -- (cost 0).
+  function g.set_cost(log, i, cost, span)
     local t = g.entry_at(log, i)
     if i < log.closed then
-      redis.call('LSET', log.key, 1 + log.gone + i, g.make_element(t, cost))
+      redis.call('LSET', log.key, 1 + log.gone + i, g.make_element(t, cost, span))
       if i == 0 then
         log.oldest_cost = cost
       end
     else
       local _, _, ps = g.open_entries(log)
       local k = i - log.closed + 1
-      g.set_open(log, string.sub(log.open, 1, ps[k] - 1) .. make_entry(t, cost) .. string.sub(log.open, ps[k + 1]))
+      local e = make_entry(t, cost)
+      if span ~= nil then
+        e = make_run(t, span)
+      end
+      g.set_open(log, string.sub(log.open, 1, ps[k] - 1) .. e .. string.sub(log.open, ps[k + 1]))
     end
+  end
+
+  -- remove takes live entry i, which carries no events, out of the log, and keeps the cursors
+  -- on the entries they stood at.
+  function g.remove(log, i)
+    if i < log.closed then
+      -- No entry is a single byte, so 'x' marks the element for LREM alone.
+      local at = 1 + log.gone + i
+      redis.call('LSET', log.key, at, 'x')
+      redis.call('LREM', log.key, 1, 'x')
+      log.closed = log.closed - 1
+    else
+      local _, _, ps = g.open_entries(log)
+      local k = i - log.closed + 1
+      g.set_open(log, string.sub(log.open, 1, ps[k] - 1) .. string.sub(log.open, ps[k + 1]))
+    end
+    log.count = log.count - 1
+    if i == 0 and log.closed > 0 then
+      log.oldest, log.oldest_cost = g.entry_at(log, 0)
+    end
+    local cursors = log.cursors
+    for k = 1, #cursors do
+      local c = cursors[k]
+      if i < c.idx then
+        c.idx = c.idx - 1
+      end
+      if i == c.idx - 1 or i == c.idx then
+        c.before, c.after = -2 ^ 54, 2 ^ 54
+        if c.idx > 0 then
+          c.before = g.entry_at(log, c.idx - 1)
+        end
+        if c.idx < log.count then
+          c.after = g.entry_at(log, c.idx)
+        end
+      end
+    end
+    log.dirty = true
+  end
+
+  -- compact keeps refunded entries from piling up, after live entry i was refunded in full: it
+  -- joins it with the refunded entries of its microsecond beside it into one run, and takes
+  -- the run out when no later entry's seq counts on it (it is the last of its microsecond) and
+  -- no append can take its seqs (the header's newest and seq stand for the newest microsecond).
+  -- So refunded entries never outnumber the entries that carry events, plus one, however many
+  -- requests were refunded, and the identities (time, seq) of the others do not move.
+  function g.compact(log, i)
+    local t, _, span = g.entry_at(log, i)
+    span = span or 1
+    if i + 1 < log.count then
+      local nt, nc, ns = g.entry_at(log, i + 1)
+      if nt == t and nc == 0 and span + (ns or 1) <= 65535 then
+        span = span + (ns or 1)
+        g.remove(log, i + 1)
+        g.set_cost(log, i, 0, span)
+      end
+    end
+    if i > 0 then
+      local pt, pc, ps = g.entry_at(log, i - 1)
+      if pt == t and pc == 0 and span + (ps or 1) <= 65535 then
+        span = span + (ps or 1)
+        g.remove(log, i)
+        i = i - 1
+        g.set_cost(log, i, 0, span)
+      end
+    end
+    if t < log.newest and (i + 1 >= log.count or g.entry_at(log, i + 1) > t) then
+      g.remove(log, i)
+    end
+    -- A refunded run left at the end is of the newest microsecond: the next append of a later
+    -- one takes it out (insert), and the header says so, so that it need not be read to know.
+    log.tail_refunded = false
+    if log.count > 0 then
+      local _, last_cost = g.entry_at(log, log.count - 1)
+      log.tail_refunded = last_cost == 0
+    end
+    log.dirty = true
   end
 
   -- trim takes the entries whose time is at or before cutoff out of the log: they have left
@@ -520,6 +643,7 @@ local function general()
       if log.exists and log.count + log.gone > 0 then
         redis.call('DEL', log.key)
         log.exists, log.total, log.count, log.gone, log.closed = false, 0, 0, 0, 0
+        log.tail_refunded = false
         log.newest, log.seq, log.open, log.dirty = -2 ^ 54, 0, '', true
         local cursors = log.cursors
         for k = 1, #cursors do
@@ -568,6 +692,12 @@ local function general()
   function g.insert(log, t, cost)
     local p, seq
     if log.count == 0 or t >= log.newest then
+      if log.tail_refunded and t > log.newest then
+        -- The refunded run at the end is no longer of the newest microsecond: no append can
+        -- take its seqs now, and no later entry counts on them (see compact).
+        g.remove(log, log.count - 1)
+      end
+      log.tail_refunded = false
       p, seq = log.count, 1
       if log.count > 0 and t == log.newest then
         seq = log.seq + 1
@@ -606,8 +736,14 @@ local function general()
   -- limit's window (after recording) leaves it, 0 when the window holds none.
   function g.decide(log, now, n, limits, write)
     local last = #limits / 2
+    -- The log keeps every entry the longest window ever counted on the key still counts
+    -- (its horizon), so that no limit on the key ever trims what another one counts.
+    local reach = math.max(limits[2 * last - 1], log.horizon)
     if write then
-      g.trim(log, now - limits[2 * last - 1])
+      g.trim(log, now - reach)
+      if reach > log.horizon then
+        log.horizon, log.dirty, log.horizon_grew = reach, true, true
+      end
     end
     local remaining, tightest, retry_after, count = nil, 1, 0, 0
     local tfirst, tcount, twindow = 0, 0, 0 -- the tightest limit's first entry, events, window
@@ -615,7 +751,7 @@ local function general()
       local window, max = limits[2 * i - 1], limits[2 * i]
       local first = 0
       count = log.total
-      if i < last or not write then
+      if i < last or not write or window < reach then
         local c = g.cursor(log, window, now, write)
         count, first = log.total - c.partial, c.idx
       end
@@ -645,6 +781,12 @@ local function general()
     if tcount == 0 or quota_after > twindow then
       quota_after = twindow
     end
+    if log.exists then
+      -- The expiry the key needs once the entry is in, set before it goes in: a server that
+      -- refuses it refuses before anything is recorded.
+      redis.call('PEXPIRE', log.key, math.ceil((math.max(log.newest, now) + log.horizon - now) / 1000))
+      log.expiry_set = true
+    end
     return remaining - n, tightest, 0, count, g.insert(log, now, n), quota_after
   end
 
@@ -658,20 +800,29 @@ end
 -- newest entry's time in place of the count. Its quota_after comes from the first live entry,
 -- which the trim reads anyway.
 local function decide_small(key, h, now, n, window, max)
-  local total, count, newest, seq, pos = 0, 0, -2 ^ 54, 0, 1
+  local total, count, newest, seq, horizon, pos = 0, 0, -2 ^ 54, 0, 0, 1
   if not h then
     h = ''
-  elseif type(h) == 'table' or string.byte(h, 1) ~= 83 then
-    return nil -- not a small header ('S')
+  elseif type(h) == 'table' then
+    return nil
   else
-    total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
+    local kind = string.byte(h, 1)
+    if kind == 84 and #h >= 36 then
+      total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
+    elseif kind == 83 and #h >= 29 then
+      total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
+    else
+      return nil -- not a small header
+    end
   end
-  if now < newest or count >= 32 then
+  -- A longer window counted on this key keeps entries this one does not count: general().
+  if now < newest or count >= 32 or horizon > window then
     return nil
   end
-  -- Trim: the entries at or before cutoff leave, from the front of the open chunk.
+  -- Trim: the entries at or before cutoff leave, from the front of the open chunk. A header
+  -- that does not hold this window as its horizon yet is written, denied or not.
   local cutoff = now - window
-  local first, changed, lead, lead_cost = pos, false, now, 0 -- lead: the first live entry
+  local first, changed, lead, lead_cost = pos, horizon < window, now, 0 -- lead: the first live entry
   if count > 0 and newest <= cutoff then
     first, total, count, changed = #h + 1, 0, 0, true
   else
@@ -696,7 +847,12 @@ local function decide_small(key, h, now, n, window, max)
       end
     end
     if changed then
-      write_small(key, true, total, count, newest, seq, string.sub(h, first), '')
+      write_small(key, true, total, count, newest, seq, window, string.sub(h, first), '')
+      if horizon < window then
+        -- The key now keeps this longer window: its entries must outlive the expiry a
+        -- shorter one set.
+        redis.call('PEXPIRE', key, math.ceil((newest + window - now) / 1000))
+      end
     end
     return math.max(max - total, 0), 1, t + window - now, newest, 0, quota_at + window - now
   end
@@ -715,6 +871,11 @@ local function decide_small(key, h, now, n, window, max)
   else
     seq = 1
   end
-  write_small(key, #h > 0, total + n, count + 1, now, seq, string.sub(h, first), make_entry(now, n))
+  if #h > 0 then
+    -- The expiry before the entry: a server that refuses it refuses before anything is
+    -- recorded (a new key's is set after, by decide_request, which undoes it on refusal).
+    redis.call('PEXPIRE', key, math.ceil(window / 1000))
+  end
+  write_small(key, #h > 0, total + n, count + 1, now, seq, window, string.sub(h, first), make_entry(now, n))
   return max - total - n, 1, 0, now, seq, lead + window - now
 end

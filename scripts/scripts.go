@@ -59,6 +59,10 @@ func LeaseExtend() string { return mustCompose("lease_extend.lua") }
 // LeaseRelease returns the source of the script that removes one lease by its id.
 func LeaseRelease() string { return mustCompose("lease_release.lua") }
 
+// Probe returns probe.lua: which commands the scripts run the caller's user may not run, for
+// the engine's check in New.
+func Probe() string { return mustCompose("probe.lua") }
+
 // mustCompose composes an embedded script. The files are compiled in, so a missing part is a
 // defect of the build that the package's tests catch; it panics rather than return a script
 // that cannot run.

@@ -44,5 +44,8 @@ for _, c in ipairs(log.cursors) do
   end
 end
 log.dirty = true
+if actual == 0 then
+  g.compact(log, at)
+end
 g.save(log)
 return {back, 1}
