@@ -4,6 +4,36 @@
 // (/64 by default), since one subscriber holds a whole prefix and can rotate addresses inside
 // it at will. httplimit and grpclimit both key by it, so one client gets the same key from
 // either.
+//
+// # Reading forwarding headers
+//
+// Each proxy appends the address it received the request from at the right of the header,
+// on the last field line or on a line of its own, so the hops the trusted proxies wrote are
+// the rightmost ones and the client's own text lies on their left. Key walks the header from
+// the right end, hop by hop, and stops at the first hop that is not a trusted proxy: it never
+// reads further, and nothing on the left of a hop changes how that hop is read. This matters
+// for RFC 7239's Forwarded header, whose quoted-strings may hold commas: read from the left,
+// a quote the client opens and never closes would swallow the elements a proxy appended to
+// its line, and the client would choose its own key. Read from the right, the proxies'
+// elements are found as they wrote them, whatever the client put before them. The walk costs
+// time for the hops it reads and no memory for the header's length.
+//
+// A Forwarded element the walk has to read (every element on its right came from a trusted
+// proxy) that breaks RFC 7239's syntax, an unbalanced quote say, makes Key fail with an error
+// wrapping ErrMalformedHeader (httplimit answers it with 400, grpclimit with InvalidArgument),
+// for that request alone. Key does not fall back to the proxy's own address: every client
+// behind the proxy shares that key, and one client sending malformed headers would spend it
+// for all of them. X-Forwarded-For has no quoting, so a comma always ends a hop there.
+//
+// # Unix sockets
+//
+// A server listening on a Unix socket sees no IP address: Go writes the peer of such a
+// connection as "@" on Linux (an unnamed socket), "" where the system reports no address, or
+// the path the client bound. Key refuses those
+// peers with ErrUnixSocket unless WithTrustedUnixSocket is given: then the socket's peer is a
+// trusted proxy (the reverse proxy in front of the server, normally the only process that can
+// reach the socket), the forwarding header is read from it, and a request without one is
+// keyed UnixSocketKey.
 package clientaddr
 
 import (
@@ -11,7 +41,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 )
 
 // Header selects which header a trusted proxy reports the client's address in.
@@ -42,12 +71,30 @@ func (h Header) Name() string {
 // together customers of a provider that hands each one /64 out of a shared /56 or /48.
 const DefaultIPv6Prefix = 64
 
+// UnixSocketKey is the key of a request from a trusted Unix-socket peer
+// (WithTrustedUnixSocket) that names no client in its forwarding header: the proxy's own key,
+// as a trusted proxy's address is when it forwards no header. No address is written this way.
+const UnixSocketKey = "unix"
+
+// ErrUnixSocket is wrapped by Key's error for a peer on a Unix socket ("@", "" or a path)
+// when the Resolver does not trust Unix sockets: such a peer has no IP address to key by.
+// WithTrustedUnixSocket reads the client's address from the forwarding header the proxy on
+// the socket writes.
+var ErrUnixSocket = errors.New("clientaddr: the peer is on a Unix socket, which has no IP address")
+
+// ErrMalformedHeader is wrapped by Key's error when the forwarding header breaks its syntax
+// where Key has to read it: a Forwarded element whose quotes do not balance, say, with only
+// trusted proxies' elements on its right. The request has no key; see the package doc for why
+// it does not fall back to the proxy's address.
+var ErrMalformedHeader = errors.New("clientaddr: malformed forwarding header")
+
 // Resolver tells a request's client key by its rules. Make one with New; it is safe for
 // concurrent use.
 type Resolver struct {
-	trusted  []netip.Prefix
-	header   Header
-	ipv6Bits int
+	trusted     []netip.Prefix
+	trustedUnix bool
+	header      Header
+	ipv6Bits    int
 }
 
 // Option configures New.
@@ -65,6 +112,15 @@ func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 		}
 	}
 }
+
+// WithTrustedUnixSocket makes a peer on a Unix socket a trusted proxy, for servers that
+// listen on one behind a reverse proxy: the forwarding header it sends is read, walking it
+// right to left as for WithTrustedProxies, and a request without one is keyed UnixSocketKey.
+// A Unix-socket peer is one whose address is empty, starts with '@' (Linux's unnamed or
+// abstract sockets, as Go writes them: "@") or starts with '/' (a path the client bound).
+// Without it such peers have no key (ErrUnixSocket). Give it only when every process that
+// can connect to the socket is a proxy that overwrites or appends to the header.
+func WithTrustedUnixSocket() Option { return func(r *Resolver) { r.trustedUnix = true } }
 
 // WithHeader selects the header the trusted proxies write: XForwardedFor (the default) or
 // Forwarded. Only that one is read, since a client can send the other itself.
@@ -96,42 +152,62 @@ func New(opts ...Option) (*Resolver, error) {
 func (r *Resolver) Header() Header { return r.header }
 
 // Key returns the key of the client that sent a request from peer ("host:port", as net/http's
-// RemoteAddr and gRPC's peer address are written, or a bare address), whose lines of the
-// Header() header are lines (read only when peer is a trusted proxy).
+// RemoteAddr and gRPC's peer address are written, a bare address, or a Unix socket's address:
+// see WithTrustedUnixSocket), whose lines of the Header() header are lines (read only when
+// peer is a trusted proxy).
 //
 // It is peer's address, or, when peer is a trusted proxy, the first untrusted address of the
-// forwarding header read right to left. Every hop to the right of that one was written by a
-// trusted proxy, so a client can only prepend addresses, which are never read. A hop a trusted
-// proxy wrote that is no address (RFC 7239's "unknown" or an obfuscated identifier) is the key
-// as it is; when every hop is trusted, the leftmost is the client. An IPv6 address is then
-// keyed by its prefix (WithIPv6Prefix).
+// forwarding header read right to left, from the end of the last line. Every hop to the right
+// of that one was written by a trusted proxy, so a client can only prepend text, which is never
+// read: a Forwarded element is parsed from its end, so a quote the client leaves open cannot
+// reach into the elements on its right. A hop a trusted proxy wrote that is no address (RFC
+// 7239's "unknown" or an obfuscated identifier) is the key as it is; a hop that names no one
+// (an empty entry, an element without for=) makes the last trusted proxy the client; when every
+// hop is trusted, the leftmost is the client. An IPv6 address is then keyed by its prefix
+// (WithIPv6Prefix). A trusted Unix-socket peer that forwards no client is UnixSocketKey.
+//
+// The error wraps ErrUnixSocket for a Unix-socket peer without WithTrustedUnixSocket, and
+// ErrMalformedHeader for a Forwarded element Key has to read that breaks RFC 7239's syntax;
+// such a request has no key rather than the proxy's (see the package doc). Any other peer that
+// is not an IP address is an error too.
 func (r *Resolver) Key(peer string, lines []string) (string, error) {
-	addr, err := parseHostPort(peer)
-	if err != nil {
-		return "", fmt.Errorf("peer address %q: %w", peer, err)
-	}
-	if !isTrusted(addr, r.trusted) {
-		return r.addrKey(addr), nil
-	}
-	var hops []string
-	if r.header == Forwarded {
-		hops = forwardedFor(lines)
+	var addr netip.Addr // the peer's address; invalid for a Unix socket
+	if isUnixSocket(peer) {
+		if !r.trustedUnix {
+			return "", fmt.Errorf("%w (peer %q): use WithTrustedUnixSocket to trust the proxy in front of the socket and "+
+				"read the client's address from its forwarding header", ErrUnixSocket, peer)
+		}
 	} else {
-		hops = xForwardedFor(lines)
+		a, err := parseHostPort(peer)
+		if err != nil {
+			return "", err
+		}
+		if !isTrusted(a, r.trusted) {
+			return r.addrKey(a), nil
+		}
+		addr = a
 	}
 	client := addr
-	for i := len(hops) - 1; i >= 0; i-- {
-		hop, ok := parseHop(hops[i])
-		if !ok {
-			if hops[i] == "" {
-				break // an empty hop says nothing: the last trusted proxy is the client
-			}
-			return hops[i], nil
+	hops := hopWalker{header: r.header, lines: lines}
+	for {
+		raw, ok, err := hops.next()
+		if err != nil {
+			return "", err
+		}
+		if !ok || raw == "" {
+			break // no hop left, or one that names no one: the last trusted proxy is the client
+		}
+		hop, isAddr := parseHop(raw)
+		if !isAddr {
+			return raw, nil
 		}
 		client = hop
 		if !isTrusted(hop, r.trusted) {
 			break
 		}
+	}
+	if !client.IsValid() {
+		return UnixSocketKey, nil
 	}
 	return r.addrKey(client), nil
 }
@@ -157,6 +233,11 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	return false
 }
 
+// isUnixSocket reports whether peer is the address of a Unix socket as Go writes it: "" (an
+// unnamed socket where the system reports no address), "@" or "@name" (Linux's unnamed and
+// abstract sockets) or a path the client bound. No IP address or "host:port" starts so.
+func isUnixSocket(peer string) bool { return peer == "" || peer[0] == '@' || peer[0] == '/' }
+
 // parseHostPort reads a peer's address: "host:port" as net/http's RemoteAddr and gRPC's peer
 // address write it, or a bare address.
 func parseHostPort(s string) (netip.Addr, error) {
@@ -166,89 +247,7 @@ func parseHostPort(s string) (netip.Addr, error) {
 	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
-		return netip.Addr{}, errors.New("not an IP address")
+		return netip.Addr{}, fmt.Errorf("clientaddr: peer address %q is not an IP address", s)
 	}
 	return a.WithZone("").Unmap(), nil
-}
-
-// parseHop reads one forwarding hop: an address, "address:port", "[v6]" or "[v6]:port".
-func parseHop(s string) (netip.Addr, bool) {
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a.WithZone("").Unmap(), true
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().WithZone("").Unmap(), true
-	}
-	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
-		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
-			return a.WithZone("").Unmap(), true
-		}
-	}
-	return netip.Addr{}, false
-}
-
-// xForwardedFor splits X-Forwarded-For lines into hops, left to right.
-func xForwardedFor(lines []string) []string {
-	var hops []string
-	for _, line := range lines {
-		for _, h := range strings.Split(line, ",") {
-			hops = append(hops, strings.TrimSpace(h))
-		}
-	}
-	return hops
-}
-
-// forwardedFor returns the for= value of each element of RFC 7239 Forwarded lines, left to
-// right, unquoted; "" for an element without one. Commas and semicolons inside quoted
-// strings do not split.
-func forwardedFor(lines []string) []string {
-	var hops []string
-	for _, line := range lines {
-		for _, elem := range splitQuoted(line, ',') {
-			hop := ""
-			for _, pair := range splitQuoted(elem, ';') {
-				name, value, ok := strings.Cut(strings.TrimSpace(pair), "=")
-				if ok && strings.EqualFold(strings.TrimSpace(name), "for") {
-					hop = unquote(strings.TrimSpace(value))
-				}
-			}
-			hops = append(hops, hop)
-		}
-	}
-	return hops
-}
-
-// splitQuoted splits s at sep outside double-quoted strings.
-func splitQuoted(s string, sep byte) []string {
-	var parts []string
-	quoted, escaped, start := false, false, 0
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case escaped:
-			escaped = false
-		case quoted && c == '\\':
-			escaped = true
-		case c == '"':
-			quoted = !quoted
-		case !quoted && c == sep:
-			parts = append(parts, s[start:i])
-			start = i + 1
-		}
-	}
-	return append(parts, s[start:])
-}
-
-// unquote removes the quotes and backslash escapes of an RFC 7230 quoted-string.
-func unquote(s string) string {
-	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
-		return s
-	}
-	var b strings.Builder
-	for i := 1; i < len(s)-1; i++ {
-		if s[i] == '\\' && i+1 < len(s)-1 {
-			i++
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -1,7 +1,9 @@
 package clientaddr
 
 import (
+	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -46,5 +48,57 @@ func TestKeyIPv6Prefix(t *testing.T) {
 	r, _ := New()
 	if _, err := r.Key("not-an-address", nil); err == nil {
 		t.Error("an unparsable peer gave a key")
+	}
+}
+
+// A peer on a Unix socket ("@", "" or a path, as Go writes it) has no IP address: without
+// WithTrustedUnixSocket it is an error wrapping ErrUnixSocket that names the option; with it
+// the peer is a trusted proxy, its forwarding header is read, and without one the key is
+// UnixSocketKey. Other peers are unchanged.
+func TestUnixSocketPeer(t *testing.T) {
+	unixPeers := []string{"@", "", "@abstract", "/run/client.sock"}
+	for _, h := range []Header{XForwardedFor, Forwarded} {
+		plain := mustNew(t, proxies, WithHeader(h))
+		for _, peer := range unixPeers {
+			_, err := plain.Key(peer, []string{"203.0.113.9"})
+			if !errors.Is(err, ErrUnixSocket) || !strings.Contains(err.Error(), "WithTrustedUnixSocket") {
+				t.Errorf("%s: Key(%q) without WithTrustedUnixSocket: %v; want ErrUnixSocket naming the option", h.Name(), peer, err)
+			}
+		}
+	}
+	for _, peer := range []string{"not-an-address", "relative.sock", "pipe"} {
+		for _, r := range []*Resolver{mustNew(t), mustNew(t, WithTrustedUnixSocket())} {
+			if got, err := r.Key(peer, nil); err == nil || errors.Is(err, ErrUnixSocket) {
+				t.Errorf("Key(%q) = %q, %v; want an error that is not ErrUnixSocket", peer, got, err)
+			}
+		}
+	}
+
+	xff := mustNew(t, WithTrustedUnixSocket(), proxies, WithIPv6Prefix(128))
+	fwd := mustNew(t, WithTrustedUnixSocket(), WithHeader(Forwarded))
+	for _, tc := range []struct {
+		r     *Resolver
+		peer  string
+		lines []string
+		want  string
+	}{
+		{xff, "@", []string{"203.0.113.9"}, "203.0.113.9"},
+		{xff, "", []string{"198.51.100.1, 203.0.113.10, 10.0.0.2"}, "203.0.113.10"},
+		{xff, "/run/client.sock", []string{"2001:db8::5"}, "2001:db8::5"},
+		{xff, "@abstract", nil, UnixSocketKey},
+		{xff, "@", []string{""}, UnixSocketKey},
+		{xff, "@", []string{"10.0.0.3, 10.0.0.2"}, "10.0.0.3"},
+		{xff, "192.0.2.1:5", []string{"203.0.113.9"}, "192.0.2.1"}, // an IP peer: as before
+		{xff, "10.0.0.1:5", []string{"203.0.113.9"}, "203.0.113.9"},
+		{fwd, "@", []string{`for="1, for="[2001:db8:1:2::9]:443"`}, "2001:db8:1:2::/64"},
+		{fwd, "@", nil, UnixSocketKey},
+	} {
+		got, err := tc.r.Key(tc.peer, tc.lines)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Key(%q, %q) = %q, %v; want %q", tc.r.Header().Name(), tc.peer, tc.lines, got, err, tc.want)
+		}
+	}
+	if _, err := fwd.Key("@", []string{`for="1`}); !errors.Is(err, ErrMalformedHeader) {
+		t.Errorf("a malformed Forwarded header from a Unix-socket proxy: %v, want ErrMalformedHeader", err)
 	}
 }

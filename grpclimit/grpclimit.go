@@ -5,7 +5,9 @@
 // policy, decided in one atomic call to Valkey. The key is the client's address by default
 // (the peer, or behind trusted proxies the address they forward, an IPv6 client's /64: the
 // same rules as httplimit, from package clientaddr), or a metadata value (WithKeyMetadata), or
-// what a function returns (WithKeyFunc).
+// what a function returns (WithKeyFunc). A server on a Unix socket has no peer address: give
+// it WithTrustedUnixSocket to read the forwarding metadata of the proxy on the socket, or key
+// calls another way.
 //
 // # Answers
 //
@@ -62,7 +64,8 @@ import (
 )
 
 // ErrKey is wrapped by the error of a call whose key cannot be told: no peer address, or one
-// that is not an IP address; no value for the WithKeyMetadata name; a key function's error; an
+// that is not an IP address (a Unix socket's, without WithTrustedUnixSocket); a trusted
+// proxy's forwarding metadata that breaks its syntax where it is read; no value for the WithKeyMetadata name; a key function's error; an
 // empty or too long key. Its status is codes.InvalidArgument.
 var ErrKey = errors.New("grpclimit: no rate-limit key for the call")
 
@@ -108,17 +111,33 @@ func WithKeyMetadata(name string) Option {
 }
 
 // WithKeyPrefix sets the text put before every key, after the engine's own prefix; the
-// default is "grpc:". Interceptors that share an engine but not their counts need different
-// prefixes; give an httplimit middleware and a grpclimit interceptor the same prefix and a
-// client's HTTP requests and gRPC calls share one count.
+// default is "grpc:". A key is the prefix, the policy's engine.Policy.Tag and the client, so
+// interceptors of different policies never share counts. Interceptors of one policy that
+// share an engine but not their counts need different prefixes; give an httplimit middleware
+// and a grpclimit interceptor of the same policy the same prefix and a client's HTTP requests
+// and gRPC calls share one count.
 func WithKeyPrefix(prefix string) Option { return func(c *config) { c.keyPrefix = prefix } }
 
 // WithTrustedProxies names the proxies in front of the server. Only when the peer is one of
 // them is the forwarding metadata ("x-forwarded-for", or "forwarded" with WithForwardedHeader)
 // read: walking it right to left, every address inside prefixes is skipped and the first one
-// outside is the client's. Without trusted proxies it is ignored, as any client can send it.
+// outside is the client's. Nothing the client wrote on the left of that hop is read, and a
+// "forwarded" element the walk has to read that breaks RFC 7239's syntax refuses the call
+// (ErrKey wrapping clientaddr.ErrMalformedHeader), rather than keying it by the proxy's shared
+// address. Without trusted proxies it is ignored, as any client can send it.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedProxies(prefixes...)) }
+}
+
+// WithTrustedUnixSocket is for a server listening on a Unix socket behind a reverse proxy:
+// its peer address is "@" (or "" or a path), which is no IP address, so without it each call
+// is refused with ErrKey (codes.InvalidArgument). With it the peer on the socket is a trusted
+// proxy: its forwarding metadata is read right to left as for WithTrustedProxies, whose
+// prefixes still name the proxies further out, and a call without it is keyed
+// clientaddr.UnixSocketKey. Give it only when every process that can connect to the socket is
+// a proxy that writes the metadata. See clientaddr.WithTrustedUnixSocket.
+func WithTrustedUnixSocket() Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedUnixSocket()) }
 }
 
 // WithForwardedHeader selects the metadata the trusted proxies write: clientaddr.XForwardedFor
@@ -152,8 +171,10 @@ type Limiter struct {
 	cfg    config
 	engine *engine.Engine
 	policy engine.Policy
-	addr   *clientaddr.Resolver
-	fields *fields.Fields
+	// keyPrefix is the configured prefix and the policy's tag: what goes before a client.
+	keyPrefix string
+	addr      *clientaddr.Resolver
+	fields    *fields.Fields
 	// meta holds every field name as metadata keys are written: in lower case.
 	meta         map[string]string
 	forwardedKey string // the forwarding metadata's key
@@ -179,7 +200,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) *Limiter {
 	if err != nil {
 		panic(fmt.Sprintf("grpclimit: New: %v", err))
 	}
-	l := &Limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), addr: addr, fields: f,
+	l := &Limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: cfg.keyPrefix + p.Tag() + ":", addr: addr, fields: f,
 		meta: map[string]string{}, forwardedKey: strings.ToLower(addr.Header().Name())}
 	for _, name := range f.Names() {
 		l.meta[name] = strings.ToLower(name)
@@ -225,7 +246,7 @@ func (l *Limiter) decide(ctx context.Context, method string) (metadata.MD, error
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	res, err := l.engine.AllowPolicy(ctx, l.cfg.keyPrefix+key, l.policy, 1)
+	res, err := l.engine.AllowPolicy(ctx, l.keyPrefix+key, l.policy, 1)
 	if err != nil {
 		return nil, status.Error(failureCode(err), fmt.Sprintf("grpclimit: %s: %v", method, err))
 	}
@@ -298,6 +319,9 @@ func (l *Limiter) key(ctx context.Context, method string) (key, subject string, 
 		}
 		md, _ := metadata.FromIncomingContext(ctx)
 		key, err = l.addr.Key(p.Addr.String(), md.Get(l.forwardedKey))
+		if errors.Is(err, clientaddr.ErrUnixSocket) {
+			return "", "", fmt.Errorf("%w: %w; or key calls with WithKeyMetadata or WithKeyFunc", ErrKey, err)
+		}
 		if err != nil {
 			return "", "", fmt.Errorf("%w: %w", ErrKey, err)
 		}

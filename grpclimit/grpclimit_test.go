@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/grpclimit"
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -47,12 +49,18 @@ func serve(t *testing.T, l *grpclimit.Limiter) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveOn(t, l, ln)
+	return ln.Addr().String()
+}
+
+// serveOn is serve on the listener ln.
+func serveOn(t *testing.T, l *grpclimit.Limiter, ln net.Listener) {
+	t.Helper()
 	s := grpc.NewServer(grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(l.StreamServerInterceptor()))
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	done := make(chan struct{})
 	go func() { defer close(done); s.Serve(ln) }()
 	t.Cleanup(func() { s.Stop(); <-done })
-	return ln.Addr().String()
 }
 
 // dial returns a client of the health service at addr, closed when the test ends.
@@ -353,5 +361,51 @@ func TestNewPanics(t *testing.T) {
 			}()
 			f()
 		}()
+	}
+}
+
+// On a Unix-socket listener the peer has no IP address: without WithTrustedUnixSocket a call
+// is InvalidArgument with a message that says what to do; with it the proxy on the socket is
+// trusted and its forwarding metadata keys each client, or UnixSocketKey when it sends none.
+func TestUnixSocket(t *testing.T) {
+	e := enginetest.New(t, server.Client(t))
+	unix := func(opts ...grpclimit.Option) healthpb.HealthClient {
+		path := filepath.Join(t.TempDir(), "grpc.sock")
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveOn(t, grpclimit.New(e, engine.Policy{engine.PerHour(1)}, append(opts, grpclimit.WithKeyPrefix(uniquePrefix(t)))...), ln)
+		return dial(t, "unix://"+path)
+	}
+	plain := unix()
+	_, err := check(plain, "x-forwarded-for", "203.0.113.9")
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "WithTrustedUnixSocket") ||
+		!strings.Contains(err.Error(), "WithKeyMetadata") {
+		t.Fatalf("without WithTrustedUnixSocket: %v; want InvalidArgument naming WithTrustedUnixSocket and WithKeyMetadata", err)
+	}
+
+	trusted := unix(grpclimit.WithTrustedUnixSocket())
+	for _, step := range []struct {
+		what    string
+		md      []string
+		subject string // of the denial; "" when admitted
+	}{
+		{"a client", []string{"x-forwarded-for", "203.0.113.9"}, ""},
+		{"the client again", []string{"x-forwarded-for", "203.0.113.9"}, "clientip:203.0.113.9"},
+		{"another client", []string{"x-forwarded-for", "203.0.113.10"}, ""},
+		{"no forwarding metadata", nil, ""},
+		{"no forwarding metadata again", nil, "clientip:" + clientaddr.UnixSocketKey},
+	} {
+		_, err := check(trusted, step.md...)
+		if step.subject == "" {
+			if err != nil {
+				t.Fatalf("%s: %v", step.what, err)
+			}
+			continue
+		}
+		if _, quota := details(t, err); quota.GetViolations()[0].GetSubject() != step.subject {
+			t.Fatalf("%s: subject %q, want %q", step.what, quota.GetViolations()[0].GetSubject(), step.subject)
+		}
 	}
 }

@@ -6,6 +6,17 @@
 // one atomic call. WithCost gives requests a cost of their own. Admitted requests go to the
 // next handler; denied ones get 429 Too Many Requests and Retry-After.
 //
+// # Client address
+//
+// The default key follows package clientaddr: RemoteAddr, or, when it is a trusted proxy
+// (WithTrustedProxies), the first untrusted hop of its forwarding header (WithForwardedHeader)
+// read from the right end, so nothing a client writes in the header, not even an unclosed
+// quote in a Forwarded element, reaches the hops the proxies appended; a Forwarded element
+// that must be read and breaks RFC 7239's syntax is a 400 (ErrKey). A server listening on a
+// Unix socket sees no address (RemoteAddr "@"): WithTrustedUnixSocket trusts the proxy on the
+// socket and reads its header; without it, or WithKeyFunc or WithKeyHeader, every request is
+// a 400.
+//
 // # Header fields
 //
 // The fields follow draft-ietf-httpapi-ratelimit-headers-10 (September 2025; its -08 and -09
@@ -70,8 +81,11 @@ import (
 )
 
 // ErrKey is wrapped by the error the middleware passes to its error handler when it cannot
-// tell the request's key: an unparsable RemoteAddr, a missing key header, a key function's
-// error, an empty or too long key. The default error handler answers 400 Bad Request.
+// tell the request's key: an unparsable RemoteAddr (a Unix socket's, without
+// WithTrustedUnixSocket: clientaddr.ErrUnixSocket), a trusted proxy's forwarding header that
+// breaks its syntax where it is read (clientaddr.ErrMalformedHeader), a missing key header, a
+// key function's error, an empty or too long key. The default error handler answers 400 Bad
+// Request.
 var ErrKey = errors.New("httplimit: no rate-limit key for the request")
 
 // ErrCost is wrapped by the error the middleware passes to its error handler when the
@@ -166,16 +180,32 @@ func WithKeyHeader(name string) Option {
 }
 
 // WithKeyPrefix sets the text put before every key, after the engine's own prefix; the
-// default is "http:". Middlewares that share an engine but not their counts (one per route,
-// say) need different prefixes; middlewares with the same prefix share the clients' counts.
+// default is "http:". A key is the prefix, the policy's engine.Policy.Tag and the client:
+// middlewares of different policies never share counts; middlewares of the same policy and
+// prefix (one per route, say, or an httplimit middleware and a grpclimit interceptor) share
+// the clients' counts, and need different prefixes to count apart.
 func WithKeyPrefix(prefix string) Option { return func(c *config) { c.keyPrefix = prefix } }
 
 // WithTrustedProxies names the proxies (load balancers, CDNs) in front of the server. Only
 // when the request comes from one of them is the forwarding header read: walking it right
 // to left, every address inside prefixes is skipped and the first one outside is the
-// client's. Without trusted proxies the header is ignored, as any client can write it.
+// client's. Nothing the client wrote on the left of that hop is read, and a Forwarded element
+// the walk has to read that breaks RFC 7239's syntax is a 400 (ErrKey wrapping
+// clientaddr.ErrMalformedHeader), not the proxy's shared key. Without trusted proxies the
+// header is ignored, as any client can write it.
 func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedProxies(prefixes...)) }
+}
+
+// WithTrustedUnixSocket is for a server listening on a Unix socket behind a reverse proxy:
+// every request has the RemoteAddr "@" (or "" or a path), which is no IP address, so without
+// it each one is refused with ErrKey (400). With it the peer on the socket is a trusted proxy:
+// its forwarding header (WithForwardedHeader) is read right to left as for WithTrustedProxies,
+// whose prefixes still name the proxies further out, and a request without the header is
+// keyed clientaddr.UnixSocketKey. Give it only when every process that can connect to the
+// socket is a proxy that writes the header. See clientaddr.WithTrustedUnixSocket.
+func WithTrustedUnixSocket() Option {
+	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedUnixSocket()) }
 }
 
 // WithForwardedHeader selects the header the trusted proxies write: XForwardedFor (the
@@ -232,11 +262,13 @@ func WithLegacyHeaders(on bool) Option { return func(c *config) { c.legacy = on 
 
 // limiter is one configured middleware.
 type limiter struct {
-	cfg      config
-	engine   *engine.Engine
-	policy   engine.Policy
-	smallest int // the policy's smallest Max: the largest cost a request may have
-	fields   *fields.Fields
+	cfg    config
+	engine *engine.Engine
+	policy engine.Policy
+	// keyPrefix is the configured prefix and the policy's tag: what goes before a client.
+	keyPrefix string
+	smallest  int // the policy's smallest Max: the largest cost a request may have
+	fields    *fields.Fields
 	// header holds the canonical form of every field name fields writes.
 	header       map[string]string
 	policyFields []fields.Field
@@ -259,7 +291,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) h
 	if err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), smallest: p[0].Max,
+	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: cfg.keyPrefix + p.Tag() + ":", smallest: p[0].Max,
 		fields: f, header: map[string]string{}, policyFields: f.Policy()}
 	for _, lim := range p {
 		l.smallest = min(l.smallest, lim.Max)
@@ -288,7 +320,7 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		l.cfg.onError(w, r, err)
 		return
 	}
-	res, err := l.engine.AllowPolicy(r.Context(), l.cfg.keyPrefix+key, l.policy, cost)
+	res, err := l.engine.AllowPolicy(r.Context(), l.keyPrefix+key, l.policy, cost)
 	if err != nil {
 		l.cfg.onError(w, r, err)
 		return
@@ -379,6 +411,9 @@ func (c *config) key(r *http.Request) (string, error) {
 		key = k
 	} else {
 		k, err := c.resolver.Key(r.RemoteAddr, r.Header.Values(c.resolver.Header().Name()))
+		if errors.Is(err, clientaddr.ErrUnixSocket) {
+			return "", fmt.Errorf("%w: %w; or key requests with WithKeyFunc or WithKeyHeader", ErrKey, err)
+		}
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrKey, err)
 		}
