@@ -2,13 +2,21 @@
 // holds and deletes it.
 //
 //	go run ./cmd/strictrate inspect -addr host:port [-prefix p] [-limit 100/1m ...] KEY
-//	go run ./cmd/strictrate reset -addr host:port [-prefix p] KEY
+//	go run ./cmd/strictrate reset -addr host:port [-prefix p] [-force] KEY
 //
 // inspect prints the key's entries (time, cost, age), oldest first, and, for each -limit
 // (repeat it for a policy's limits), the events in that window now, the room left and when
 // the log empties. It reads the log through the engine (engine.Inspect and engine.Peek), the
-// same code the decisions run, and changes nothing. reset deletes the key's log, as
-// engine.Reset does. -addr takes a comma-separated list: the nodes of a cluster, or one server.
+// same code the decisions run, and changes nothing.
+//
+// reset deletes the key's log, as engine.Reset does, and says what it deleted: the log's
+// entries and events as engine.Inspect read them just before, or, for Pipelined mode's log (a
+// sorted set), its events. A key that does not exist is not an error: reset exits 0 and says
+// that nothing was deleted (check -addr and -prefix). A key that is not a strictrate log (a
+// string, a hash, a list in another layout...) is refused, named with its Valkey TYPE, and
+// left as it is, with a non-zero exit; -force deletes it anyway.
+//
+// -addr takes a comma-separated list: the nodes of a cluster, or one server.
 package main
 
 import (
@@ -37,7 +45,11 @@ func main() {
 }
 
 // errUsage is wrapped by the errors of a command line the tool cannot run.
-var errUsage = errors.New("usage: strictrate inspect|reset -addr host:port [-prefix p] [-limit max/window ...] [-most n] KEY")
+var errUsage = errors.New("usage: strictrate inspect -addr host:port [-prefix p] [-limit max/window ...] [-most n] KEY" +
+	" | strictrate reset -addr host:port [-prefix p] [-force] KEY")
+
+// errNotALog is wrapped by reset's refusal of a key that is not a strictrate log.
+var errNotALog = errors.New("not a strictrate log")
 
 // limitsFlag collects repeated -limit max/window values.
 type limitsFlag []engine.Limit
@@ -91,6 +103,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:6379", "Valkey address(es), comma-separated")
 	prefix := fs.String("prefix", "strictrate:", "the engine's key prefix (engine.WithPrefix)")
 	most := fs.Int("most", 100, "inspect: the most entries to print, newest (0: all)")
+	force := fs.Bool("force", false, "reset: delete the key even if it is not a strictrate log")
 	var limits limitsFlag
 	fs.Var(&limits, "limit", "inspect: a limit max/window to count, such as 100/1m (repeatable)")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -114,13 +127,86 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if verb == "reset" {
-		if err := e.Reset(ctx, key); err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "deleted the log of %q (%s%s)\n", key, *prefix, key)
-		return nil
+		return reset(ctx, client, e, key, *prefix, *force, out)
 	}
 	return inspect(ctx, e, key, *prefix, limits, *most, out)
+}
+
+// reset deletes key's log and says what it deleted. It refuses, unless force, a key that is
+// not a strictrate log: one of another type, or a list the engine does not read as a log.
+func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, prefix string, force bool, out io.Writer) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", engine.ErrInvalidArgument)
+	}
+	full := prefix + key
+	kind, err := client.Do(ctx, client.B().Type().Key(full).Build()).ToString()
+	if err != nil {
+		return fmt.Errorf("reset %q: TYPE %s: %w", key, full, err)
+	}
+	// deleted says what reset deletes, for its message; notLog, what the key holds when that
+	// is not a strictrate log.
+	var deleted, notLog string
+	switch kind {
+	case "none":
+		fmt.Fprintf(out, "nothing deleted: there is no key %q (%s); check -addr and -prefix\n", key, full)
+		return nil
+	case "list":
+		log, err := e.Inspect(ctx, key, 1)
+		switch {
+		case err == nil && consistent(log):
+			deleted = fmt.Sprintf("the log of %q (%s): %d entries, %d events", key, full, log.Count, log.Events)
+		case err == nil:
+			notLog = "list whose first element does not decode to a consistent log"
+		case isWrongType(err):
+			notLog = "list in another layout"
+		default:
+			return err
+		}
+	case "zset":
+		// Pipelined mode's log (and the first releases' layout) is a sorted set, one member
+		// per event, which engine.Inspect does not read; engine.Reset is Pipelined mode's
+		// Clear too. The engine offers no way to tell it from another sorted set.
+		n, err := client.Do(ctx, client.B().Zcard().Key(full).Build()).AsInt64()
+		if err != nil {
+			return fmt.Errorf("reset %q: ZCARD %s: %w", key, full, err)
+		}
+		deleted = fmt.Sprintf("the log of %q (%s): Pipelined mode's sorted set of %d events", key, full, n)
+	default:
+		notLog = kind
+	}
+	if notLog != "" {
+		if !force {
+			return fmt.Errorf("reset %q (%s): the key holds a %s: %w; nothing deleted (reset -force deletes it anyway)",
+				key, full, notLog, errNotALog)
+		}
+		deleted = fmt.Sprintf("%q (%s): a %s, not a strictrate log (-force)", key, full, kind)
+	}
+	// The check above and the delete below are two calls: a decision, another program or the
+	// key's expiry may change the key in between, and the delete takes whatever is there then
+	// (a log recreated by a decision, a key of another type), while the message reports what
+	// the check saw. Closing that gap takes the check and the delete in one script, which is
+	// the engine's to offer; for an operator's tool, run by hand on a key being reset, the gap
+	// is acceptable.
+	if err := e.Reset(ctx, key); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "deleted %s\n", deleted)
+	return nil
+}
+
+// consistent reports whether a log engine.Inspect read, asked for its newest entry, holds
+// together. The engine takes a list for a log by its first element's opening byte and length
+// alone, so a foreign list that passes decodes as nonsense: counts out of range, or no entry
+// where the count says there is one.
+func consistent(l engine.Log) bool {
+	return l.Count >= 0 && l.Events >= 0 && len(l.Entries) == min(l.Count, 1) && (l.Count > 0 || l.Events == 0)
+}
+
+// isWrongType reports whether err is the server's WRONGTYPE reply: the engine's scripts give
+// it for a key of another type and for a list that is not in the log's layout.
+func isWrongType(err error) bool {
+	var verr *valkey.ValkeyError
+	return errors.As(err, &verr) && strings.HasPrefix(verr.Error(), "WRONGTYPE")
 }
 
 func inspect(ctx context.Context, e *engine.Engine, key, prefix string, limits []engine.Limit, most int, out io.Writer) error {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -110,5 +113,152 @@ func TestUsage(t *testing.T) {
 	err := run(ctx, []string{"inspect", "-addr", server.Addr, "-limit", "0/1s", "k"}, &bytes.Buffer{})
 	if !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Errorf("a limit of 0: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// reset says what it deleted: a log's entries and events, as engine.Inspect read them before
+// the delete.
+func TestResetDeletesALog(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c, engine.WithPrefix("tool:"))
+	ctx := context.Background()
+	key := "log-" + t.Name()
+	for _, n := range []int{3, 5} {
+		if r, err := e.AllowN(ctx, key, engine.PerMinute(100), n); err != nil || !r.Allowed {
+			t.Fatalf("AllowN(%d): %+v, %v", n, r, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"reset", "-addr", server.Addr, "-prefix", "tool:", key}, &out); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	want := `deleted the log of "` + key + `" (tool:` + key + `): 2 entries, 8 events`
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("reset output lacks %q:\n%s", want, out.String())
+	}
+	if n := valkeytest.Must(t, "EXISTS", c.Do(ctx, c.B().Exists().Key("tool:"+key).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
+		t.Errorf("the log is still there after reset")
+	}
+}
+
+// Pipelined mode's log is a sorted set, one member per event: reset deletes it as
+// engine.Reset (Pipelined mode's Clear) does, and counts its events.
+func TestResetDeletesAPipelinedLog(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c, engine.WithPrefix("tool:"), engine.WithMode(engine.Pipelined))
+	ctx := context.Background()
+	key := "zlog-" + t.Name()
+	if r, err := e.AllowN(ctx, key, engine.PerMinute(100), 3); err != nil || !r.Allowed {
+		t.Fatalf("AllowN: %+v, %v", r, err)
+	}
+	var out bytes.Buffer
+	if err := run(ctx, []string{"reset", "-addr", server.Addr, "-prefix", "tool:", key}, &out); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	want := `deleted the log of "` + key + `" (tool:` + key + `): Pipelined mode's sorted set of 3 events`
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("reset output lacks %q:\n%s", want, out.String())
+	}
+	if n := valkeytest.Must(t, "EXISTS", c.Do(ctx, c.B().Exists().Key("tool:"+key).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
+		t.Errorf("the log is still there after reset")
+	}
+}
+
+// A key that does not exist: reset succeeds and says that nothing was there.
+func TestResetMissingKey(t *testing.T) {
+	ctx := context.Background()
+	key := "missing-" + t.Name()
+	for _, force := range []bool{false, true} {
+		args := []string{"reset", "-addr", server.Addr, "-prefix", "tool:", key}
+		if force {
+			args = []string{"reset", "-addr", server.Addr, "-prefix", "tool:", "-force", key}
+		}
+		var out bytes.Buffer
+		if err := run(ctx, args, &out); err != nil {
+			t.Fatalf("run(%q): %v", args, err)
+		}
+		want := `nothing deleted: there is no key "` + key + `" (tool:` + key + `)`
+		if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "deleted the log") {
+			t.Errorf("run(%q) output, want %q:\n%s", args, want, out.String())
+		}
+	}
+}
+
+// foreignKeys are keys that are not strictrate logs, each made by its commands, with the TYPE
+// the server reports for it.
+var foreignKeys = []struct {
+	name, kind string
+	make       func(c valkey.Client, full string) valkey.Completed
+}{
+	{"string", "string", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Set().Key(full).Value("session data").Build()
+	}},
+	{"hash", "hash", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Hset().Key(full).FieldValue().FieldValue("user", "ada").Build()
+	}},
+	{"set", "set", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Sadd().Key(full).Member("a", "b").Build()
+	}},
+	// The engine's script refuses this header.
+	{"list", "list", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Rpush().Key(full).Element("job-1", "job-2").Build()
+	}},
+	// This one opens as a small header does and is long enough for one: engine.Inspect reads
+	// it, as nonsense.
+	{"list-like-a-header", "list", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Rpush().Key(full).Element("S0123456789012345678901234567890").Build()
+	}},
+}
+
+// reset refuses a key that is not a strictrate log, names the key and its type, and leaves it.
+func TestResetRefusesAForeignKey(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	for _, fk := range foreignKeys {
+		t.Run(fk.name, func(t *testing.T) {
+			key := "foreign-" + t.Name()
+			full := "tool:" + key
+			valkeytest.Must(t, "make the key", c.Do(ctx, fk.make(c, full)), valkey.ValkeyResult.ToAny)
+			var out bytes.Buffer
+			err := run(ctx, []string{"reset", "-addr", server.Addr, "-prefix", "tool:", key}, &out)
+			if !errors.Is(err, errNotALog) {
+				t.Fatalf("reset of a %s: %v, want errNotALog (output %q)", fk.name, err, out.String())
+			}
+			for _, want := range []string{strconv.Quote(key), full, "holds a " + fk.kind, "-force"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the error lacks %q: %v", want, err)
+				}
+			}
+			if strings.Contains(out.String(), "deleted the") {
+				t.Errorf("reset output says it deleted: %q", out.String())
+			}
+			if n := valkeytest.Must(t, "EXISTS", c.Do(ctx, c.B().Exists().Key(full).Build()), valkey.ValkeyResult.AsInt64); n != 1 {
+				t.Errorf("the %s was deleted", fk.name)
+			}
+		})
+	}
+}
+
+// reset -force deletes a key that is not a strictrate log, and says what it was.
+func TestResetForceDeletesAForeignKey(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	for _, fk := range foreignKeys {
+		t.Run(fk.name, func(t *testing.T) {
+			key := "forced-" + t.Name()
+			full := "tool:" + key
+			valkeytest.Must(t, "make the key", c.Do(ctx, fk.make(c, full)), valkey.ValkeyResult.ToAny)
+			var out bytes.Buffer
+			if err := run(ctx, []string{"reset", "-addr", server.Addr, "-prefix", "tool:", "-force", key}, &out); err != nil {
+				t.Fatalf("reset -force of a %s: %v", fk.name, err)
+			}
+			want := `deleted "` + key + `" (` + full + `): a ` + fk.kind + `, not a strictrate log (-force)`
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("reset -force output lacks %q:\n%s", want, out.String())
+			}
+			if n := valkeytest.Must(t, "EXISTS", c.Do(ctx, c.B().Exists().Key(full).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
+				t.Errorf("the %s is still there after reset -force", fk.name)
+			}
+		})
 	}
 }
