@@ -7,6 +7,11 @@
 // the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
 // is the common non-atomic design (a sorted set, one member per event), kept for comparison.
 //
+// Limits that share a key each hold on every event of the key, whichever limit admitted it: a
+// key keeps its events for the longest window ever asked of it (its horizon). A limit asked of
+// a key for the first time counts only what the key kept until then, so give a key all of its
+// limits from its first request (one Policy), or keys of their own.
+//
 // Beside rate limits, the engine keeps in-flight limits: Acquire takes one of max slots of a
 // key as a lease that expires unless extended (Extend) and is given back with Release, so at
 // most max holders run at once and a crashed holder's slot returns at its lease's expiry.
@@ -562,7 +567,10 @@ func validateKey(key string) error {
 // matches the context errors, so that nobody mistakes it for the caller's deadline.
 func classify(ctx context.Context, what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		if ctx.Err() != nil {
+		// The client stops at the caller's deadline by its own timer, which may fire a moment
+		// before the context's: a deadline that has passed is the caller's too.
+		deadline, has := ctx.Deadline()
+		if ctx.Err() != nil || has && !time.Now().Before(deadline) {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		return fmt.Errorf("%s: %w: the client timed out waiting for the server (%v)", what, ErrUnavailable, err)
