@@ -105,7 +105,7 @@ func TestUnixSocket(t *testing.T) {
 			}
 		}
 		for _, key := range []string{"203.0.113.9", "203.0.113.10", clientaddr.UnixSocketKey} {
-			if !exists(t, c, prefix+key) {
+			if !exists(t, c, prefix, key) {
 				t.Fatalf("%s: no key %q", h.Name(), key)
 			}
 		}
@@ -132,7 +132,7 @@ func TestForwardedFromClient(t *testing.T) {
 		{`for=198.51.100.77;x=", for=203.0.113.10`, "203.0.113.10", "198.51.100.77"},
 	} {
 		wantStatus(t, tc.line, do(h, "10.0.0.1:1", http.Header{"Forwarded": {tc.line}}), http.StatusOK)
-		if !exists(t, c, prefix+tc.want) || exists(t, c, prefix+tc.notWant) {
+		if !exists(t, c, prefix, tc.want) || exists(t, c, prefix, tc.notWant) {
 			t.Fatalf("Forwarded: %s: want the key %q, not %q", tc.line, tc.want, tc.notWant)
 		}
 	}

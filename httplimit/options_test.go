@@ -102,7 +102,7 @@ func TestCost(t *testing.T) {
 		}))(ok)
 	costs := func(v string) http.Header { return http.Header{"X-Cost": {v}} }
 	const client = "192.0.2.1"
-	logged := func() int64 { return enginetest.Events(t, c, "strictrate:", prefix+client) }
+	logged := func() int64 { return enginetest.Events(t, c, "strictrate:", prefix+p.Tag()+":"+client) }
 
 	rec := do(h, client+":1", costs("3"))
 	wantStatus(t, "cost 3", rec, http.StatusOK)
