@@ -199,7 +199,8 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, err
 		}
 		if o.preload {
-			probe := [...]*loader.Script{loader.New("probe", scripts.Probe()), loader.NewReadOnly("probe", scripts.Probe())}
+			src := scripts.Probe()
+			probe := [...]*loader.Script{loader.New("probe", src), loader.NewReadOnly("probe", src)}
 			if err := loader.Preload(ctx, client, append(e.scripts(), probe[0])...); err != nil {
 				return nil, classify(ctx, "strictrate: new engine", err)
 			}
