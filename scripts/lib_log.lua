@@ -17,21 +17,33 @@
 --
 -- An entry is 7 bytes of time (microseconds since the Unix epoch, big-endian two's
 -- complement), then its cost: one byte below 254; 254 and 2 bytes; 255 and 4 bytes (all
--- big-endian). A cost-1 entry is 8 bytes in the open chunk, 7 as an element. A refund lowers the cost in place (to 0 for a full
--- refund); an entry only leaves when its time leaves the longest window, so an entry's
--- identity, its time and its position among the entries of that microsecond (seq, from 1), is
--- never reused. The first byte of a time between the years 1827 and 2112 is 0x00-0x0F or
--- 0xF0-0xFF, so no entry or header reads as a decimal integer: the list keeps them as strings.
+-- big-endian). A cost-1 entry is 8 bytes in the open chunk, 7 as an element. An entry's
+-- identity is its time and its position among the entries of that microsecond (seq, from 1).
+-- The first byte of a time between the years 1827 and 2112 is 0x00-0x0F or 0xF0-0xFF, so no
+-- entry or header reads as a decimal integer: the list keeps them as strings.
 --
--- The header opens with nine 7-byte big-endian fields: total (the live entries' cost), count
+-- Refunds: a settle lowers the cost in place. An entry refunded in full joins the refunded
+-- entries of its microsecond beside it into one refunded run, which stands for all their seqs
+-- (span), written in the encodings make_entry never uses: 254 then a span below 254, 255 then
+-- a span below 65536 (a span of one is a plain cost-0 entry). A run leaves the log once it is
+-- the last entry of its microsecond (no later seq counts on it) and older than the newest (no
+-- append can take its seqs); one left at the end goes with the next append of a later
+-- microsecond. So refunded entries never outnumber live ones plus one, and no identity of
+-- another entry moves.
+--
+-- The header opens with its kind, one byte: 'T' small (five fields, then the open chunk) or
+-- 'G' full (ten fields, then cursors, then the open chunk); 'U' and 'H' are the same when the
+-- last entry is a refunded run; 'S' and 'F', written by earlier releases, lack the horizon and
+-- are still read. The fields, 7 bytes big-endian each: total (the live entries' cost), count
 -- (live entries), newest (the newest entry's time), seq (its position in its microsecond),
--- gone, closed (see above), oldest and oldest_cost (the oldest closed entry's time and cost,
--- when closed > 0), cursors (how many follow). A cursor, five fields, is kept per shorter
--- window a policy counts on this key: window, idx (the live entries at or before the window's
+-- horizon (the longest window ever counted on the key: the log keeps what it counts, and the
+-- key's expiry follows it, so no limit on the key trims what another one counts); and, full
+-- only: gone, closed (see above), oldest and oldest_cost (the oldest closed entry's time and
+-- cost, when closed > 0), cursors (how many follow). A cursor, five fields, is kept per
+-- shorter window counted on this key: window, idx (the live entries at or before the window's
 -- start are entries [0, idx)), partial (their cost), before and after (the times of entries
 -- idx-1 and idx; -2^54 and 2^54 where there is none). A cursor moves only as far as the clock
--- did, so counting a shorter window costs amortized O(1), like trimming the longest. The open
--- chunk's entries follow the cursors.
+-- did, so counting a shorter window costs amortized O(1), like trimming the horizon.
 --
 -- Counting: the events in a window at now are the cost of the entries with a time after
 -- now - window, later than now included (callers' clocks may disagree: that can deny early,
@@ -584,7 +596,8 @@ local function general()
       if i < c.idx then
         c.idx = c.idx - 1
       end
-      if i == c.idx - 1 or i == c.idx then
+      -- Only the entry just before the cursor (i was idx-1) or at it (i was idx) changed.
+      if i == c.idx then
         c.before, c.after = -2 ^ 54, 2 ^ 54
         if c.idx > 0 then
           c.before = g.entry_at(log, c.idx - 1)
