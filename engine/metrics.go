@@ -10,7 +10,7 @@ import (
 )
 
 // The engine's metrics, through the OpenTelemetry metric API (WithMeterProvider). OpenTelemetry
-// has no convention for rate limiters; these are the names (the README has the table):
+// has no convention for rate limiters; these are the names (docs/production.md has the table):
 //
 //	strictrate.decisions            counter    {decision}  every decision, by operation and outcome
 //	strictrate.decision.duration    histogram  s           the call's time, queueing included

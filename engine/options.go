@@ -134,7 +134,7 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 //
 // The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
 // returns at once, but the call and its WAITAOF hold a connection of their own, as WAIT does
-// (see the README's durability table). What it adds to appendfsync always alone is that each
+// (see the durability table in docs/benchmarks.md). What it adds to appendfsync always alone is that each
 // admission's fsync is confirmed by the server instead of assumed from its configuration, and
 // that replicas' files can be asked for.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
@@ -231,7 +231,7 @@ func WithShadow(on bool) Option { return func(o *options) { o.shadow = on } }
 func WithDenyCache(entries int) Option { return func(o *options) { o.denyCacheEntries = entries } }
 
 // WithMeterProvider sets where the engine's metrics go (OpenTelemetry's metric API; the
-// README lists them). The default is the global provider, otel.GetMeterProvider, which
+// docs/production.md lists them). The default is the global provider, otel.GetMeterProvider, which
 // records nothing until the program sets one.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(o *options) { o.meterProvider = mp }

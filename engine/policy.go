@@ -64,7 +64,7 @@ func (p Policy) String() string {
 // Tag returns a compact name of p's limits, the same for the same limits in any order, for
 // keys: each limit as max/window in microseconds, by ascending window, joined by commas
 // ("5/3600000000,100/60000000"). The middlewares put it in their keys, so that requests judged
-// by different policies never share a log (see the README's "Limits that share a key").
+// by different policies never share a log (see "Limits that share a key" in docs/limits.md).
 func (p Policy) Tag() string {
 	sorted := slices.Clone(p)
 	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Or(cmp.Compare(a.Window, b.Window), cmp.Compare(a.Max, b.Max)) })
