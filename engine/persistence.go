@@ -4,16 +4,18 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
+	"sync"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/nodes"
 )
 
 // checkPersistence reads INFO persistence and replication on every node. A primary with
 // neither an append-only file nor a connected replica keeps the logs only in memory: check
-// says whether New fails (ErrPersistence), logs one warning naming every such node, or says
-// nothing. needAOF (WithDurableAck with a local fsync) fails New with ErrPersistence for any
+// says whether New fails (ErrPersistence), logs one warning naming such nodes (once per node
+// per process: refuseOrWarn), or says nothing. needAOF (WithDurableAck with a local fsync) fails New with ErrPersistence for any
 // primary without an append-only file, or that never fsyncs it (appendfsync no), whatever check
 // says; a primary under appendfsync everysec, whose WAITAOF may answer before the fsync
 // (checkDurable), is treated as check says. A node that refuses INFO is not checked; a node
@@ -23,55 +25,45 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 		return nil
 	}
 	var inMemory, weakAck []string
-	err := eachNode(client, func(addr string, node valkey.Client) error {
-		text, err := node.Do(ctx, node.B().Info().Section("persistence", "replication").Build()).ToString()
+	for _, n := range nodes.Sorted(client) {
+		text, err := n.Client.Do(ctx, n.Client.B().Info().Section("persistence", "replication").Build()).ToString()
 		if err != nil {
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
-				return nil // INFO is disabled or not permitted here: nothing to check
+				continue // INFO is disabled or not permitted here: nothing to check
 			}
-			return classify(ctx, "strictrate: new engine: INFO persistence on "+addr, err)
+			return classify(ctx, "strictrate: new engine: INFO persistence on "+n.Addr, err)
 		}
 		if infoField(text, "role") != "master" {
-			return nil // a replica takes no decisions
+			continue // a replica takes no decisions
 		}
 		aof := infoField(text, "aof_enabled") == "1"
 		if needAOF {
-			weak, err := checkDurable(ctx, addr, node, aof)
+			weak, err := checkDurable(ctx, n.Addr, n.Client, aof)
 			if err != nil {
 				return err
 			}
 			if weak {
-				weakAck = append(weakAck, addr)
+				weakAck = append(weakAck, n.Addr)
 			}
 		}
 		if !aof && infoField(text, "connected_slaves") == "0" {
-			inMemory = append(inMemory, addr)
+			inMemory = append(inMemory, n.Addr)
 		}
+	}
+	if check == PersistenceIgnore {
 		return nil
-	})
-	if err != nil || check == PersistenceIgnore {
-		return err
 	}
 	// report refuses (PersistenceRefuse) or warns (PersistenceWarn) about the nodes named.
-	report := func(nodes []string, format string) error {
-		if len(nodes) == 0 {
-			return nil
-		}
-		msg := fmt.Sprintf(format, strings.Join(nodes, ", "))
-		if check == PersistenceRefuse {
-			return fmt.Errorf("%w: %s (WithPersistenceCheck(PersistenceWarn) to only warn)", ErrPersistence, msg)
-		}
-		if logger != nil {
-			logger.Warn("strictrate: " + msg)
-		}
-		return nil
+	report := func(finding string, nodes []string, format string) error {
+		return refuseOrWarn(check == PersistenceRefuse, ErrPersistence, "WithPersistenceCheck(PersistenceWarn)", logger,
+			finding, nodes, format)
 	}
-	if err := report(weakAck, "node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
+	if err := report("appendfsync everysec", weakAck, "node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
 		"before its fsync (Valkey 8.0 answers it on its cron tick; measured with a simulated power loss), so "+
 		"WithDurableAck's yes can still be lost to a power loss: run appendfsync always"); err != nil {
 		return err
 	}
-	return report(inMemory, "node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
+	return report("logs in memory only", inMemory, "node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
 		"forgets every admitted event of every window, and each key can admit up to its Max again at once; "+
 		"run appendonly yes (a crash then forgets nothing; a power loss up to about a second under appendfsync everysec, "+
 		"nothing under always or WithDurableAck), or attach a replica")
@@ -107,19 +99,32 @@ func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool
 	}
 }
 
-// eachNode calls fn for every node the client knows, in the order of their addresses (so the
-// first failure reported is the same on every run), and stops at its first error.
-func eachNode(client valkey.Client, fn func(addr string, node valkey.Client) error) error {
-	nodes := client.Nodes()
-	addrs := make([]string, 0, len(nodes))
-	for addr := range nodes {
-		addrs = append(addrs, addr)
+// warnedNodes remembers, for the process, which findings about which nodes refuseOrWarn has
+// logged (finding + "\x00" + address): a program that makes many engines (a benchmark, a
+// test, one engine per tenant) hears each warning once per node, not once per New. It is the
+// engine package's only process-wide state, for that one purpose.
+var warnedNodes sync.Map
+
+// refuseOrWarn applies a start-up check's verdict to the nodes it found something about.
+// refuse: an error wrapping sentinel that names them all and says how to only warn (hint).
+// Otherwise it logs one warning through logger (nil: none) naming the nodes not yet warned
+// about for finding in this process, and returns nil. format takes the nodes, comma-separated.
+func refuseOrWarn(refuse bool, sentinel error, hint string, logger *slog.Logger, finding string, nodes []string, format string) error {
+	if len(nodes) == 0 {
+		return nil
 	}
-	sort.Strings(addrs)
-	for _, addr := range addrs {
-		if err := fn(addr, nodes[addr]); err != nil {
-			return err
+	if refuse {
+		return fmt.Errorf("%w: %s (%s to only warn)", sentinel, fmt.Sprintf(format, strings.Join(nodes, ", ")), hint)
+	}
+	var fresh []string
+	for _, addr := range nodes {
+		if _, seen := warnedNodes.LoadOrStore(finding+"\x00"+addr, true); !seen {
+			fresh = append(fresh, addr)
 		}
+	}
+	if len(fresh) > 0 && logger != nil {
+		logger.Warn("strictrate: "+fmt.Sprintf(format, strings.Join(fresh, ", ")), slog.String("finding", finding),
+			slog.Any("nodes", fresh))
 	}
 	return nil
 }

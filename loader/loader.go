@@ -1,4 +1,6 @@
 // Package loader turns Lua sources into handles that run through valkey-go's script cache.
+// It is the engine's: it exports what the engine package needs, and programs have no reason
+// to import it.
 //
 // A Script runs as EVALSHA (or EVALSHA_RO for read-only scripts) and sends the source with EVAL
 // only when the server answers NOSCRIPT, after a restart or a SCRIPT FLUSH. Preload puts the
@@ -12,9 +14,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sort"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/nodes"
 )
 
 // ErrPreload is wrapped by every error Preload returns, so callers can tell a script that
@@ -47,9 +50,6 @@ func newScript(name, source string, readOnly bool, lua *valkey.Lua) *Script {
 	sum := sha1.Sum([]byte(source))
 	return &Script{name: name, source: source, sha1: hex.EncodeToString(sum[:]), readOnly: readOnly, lua: lua}
 }
-
-// Name returns the name given to New or NewReadOnly.
-func (s *Script) Name() string { return s.name }
 
 // SHA1 returns the hex SHA-1 digest of the source: the name EVALSHA calls the script by.
 func (s *Script) SHA1() string { return s.sha1 }
@@ -101,15 +101,9 @@ func Preload(ctx context.Context, client valkey.Client, scripts ...*Script) erro
 	if client == nil {
 		return fmt.Errorf("%w: nil client", ErrPreload)
 	}
-	nodes := client.Nodes()
-	addrs := make([]string, 0, len(nodes))
-	for addr := range nodes {
-		addrs = append(addrs, addr)
-	}
-	sort.Strings(addrs) // the first failure reported is the same on every run
 	var errs []error
-	for _, addr := range addrs {
-		node := nodes[addr]
+	for _, n := range nodes.Sorted(client) {
+		node, addr := n.Client, n.Addr
 		for _, s := range scripts {
 			got, err := node.Do(ctx, node.B().ScriptLoad().Script(s.source).Build()).ToString()
 			switch {
