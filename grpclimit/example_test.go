@@ -1,9 +1,11 @@
 package grpclimit_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,8 +22,17 @@ import (
 	"github.com/strictrate/strictrate/grpclimit"
 )
 
+// The examples connect to Valkey as a program would, each with a client of its own: at the
+// address in VALKEY_ADDR (which examples/httpserver reads too), else 127.0.0.1:6379. TestMain
+// sets VALKEY_ADDR to the tests' server (valkeytest starts a throwaway one unless VALKEY_ADDR
+// already names a server), so that the examples run and their Output is checked. Each example
+// keys its counts by a UUID prefix, so its output is the same on every run.
+
 func ExampleNew() {
-	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{server.Addr}})
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
 	if err != nil {
 		panic(err)
 	}

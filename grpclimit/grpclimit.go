@@ -17,7 +17,7 @@
 //     microsecond: the wait until the same call would be admitted), and google.rpc.QuotaFailure,
 //     whose violation names the limit that denied it (quota_id is its window, "1m"; quota_value
 //     its Max).
-//   - No key: codes.InvalidArgument (the error wraps ErrKey).
+//   - No key: codes.InvalidArgument, with ErrKey's message and the reason.
 //   - The engine cannot decide: codes.Unavailable when it fails closed (the default); when it
 //     fails open (engine.WithFailOpen) the call goes through, and the WithFailOpenHook function
 //     sees the error. A caller's cancelled or expired context is codes.Canceled or
@@ -61,17 +61,26 @@ import (
 	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
+	"github.com/strictrate/strictrate/internal/clientkey"
 )
 
-// ErrKey is wrapped by the error of a call whose key cannot be told: no peer address, or one
-// that is not an IP address (a Unix socket's, without WithTrustedUnixSocket); a trusted
-// proxy's forwarding metadata that breaks its syntax where it is read; no value for the WithKeyMetadata name; a key function's error; an
-// empty or too long key. Its status is codes.InvalidArgument.
+// ErrKey is the error of a call whose key cannot be told: no peer address, or one that is
+// not an IP address (a Unix socket's, without WithTrustedUnixSocket); a trusted proxy's
+// forwarding metadata that breaks its syntax where it is read; no value for the
+// WithKeyMetadata name; a key function's error; an empty or too long key. The interceptors end
+// such a call with codes.InvalidArgument, whose message is ErrKey's followed by the reason: a
+// status error, which does not wrap ErrKey for errors.Is.
+//
+// It is not the same error as httplimit.ErrKey, though the same checks refuse a key in both
+// packages (and MaxKeyLength is the same): each message names its package and what it
+// limits, a call or a request, in the logs and answers that quote it, and errors.Is(err,
+// httplimit.ErrKey) is true of httplimit's errors only.
 var ErrKey = errors.New("grpclimit: no rate-limit key for the call")
 
-// MaxKeyLength is the longest key, in bytes, sent to the engine (without the prefix): a longer
-// one is refused with ErrKey, so a client cannot make the server store arbitrarily large keys.
-const MaxKeyLength = 512
+// MaxKeyLength is the longest key, in bytes, sent to the engine (without the prefix), 512:
+// httplimit.MaxKeyLength is the same. A longer one is refused (ErrKey), so a client cannot
+// make the server store arbitrarily large keys.
+const MaxKeyLength = clientkey.MaxLength
 
 // Option configures New.
 type Option func(*config)
@@ -200,7 +209,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) *Limiter {
 	if err != nil {
 		panic(fmt.Sprintf("grpclimit: New: %v", err))
 	}
-	l := &Limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: cfg.keyPrefix + p.Tag() + ":", addr: addr, fields: f,
+	l := &Limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: clientkey.Prefix(cfg.keyPrefix, p), addr: addr, fields: f,
 		meta: map[string]string{}, forwardedKey: strings.ToLower(addr.Header().Name())}
 	for _, name := range f.Names() {
 		l.meta[name] = strings.ToLower(name)
@@ -308,30 +317,20 @@ func (l *Limiter) denied(subject string, res engine.Result) error {
 func (l *Limiter) key(ctx context.Context, method string) (key, subject string, err error) {
 	if l.cfg.keyFunc != nil {
 		key, err = l.cfg.keyFunc(ctx, method)
-		if err != nil {
-			return "", "", fmt.Errorf("%w: %w", ErrKey, err)
+		if key, err = clientkey.Checked(ErrKey, key, err); err != nil {
+			return "", "", err
 		}
-		subject = l.cfg.keySource
-	} else {
-		p, ok := peer.FromContext(ctx)
-		if !ok || p.Addr == nil {
-			return "", "", fmt.Errorf("%w: no peer address", ErrKey)
-		}
-		md, _ := metadata.FromIncomingContext(ctx)
-		key, err = l.addr.Key(p.Addr.String(), md.Get(l.forwardedKey))
-		if errors.Is(err, clientaddr.ErrUnixSocket) {
-			return "", "", fmt.Errorf("%w: %w; or key calls with WithKeyMetadata or WithKeyFunc", ErrKey, err)
-		}
-		if err != nil {
-			return "", "", fmt.Errorf("%w: %w", ErrKey, err)
-		}
-		subject = "clientip:" + key
+		return key, l.cfg.keySource, nil
 	}
-	switch {
-	case key == "":
-		return "", "", fmt.Errorf("%w: empty key", ErrKey)
-	case len(key) > MaxKeyLength:
-		return "", "", fmt.Errorf("%w: key of %d bytes, more than %d", ErrKey, len(key), MaxKeyLength)
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "", "", fmt.Errorf("%w: no peer address", ErrKey)
 	}
-	return key, subject, nil
+	md, _ := metadata.FromIncomingContext(ctx)
+	key, err = clientkey.FromAddr(ErrKey, l.addr, p.Addr.String(), md.Get(l.forwardedKey),
+		"key calls with WithKeyMetadata or WithKeyFunc")
+	if err != nil {
+		return "", "", err
+	}
+	return key, "clientip:" + key, nil
 }

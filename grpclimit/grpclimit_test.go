@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -27,15 +28,23 @@ import (
 	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/grpclimit"
+	"github.com/strictrate/strictrate/httplimit"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// server is the Valkey the tests share; they keep apart by key prefix. Tests that stop a
-// server start their own.
+// server is the Valkey the tests and the example share (the example finds it through
+// VALKEY_ADDR); they keep apart by key prefix. Tests that stop a server start their own.
 var server *valkeytest.Server
 
-func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
+func TestMain(m *testing.M) {
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) {
+		server = s
+		// The examples find the server where a reader's copy of them would: in VALKEY_ADDR.
+		// Tests that need a server of their own ask for one with valkeytest.OwnServer.
+		os.Setenv(valkeytest.EnvAddr, s.Addr)
+	}))
+}
 
 // uniquePrefix is a key prefix no other test or run uses.
 func uniquePrefix(tb testing.TB) string { return tb.Name() + ":" + uuid.NewString() + ":" }
@@ -361,6 +370,25 @@ func TestNewPanics(t *testing.T) {
 			}()
 			f()
 		}()
+	}
+}
+
+// A key of MaxKeyLength bytes is taken; one byte more is InvalidArgument, whose message is
+// ErrKey's and the reason (the same as httplimit's but for ErrKey, which is not httplimit's).
+func TestKeyLength(t *testing.T) {
+	if errors.Is(grpclimit.ErrKey, httplimit.ErrKey) || errors.Is(httplimit.ErrKey, grpclimit.ErrKey) {
+		t.Fatal("grpclimit.ErrKey and httplimit.ErrKey match each other")
+	}
+	e := enginetest.New(t, server.Client(t))
+	c := dial(t, serve(t, grpclimit.New(e, engine.Policy{engine.PerHour(5)}, grpclimit.WithKeyPrefix(uniquePrefix(t)),
+		grpclimit.WithKeyMetadata("x-api-key"))))
+	if _, err := check(c, "x-api-key", strings.Repeat("k", grpclimit.MaxKeyLength)); err != nil {
+		t.Fatalf("a key of MaxKeyLength bytes: %v", err)
+	}
+	_, err := check(c, "x-api-key", strings.Repeat("k", grpclimit.MaxKeyLength+1))
+	want := grpclimit.ErrKey.Error() + ": key of 513 bytes, more than 512"
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != want {
+		t.Fatalf("a key of MaxKeyLength+1 bytes: %v; want InvalidArgument %q", err, want)
 	}
 }
 

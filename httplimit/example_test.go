@@ -1,10 +1,12 @@
 package httplimit_test
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,25 +16,27 @@ import (
 	"github.com/strictrate/strictrate/httplimit"
 )
 
-// exampleEngine returns an engine on a client of its own, and a function that closes the
-// client. A fixed clock makes the examples' numbers exact; by default the server's clock
-// decides.
-func exampleEngine() (*engine.Engine, func()) {
-	client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{server.Addr}})
+// The examples connect to Valkey as a program would, each with a client of its own: at the
+// address in VALKEY_ADDR (which examples/httpserver reads too), else 127.0.0.1:6379. TestMain
+// sets VALKEY_ADDR to the tests' server (valkeytest starts a throwaway one unless VALKEY_ADDR
+// already names a server), so that the examples run and their Output is checked. Each example
+// keys its counts by a UUID prefix, so its output is the same on every run.
+
+func ExampleNew() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
 	if err != nil {
 		panic(err)
 	}
+	defer client.Close()
+	// A fixed clock makes the numbers below exact; by default the server's clock decides.
 	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
 	if err != nil {
 		panic(err)
 	}
-	return e, client.Close
-}
-
-func ExampleNew() {
-	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
-	defer closeClient()
 
 	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "hello\n") })
 	// 2 per second and 100 per hour for each client address.
@@ -60,8 +64,20 @@ func ExampleNew() {
 }
 
 func ExampleNewConcurrent() {
-	e, closeClient := exampleEngine() // engine.New(client), on a fixed clock
-	defer closeClient()
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// A fixed clock makes the numbers below exact; by default the server's clock decides.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
+	if err != nil {
+		panic(err)
+	}
 
 	// One export at a time per client address; leases of 30 s, extended while an export runs.
 	var h http.Handler

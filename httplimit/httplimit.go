@@ -78,6 +78,7 @@ import (
 	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
+	"github.com/strictrate/strictrate/internal/clientkey"
 )
 
 // ErrKey is wrapped by the error the middleware passes to its error handler when it cannot
@@ -86,6 +87,11 @@ import (
 // breaks its syntax where it is read (clientaddr.ErrMalformedHeader), a missing key header, a
 // key function's error, an empty or too long key. The default error handler answers 400 Bad
 // Request.
+//
+// It is not the same error as grpclimit.ErrKey, though the same checks refuse a key in both
+// packages (and MaxKeyLength is the same): each message names its package and what it
+// limits, a request or a call, in the logs and answers that quote it, and errors.Is(err,
+// ErrKey) is true of this package's errors only.
 var ErrKey = errors.New("httplimit: no rate-limit key for the request")
 
 // ErrCost is wrapped by the error the middleware passes to its error handler when the
@@ -95,9 +101,9 @@ var ErrKey = errors.New("httplimit: no rate-limit key for the request")
 var ErrCost = errors.New("httplimit: no valid cost for the request")
 
 // MaxKeyLength is the longest key, in bytes, the middleware sends to the engine (without the
-// prefix). A longer key (a huge header value, say) is refused with ErrKey, so a client cannot
-// make the server store arbitrarily large keys.
-const MaxKeyLength = 512
+// prefix), 512: grpclimit.MaxKeyLength is the same. A longer key (a huge header value, say) is
+// refused with ErrKey, so a client cannot make the server store arbitrarily large keys.
+const MaxKeyLength = clientkey.MaxLength
 
 // DeniedHandler writes the response to a denied request. The RateLimit, RateLimit-Policy and
 // Retry-After header fields are already set on w; res is the engine's decision.
@@ -291,7 +297,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) h
 	if err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: cfg.keyPrefix + p.Tag() + ":", smallest: p[0].Max,
+	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: clientkey.Prefix(cfg.keyPrefix, p), smallest: p[0].Max,
 		fields: f, header: map[string]string{}, policyFields: f.Policy()}
 	for _, lim := range p {
 		l.smallest = min(l.smallest, lim.Max)
@@ -402,30 +408,12 @@ func (l *limiter) cost(r *http.Request) (int, error) {
 
 // key returns the request's key, without the prefix.
 func (c *config) key(r *http.Request) (string, error) {
-	var key string
 	if c.keyFunc != nil {
 		k, err := c.keyFunc(r)
-		if err != nil {
-			return "", fmt.Errorf("%w: %w", ErrKey, err)
-		}
-		key = k
-	} else {
-		k, err := c.resolver.Key(r.RemoteAddr, r.Header.Values(c.resolver.Header().Name()))
-		if errors.Is(err, clientaddr.ErrUnixSocket) {
-			return "", fmt.Errorf("%w: %w; or key requests with WithKeyFunc or WithKeyHeader", ErrKey, err)
-		}
-		if err != nil {
-			return "", fmt.Errorf("%w: %w", ErrKey, err)
-		}
-		key = k
+		return clientkey.Checked(ErrKey, k, err)
 	}
-	switch {
-	case key == "":
-		return "", fmt.Errorf("%w: empty key", ErrKey)
-	case len(key) > MaxKeyLength:
-		return "", fmt.Errorf("%w: key of %d bytes, more than %d", ErrKey, len(key), MaxKeyLength)
-	}
-	return key, nil
+	return clientkey.FromAddr(ErrKey, c.resolver, r.RemoteAddr, r.Header.Values(c.resolver.Header().Name()),
+		"key requests with WithKeyFunc or WithKeyHeader")
 }
 
 func defaultDenied(w http.ResponseWriter, _ *http.Request, _ engine.Result) {

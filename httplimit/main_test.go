@@ -2,6 +2,7 @@ package httplimit_test
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -13,11 +14,19 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// server is the Valkey every test and example of this package shares; they keep apart by key
-// prefix. Tests that stop a server start their own.
+// server is the Valkey every test and example of this package shares (the examples find it
+// through VALKEY_ADDR); they keep apart by key prefix. Tests that stop a server start their
+// own.
 var server *valkeytest.Server
 
-func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
+func TestMain(m *testing.M) {
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) {
+		server = s
+		// The examples find the server where a reader's copy of them would: in VALKEY_ADDR.
+		// Tests that need a server of their own ask for one with valkeytest.OwnServer.
+		os.Setenv(valkeytest.EnvAddr, s.Addr)
+	}))
+}
 
 // uniquePrefix is a key prefix no other test or run uses.
 func uniquePrefix(tb testing.TB) string { return tb.Name() + ":" + uuid.NewString() + ":" }
