@@ -1,3 +1,9 @@
+// engine_test.go stays at the module's root because the product's layout names it there: the
+// engine's core contract (the article's worked example, the window's bounds, exactness under
+// concurrency, expiry, invalid input, the server down and back, Pipelined mode's weakness). The
+// engine's other tests live in engine/, beside the code they test; the helpers both packages'
+// tests use are in internal/enginetest.
+
 package strictrate_test
 
 import (
@@ -6,12 +12,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
@@ -24,79 +28,32 @@ var server *valkeytest.Server
 
 func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
 
-const prefix = "strictrate:"
-
-// newKey returns a key no other test or run uses.
-func newKey(t *testing.T) string { return t.Name() + ":" + uuid.NewString() }
-
-func mustAllowN(t *testing.T, e *engine.Engine, key string, l engine.Limit, n int) engine.Result {
-	t.Helper()
-	r, err := e.AllowN(context.Background(), key, l, n)
-	if err != nil {
-		t.Fatalf("AllowN(%d): %v", n, err)
-	}
-	return r
-}
-
-func mustPeek(t *testing.T, e *engine.Engine, key string, l engine.Limit) engine.Result {
-	t.Helper()
-	r, err := e.Peek(context.Background(), key, l)
-	if err != nil {
-		t.Fatalf("Peek: %v", err)
-	}
-	return r
-}
-
-// events is the events key's log holds (see enginetest.Events).
-func events(t *testing.T, c valkey.Client, key string) int64 {
-	t.Helper()
-	return enginetest.Events(t, c, prefix, key)
-}
-
-func pttl(t *testing.T, c valkey.Client, key string) int64 {
-	t.Helper()
-	return valkeytest.Must(t, "PTTL", c.Do(context.Background(), c.B().Pttl().Key(prefix+key).Build()), valkey.ValkeyResult.AsInt64)
-}
-
-// entries is key's log as stored: every entry's time and cost.
-func entries(t *testing.T, c valkey.Client, key string) []engine.LogEntry {
-	t.Helper()
-	return enginetest.Log(t, c, prefix, key).Entries
-}
-
-func want(t *testing.T, what string, got, wantV any) {
-	t.Helper()
-	if got != wantV {
-		t.Fatalf("%s = %v, want %v", what, got, wantV)
-	}
-}
-
 // The worked example of the sliding-window-log article: limit 3 per second, events A, B, C.
 // A request just as A leaves the window is admitted; the next one is denied.
 func TestArticleWorkedExample(t *testing.T) {
 	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
 		t.Run(mode.String(), func(t *testing.T) {
 			e, clock := enginetest.Clocked(t, server.Client(t), engine.WithMode(mode))
-			key, l := newKey(t), engine.PerSecond(3)
+			key, l := enginetest.NewKey(t), engine.PerSecond(3)
 
 			for i, at := range []time.Duration{0, 200 * time.Millisecond, 400 * time.Millisecond} {
 				clock.Set(enginetest.T0.Add(at))
-				r := mustAllowN(t, e, key, l, 1)
-				want(t, fmt.Sprintf("event %c allowed", 'A'+i), r.Allowed, true)
-				want(t, fmt.Sprintf("event %c remaining", 'A'+i), r.Remaining, 2-i)
+				r := enginetest.MustAllowN(t, e, key, l, 1)
+				enginetest.Want(t, fmt.Sprintf("event %c allowed", 'A'+i), r.Allowed, true)
+				enginetest.Want(t, fmt.Sprintf("event %c remaining", 'A'+i), r.Remaining, 2-i)
 			}
 			clock.Set(enginetest.T0.Add(999 * time.Millisecond))
-			want(t, "request 1µs before A leaves: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+			enginetest.Want(t, "request 1µs before A leaves: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
 			if mode == engine.Pipelined {
 				return // its log now holds the rejected attempt, which changes the rest of the story
 			}
 			clock.Set(enginetest.T0.Add(time.Second))
-			r := mustAllowN(t, e, key, l, 1)
-			want(t, "request as A leaves: allowed", r.Allowed, true)
-			want(t, "request as A leaves: remaining", r.Remaining, 0)
-			r = mustAllowN(t, e, key, l, 1)
-			want(t, "next request: allowed", r.Allowed, false)
-			want(t, "next request: retry after (B leaves)", r.RetryAfter, 200*time.Millisecond)
+			r := enginetest.MustAllowN(t, e, key, l, 1)
+			enginetest.Want(t, "request as A leaves: allowed", r.Allowed, true)
+			enginetest.Want(t, "request as A leaves: remaining", r.Remaining, 0)
+			r = enginetest.MustAllowN(t, e, key, l, 1)
+			enginetest.Want(t, "next request: allowed", r.Allowed, false)
+			enginetest.Want(t, "next request: retry after (B leaves)", r.RetryAfter, 200*time.Millisecond)
 		})
 	}
 }
@@ -104,7 +61,7 @@ func TestArticleWorkedExample(t *testing.T) {
 // The same story through the article's Limiter interface.
 func TestLimiterInterface(t *testing.T) {
 	var lim engine.Limiter = enginetest.New(t, server.Client(t))
-	ctx, key := context.Background(), newKey(t)
+	ctx, key := context.Background(), enginetest.NewKey(t)
 	for i := 0; i < 3; i++ {
 		if err := lim.Check(ctx, key, 3, time.Second, enginetest.T0); err != nil {
 			t.Fatalf("Check %d: %v", i, err)
@@ -143,80 +100,29 @@ func TestLimiterInterface(t *testing.T) {
 func TestWindowBoundary(t *testing.T) {
 	c := server.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key, l := newKey(t), engine.Limit{Max: 1, Window: 250 * time.Millisecond}
+	// The caller's clock is frozen between steps, but the key's expiry runs on the server's: a
+	// window of seconds keeps the key while a loaded machine runs the test.
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 1, Window: 5 * time.Second}
 
-	want(t, "first", mustAllowN(t, e, key, l, 1).Allowed, true)
+	enginetest.Want(t, "first", enginetest.MustAllowN(t, e, key, l, 1).Allowed, true)
 	clock.Set(enginetest.T0.Add(l.Window - time.Microsecond))
-	r := mustAllowN(t, e, key, l, 1)
-	want(t, "one µs before the window ends: allowed", r.Allowed, false)
-	want(t, "one µs before the window ends: retry after", r.RetryAfter, time.Microsecond)
-	want(t, "peek one µs before: allowed", mustPeek(t, e, key, l).Allowed, false)
+	r := enginetest.MustAllowN(t, e, key, l, 1)
+	enginetest.Want(t, "one µs before the window ends: allowed", r.Allowed, false)
+	enginetest.Want(t, "one µs before the window ends: retry after", r.RetryAfter, time.Microsecond)
+	enginetest.Want(t, "peek one µs before: allowed", enginetest.MustPeek(t, e, key, l).Allowed, false)
 
 	clock.Set(enginetest.T0.Add(l.Window))
-	want(t, "peek at the window's end: allowed", mustPeek(t, e, key, l).Allowed, true)
-	want(t, "at the window's end: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
-	want(t, "log size (the old event trimmed)", events(t, c, key), int64(1))
-}
-
-// runConcurrently fires requests from goroutines spread over clients, and returns every result.
-func runConcurrently(t *testing.T, engines []*engine.Engine, goroutines, requests int, do func(e *engine.Engine) (engine.Result, error)) []engine.Result {
-	t.Helper()
-	var (
-		next    atomic.Int64
-		mu      sync.Mutex
-		results []engine.Result
-		wg      sync.WaitGroup
-		errs    = make(chan error, goroutines)
-		start   = make(chan struct{})
-	)
-	for g := 0; g < goroutines; g++ {
-		e := engines[g%len(engines)]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for next.Add(1) <= int64(requests) {
-				r, err := do(e)
-				if err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				results = append(results, r)
-				mu.Unlock()
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return results
-}
-
-// engines returns one engine per valkey-go client, each client with its own connections.
-func engines(t *testing.T, clients int, opts ...engine.Option) ([]*engine.Engine, valkey.Client) {
-	t.Helper()
-	var es []*engine.Engine
-	var first valkey.Client
-	for i := 0; i < clients; i++ {
-		c := server.Client(t)
-		if first == nil {
-			first = c
-		}
-		es = append(es, enginetest.New(t, c, opts...))
-	}
-	return es, first
+	enginetest.Want(t, "peek at the window's end: allowed", enginetest.MustPeek(t, e, key, l).Allowed, true)
+	enginetest.Want(t, "at the window's end: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, true)
+	enginetest.Want(t, "log size (the old event trimmed)", enginetest.StoredEvents(t, c, key), int64(1))
 }
 
 // 64 goroutines over 4 clients race for one key: exactly Max are admitted, each admitted
 // request sees a different count, and the log holds exactly Max events.
 func TestAtomicExactUnderConcurrency(t *testing.T) {
-	es, c := engines(t, 4)
-	key, l := newKey(t), engine.PerHour(100)
-	results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+	es, c := enginetest.Engines(t, server, 4)
+	key, l := enginetest.NewKey(t), engine.PerHour(100)
+	results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	})
 
@@ -231,9 +137,9 @@ func TestAtomicExactUnderConcurrency(t *testing.T) {
 			t.Fatalf("denied result %+v: want Remaining 0 and 0 < RetryAfter <= window", r)
 		}
 	}
-	want(t, "requests answered", len(results), 800)
-	want(t, "admitted", len(admitted), l.Max)
-	want(t, "log size", events(t, c, key), int64(l.Max))
+	enginetest.Want(t, "requests answered", len(results), 800)
+	enginetest.Want(t, "admitted", len(admitted), l.Max)
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(l.Max))
 	slices.Sort(admitted)
 	for i, rem := range admitted {
 		if rem != i {
@@ -245,11 +151,11 @@ func TestAtomicExactUnderConcurrency(t *testing.T) {
 // Requests of cost 1 to 3 race for one key: the admitted costs add up to the log's size, never
 // above Max; what is left is exactly what Peek reports, and single events then fill it to Max.
 func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
-	es, c := engines(t, 4)
-	key, l := newKey(t), engine.PerHour(100)
+	es, c := enginetest.Engines(t, server, 4)
+	key, l := enginetest.NewKey(t), engine.PerHour(100)
 	var cost atomic.Int64
 	var admittedCost atomic.Int64
-	runConcurrently(t, es, 64, 600, func(e *engine.Engine) (engine.Result, error) {
+	enginetest.RunConcurrently(t, es, 64, 600, func(e *engine.Engine) (engine.Result, error) {
 		n := int(cost.Add(1)%3) + 1
 		r, err := e.AllowN(context.Background(), key, l, n)
 		if err == nil && r.Allowed {
@@ -264,12 +170,12 @@ func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
 	if got > int64(l.Max) || got < int64(l.Max)-2 {
 		t.Fatalf("admitted cost %d, want %d-2 to %d", got, l.Max, l.Max)
 	}
-	want(t, "log size", events(t, c, key), got)
-	want(t, "peek remaining", mustPeek(t, es[0], key, l).Remaining, l.Max-int(got))
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), got)
+	enginetest.Want(t, "peek remaining", enginetest.MustPeek(t, es[0], key, l).Remaining, l.Max-int(got))
 	for i := got; i < int64(l.Max); i++ {
-		want(t, "filling single event", mustAllowN(t, es[0], key, l, 1).Allowed, true)
+		enginetest.Want(t, "filling single event", enginetest.MustAllowN(t, es[0], key, l, 1).Allowed, true)
 	}
-	want(t, "one more", mustAllowN(t, es[0], key, l, 1).Allowed, false)
+	enginetest.Want(t, "one more", enginetest.MustAllowN(t, es[0], key, l, 1).Allowed, false)
 }
 
 // All or nothing: a request that does not fit, in any window of a policy, is denied whole and
@@ -284,31 +190,31 @@ func TestAllowNAllOrNothing(t *testing.T) {
 		remaining int           // what it has left
 	}{
 		{"AllowN", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
-			return mustAllowN(t, e, key, perMinute, n)
+			return enginetest.MustAllowN(t, e, key, perMinute, n)
 		}, perMinute.Window, 2},
 		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string, n int) engine.Result {
-			return mustAllowPolicy(t, e, key, engine.Policy{{Max: 3, Window: time.Second}, perMinute}, n)
+			return enginetest.MustAllowPolicy(t, e, key, engine.Policy{{Max: 3, Window: time.Second}, perMinute}, n)
 		}, time.Second, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := server.Client(t)
 			e, clock := enginetest.Clocked(t, c)
-			key := newKey(t)
+			key := enginetest.NewKey(t)
 
 			r := tc.allow(t, e, key, 3)
-			want(t, "3 of 5: allowed", r.Allowed, true)
-			want(t, "3 of 5: window", r.Window, tc.window)
-			want(t, "3 of 5: remaining", r.Remaining, tc.remaining)
+			enginetest.Want(t, "3 of 5: allowed", r.Allowed, true)
+			enginetest.Want(t, "3 of 5: window", r.Window, tc.window)
+			enginetest.Want(t, "3 of 5: remaining", r.Remaining, tc.remaining)
 			clock.Set(enginetest.T0.Add(time.Second)) // a policy's second has room again; the minute has 2
 			r = tc.allow(t, e, key, 3)
-			want(t, "3 more: allowed", r.Allowed, false)
-			want(t, "3 more: remaining", r.Remaining, 2)
-			want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
-			want(t, "log size after the denial", events(t, c, key), int64(3))
+			enginetest.Want(t, "3 more: allowed", r.Allowed, false)
+			enginetest.Want(t, "3 more: remaining", r.Remaining, 2)
+			enginetest.Want(t, "3 more: retry after", r.RetryAfter, 59*time.Second)
+			enginetest.Want(t, "log size after the denial", enginetest.StoredEvents(t, c, key), int64(3))
 			r = tc.allow(t, e, key, 2)
-			want(t, "2 more: allowed", r.Allowed, true)
-			want(t, "2 more: remaining", r.Remaining, 0)
-			want(t, "log size", events(t, c, key), int64(5))
+			enginetest.Want(t, "2 more: allowed", r.Allowed, true)
+			enginetest.Want(t, "2 more: remaining", r.Remaining, 0)
+			enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(5))
 		})
 	}
 }
@@ -316,10 +222,10 @@ func TestAllowNAllOrNothing(t *testing.T) {
 // A denied request waits exactly RetryAfter, to the microsecond, and is then admitted.
 func TestRetryAfterExact(t *testing.T) {
 	e, clock := enginetest.Clocked(t, server.Client(t))
-	key, l := newKey(t), engine.Limit{Max: 3, Window: 100 * time.Millisecond}
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 3, Window: 100 * time.Millisecond}
 	for _, at := range []time.Duration{0, 10 * time.Millisecond, 20*time.Millisecond + 7*time.Microsecond} {
 		clock.Set(enginetest.T0.Add(at))
-		mustAllowN(t, e, key, l, 1)
+		enginetest.MustAllowN(t, e, key, l, 1)
 	}
 	deniedAt := enginetest.T0.Add(30*time.Millisecond + 3*time.Microsecond)
 
@@ -332,45 +238,45 @@ func TestRetryAfterExact(t *testing.T) {
 		{3, 120*time.Millisecond + 7*time.Microsecond - 30*time.Millisecond - 3*time.Microsecond},
 	} {
 		clock.Set(deniedAt)
-		r := mustAllowN(t, e, key, l, tc.n)
-		want(t, fmt.Sprintf("n=%d at denial: allowed", tc.n), r.Allowed, false)
-		want(t, fmt.Sprintf("n=%d retry after", tc.n), r.RetryAfter, tc.retry)
+		r := enginetest.MustAllowN(t, e, key, l, tc.n)
+		enginetest.Want(t, fmt.Sprintf("n=%d at denial: allowed", tc.n), r.Allowed, false)
+		enginetest.Want(t, fmt.Sprintf("n=%d retry after", tc.n), r.RetryAfter, tc.retry)
 		if !r.At.Equal(deniedAt) {
 			t.Fatalf("At = %s, want the caller's clock %s", r.At, deniedAt)
 		}
 		clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
 		// 1µs early, the n-1 oldest events have left and the n-th has not.
-		p := mustPeek(t, e, key, l)
+		p := enginetest.MustPeek(t, e, key, l)
 		if tc.n == 1 && p.Allowed {
 			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
 		}
-		want(t, fmt.Sprintf("n=%d 1µs early: peek remaining", tc.n), p.Remaining, tc.n-1)
-		want(t, fmt.Sprintf("n=%d 1µs early", tc.n), mustAllowN(t, e, key, l, tc.n).Allowed, false)
+		enginetest.Want(t, fmt.Sprintf("n=%d 1µs early: peek remaining", tc.n), p.Remaining, tc.n-1)
+		enginetest.Want(t, fmt.Sprintf("n=%d 1µs early", tc.n), enginetest.MustAllowN(t, e, key, l, tc.n).Allowed, false)
 	}
 	clock.Set(deniedAt.Add(100*time.Millisecond - 30*time.Millisecond - 3*time.Microsecond))
-	want(t, "n=1 at RetryAfter", mustAllowN(t, e, key, l, 1).Allowed, true)
+	enginetest.Want(t, "n=1 at RetryAfter", enginetest.MustAllowN(t, e, key, l, 1).Allowed, true)
 }
 
 // ResetAfter is the wait until the newest event leaves; 0 for an empty log.
 func TestResetAfter(t *testing.T) {
 	c := server.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key, l := newKey(t), engine.Limit{Max: 10, Window: time.Second}
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 10, Window: time.Second}
 
-	r := mustPeek(t, e, key, l)
-	want(t, "empty: reset after", r.ResetAfter, time.Duration(0))
-	want(t, "empty: remaining", r.Remaining, 10)
-	want(t, "first event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
+	r := enginetest.MustPeek(t, e, key, l)
+	enginetest.Want(t, "empty: reset after", r.ResetAfter, time.Duration(0))
+	enginetest.Want(t, "empty: remaining", r.Remaining, 10)
+	enginetest.Want(t, "first event: reset after", enginetest.MustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
 	clock.Set(enginetest.T0.Add(300 * time.Millisecond))
-	want(t, "peek 300ms later: reset after", mustPeek(t, e, key, l).ResetAfter, 700*time.Millisecond)
-	want(t, "second event: reset after", mustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
+	enginetest.Want(t, "peek 300ms later: reset after", enginetest.MustPeek(t, e, key, l).ResetAfter, 700*time.Millisecond)
+	enginetest.Want(t, "second event: reset after", enginetest.MustAllowN(t, e, key, l, 1).ResetAfter, time.Second)
 	clock.Set(enginetest.T0.Add(1200 * time.Millisecond))
-	r = mustAllowN(t, e, key, l, 9)
-	want(t, "9 more after the first left: allowed", r.Allowed, true)
-	want(t, "9 more: remaining", r.Remaining, 0)
-	r = mustAllowN(t, e, key, l, 1)
-	want(t, "full: reset after", r.ResetAfter, time.Second)
-	want(t, "full: retry after (the 300ms event leaves)", r.RetryAfter, 100*time.Millisecond)
+	r = enginetest.MustAllowN(t, e, key, l, 9)
+	enginetest.Want(t, "9 more after the first left: allowed", r.Allowed, true)
+	enginetest.Want(t, "9 more: remaining", r.Remaining, 0)
+	r = enginetest.MustAllowN(t, e, key, l, 1)
+	enginetest.Want(t, "full: reset after", r.ResetAfter, time.Second)
+	enginetest.Want(t, "full: retry after (the 300ms event leaves)", r.RetryAfter, 100*time.Millisecond)
 }
 
 // A caller whose clock lags another's still counts the other's later events, in every window
@@ -384,10 +290,10 @@ func TestCallersClocksDisagree(t *testing.T) {
 		longest time.Duration
 	}{
 		{"AllowN", func(t *testing.T, e *engine.Engine, key string) engine.Result {
-			return mustAllowN(t, e, key, short, 1)
+			return enginetest.MustAllowN(t, e, key, short, 1)
 		}, short.Window},
 		{"AllowPolicy", func(t *testing.T, e *engine.Engine, key string) engine.Result {
-			return mustAllowPolicy(t, e, key, engine.Policy{short, {Max: 3, Window: 20 * time.Second}}, 1)
+			return enginetest.MustAllowPolicy(t, e, key, engine.Policy{short, {Max: 3, Window: 20 * time.Second}}, 1)
 		}, 20 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -395,19 +301,19 @@ func TestCallersClocksDisagree(t *testing.T) {
 			c := server.Client(t)
 			ea := enginetest.New(t, c, engine.WithClock(ahead.Now))
 			eb := enginetest.New(t, c, engine.WithClock(behind.Now))
-			key := newKey(t)
+			key := enginetest.NewKey(t)
 
 			tc.allow(t, ea, key)
 			r := tc.allow(t, eb, key)
-			want(t, "behind: allowed", r.Allowed, true)
-			want(t, "behind: reset after counts the later event", r.ResetAfter, tc.longest+time.Second)
-			if ttl, lo := pttl(t, c, key), tc.longest.Milliseconds(); ttl <= lo || ttl > lo+1000 {
+			enginetest.Want(t, "behind: allowed", r.Allowed, true)
+			enginetest.Want(t, "behind: reset after counts the later event", r.ResetAfter, tc.longest+time.Second)
+			if ttl, lo := enginetest.PTTL(t, c, enginetest.Prefix+key), tc.longest.Milliseconds(); ttl <= lo || ttl > lo+1000 {
 				t.Fatalf("PTTL %d ms, want (%d, %d]", ttl, lo, lo+1000)
 			}
 			r = tc.allow(t, eb, key)
-			want(t, "behind, short window full: allowed", r.Allowed, false)
-			want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, short.Window)
-			want(t, "behind: reset after", r.ResetAfter, tc.longest+time.Second)
+			enginetest.Want(t, "behind, short window full: allowed", r.Allowed, false)
+			enginetest.Want(t, "behind: retry after (its own event leaves the short window)", r.RetryAfter, short.Window)
+			enginetest.Want(t, "behind: reset after", r.ResetAfter, tc.longest+time.Second)
 		})
 	}
 }
@@ -445,13 +351,13 @@ func TestExpiry(t *testing.T) {
 			attempts := 0
 			err := valkeytest.WaitFor(ctx, time.Minute, "a decision within one server millisecond", func() (bool, error) {
 				attempts++
-				key := newKey(t)
+				key := enginetest.NewKey(t)
 				before := millis(t, c.Do(ctx, c.B().Time().Build()))
-				mustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
-				rs := c.DoMulti(ctx, c.B().Pexpiretime().Key(prefix+key).Build(), c.B().Time().Build())
+				enginetest.MustAllowN(t, e, key, engine.Limit{Max: 1, Window: tc.window}, 1)
+				rs := c.DoMulti(ctx, c.B().Pexpiretime().Key(enginetest.Prefix+key).Build(), c.B().Time().Build())
 				expireAt := valkeytest.Must(t, "PEXPIRETIME", rs[0], valkey.ValkeyResult.AsInt64)
 				after := millis(t, rs[1])
-				if ttl := pttl(t, c, key); attempts == 1 && (tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1) {
+				if ttl := enginetest.PTTL(t, c, enginetest.Prefix+key); attempts == 1 && (tc.maxTTL > 100 && ttl < tc.maxTTL-100 || ttl > tc.maxTTL || ttl == -1) {
 					t.Fatalf("PTTL %d ms, want at most %d and close to it", ttl, tc.maxTTL)
 				}
 				if expireAt == -2 && before != after {
@@ -479,15 +385,15 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 	e := enginetest.New(t, c)
 	l := engine.Limit{Max: 5, Window: 50 * time.Millisecond}
 	for attempt := 1; ; attempt++ {
-		key := newKey(t)
+		key := enginetest.NewKey(t)
 		start := time.Now()
-		r := mustAllowN(t, e, key, l, 5)
-		want(t, "5 at once: allowed", r.Allowed, true)
+		r := enginetest.MustAllowN(t, e, key, l, 5)
+		enginetest.Want(t, "5 at once: allowed", r.Allowed, true)
 		if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
 			t.Fatalf("At %s is far from this machine's clock %s: not the server's TIME", r.At, start)
 		}
-		denied := mustAllowN(t, e, key, l, 1)
-		ttl := pttl(t, c, key)
+		denied := enginetest.MustAllowN(t, e, key, l, 1)
+		ttl := enginetest.PTTL(t, c, enginetest.Prefix+key)
 		if elapsed := time.Since(start); elapsed >= l.Window {
 			// The machine stalled longer than the window: nothing can be concluded; try again.
 			if attempt == 5 {
@@ -495,7 +401,7 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 			}
 			continue
 		}
-		want(t, "6th within the window: allowed", denied.Allowed, false)
+		enginetest.Want(t, "6th within the window: allowed", denied.Allowed, false)
 		if denied.RetryAfter <= 0 || denied.RetryAfter > l.Window {
 			t.Fatalf("RetryAfter %s, want (0, %s]", denied.RetryAfter, l.Window)
 		}
@@ -503,10 +409,10 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 			t.Fatalf("PTTL %d ms, want (0, 50]", ttl)
 		}
 		time.Sleep(denied.RetryAfter)
-		want(t, "after RetryAfter: allowed", mustAllowN(t, e, key, l, 1).Allowed, true)
+		enginetest.Want(t, "after RetryAfter: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, true)
 		time.Sleep(l.Window + 5*time.Millisecond)
-		r = mustPeek(t, e, key, l)
-		want(t, "after a quiet window: remaining", r.Remaining, 5)
+		r = enginetest.MustPeek(t, e, key, l)
+		enginetest.Want(t, "after a quiet window: remaining", r.Remaining, 5)
 		return
 	}
 }
@@ -515,11 +421,11 @@ func TestSubSecondWindowServerClock(t *testing.T) {
 // each its own entry with its own identity: seqs 1 to Max, none twice.
 func TestSameMicrosecondBurst(t *testing.T) {
 	clock := enginetest.NewClock(enginetest.T0)
-	es, c := engines(t, 4, engine.WithClock(clock.Now))
+	es, c := enginetest.Engines(t, server, 4, engine.WithClock(clock.Now))
 	l := engine.PerMinute(200)
 
-	key := newKey(t)
-	results := runConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
+	key := enginetest.NewKey(t)
+	results := enginetest.RunConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	})
 	var seqs []int
@@ -528,51 +434,51 @@ func TestSameMicrosecondBurst(t *testing.T) {
 			seqs = append(seqs, r.Entry.Seq)
 		}
 	}
-	want(t, "admitted at one instant", len(seqs), l.Max)
+	enginetest.Want(t, "admitted at one instant", len(seqs), l.Max)
 	sort.Ints(seqs)
 	for i, seq := range seqs {
 		if seq != i+1 {
 			t.Fatalf("admitted entries' seqs %v: want each of 1..%d once", seqs, l.Max)
 		}
 	}
-	want(t, "log size", events(t, c, key), int64(l.Max))
-	for _, e := range entries(t, c, key) {
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(l.Max))
+	for _, e := range enginetest.StoredEntries(t, c, key) {
 		if !e.At.Equal(enginetest.T0) || e.Cost != 1 {
 			t.Fatalf("entry %+v, want cost 1 at %s", e, enginetest.T0)
 		}
 	}
 
 	// One AllowN larger than a script's batch of members, then singles at the same instant.
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	big := engine.PerMinute(3000)
-	want(t, "AllowN(2500)", mustAllowN(t, es[0], key, big, 2500).Allowed, true)
+	enginetest.Want(t, "AllowN(2500)", enginetest.MustAllowN(t, es[0], key, big, 2500).Allowed, true)
 	for i := 0; i < 10; i++ {
-		mustAllowN(t, es[1], key, big, 1)
+		enginetest.MustAllowN(t, es[1], key, big, 1)
 	}
-	want(t, "log size after 2510 events", events(t, c, key), int64(2510))
+	enginetest.Want(t, "log size after 2510 events", enginetest.StoredEvents(t, c, key), int64(2510))
 }
 
 func TestReset(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c)
-	key, l := newKey(t), engine.PerMinute(2)
-	mustAllowN(t, e, key, l, 2)
-	want(t, "full", mustAllowN(t, e, key, l, 1).Allowed, false)
+	key, l := enginetest.NewKey(t), engine.PerMinute(2)
+	enginetest.MustAllowN(t, e, key, l, 2)
+	enginetest.Want(t, "full", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
 	if err := e.Reset(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "log size after Reset", events(t, c, key), int64(0))
-	r := mustAllowN(t, e, key, l, 1)
-	want(t, "after Reset: allowed", r.Allowed, true)
-	want(t, "after Reset: remaining", r.Remaining, 1)
+	enginetest.Want(t, "log size after Reset", enginetest.StoredEvents(t, c, key), int64(0))
+	r := enginetest.MustAllowN(t, e, key, l, 1)
+	enginetest.Want(t, "after Reset: allowed", r.Allowed, true)
+	enginetest.Want(t, "after Reset: remaining", r.Remaining, 1)
 }
 
 func TestPrefix(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c, engine.WithPrefix("other:"))
-	key := newKey(t)
-	mustAllowN(t, e, key, engine.PerMinute(1), 1)
-	for k, n := range map[string]int64{"other:" + key: 1, prefix + key: 0} {
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(1), 1)
+	for k, n := range map[string]int64{"other:" + key: 1, enginetest.Prefix + key: 0} {
 		got, err := c.Do(context.Background(), c.B().Exists().Key(k).Build()).AsInt64()
 		if err != nil || got != n {
 			t.Fatalf("EXISTS %s = %d, %v; want %d", k, got, err, n)
@@ -632,7 +538,7 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	for _, existing := range []bool{false, true} {
 		for _, tc := range calls {
 			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
-				wantRefused(t, c, existing, func(key string) { mustAllowN(t, e, key, good, 2) }, tc.call)
+				enginetest.WantRefused(t, c, existing, func(key string) { enginetest.MustAllowN(t, e, key, good, 2) }, tc.call)
 			})
 		}
 	}
@@ -645,46 +551,23 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	}
 }
 
-// wantRefused runs call on a fresh key, absent or (existing) holding the events fill adds, and
-// fails t unless call answers ErrInvalidArgument and the key keeps its log and its expiry: at
-// most a minute for an existing key, none for an absent one.
-func wantRefused(t *testing.T, c valkey.Client, existing bool, fill func(key string), call func(key string) error) {
-	t.Helper()
-	key := newKey(t)
-	var before []engine.LogEntry
-	if existing {
-		fill(key)
-		before = entries(t, c, key)
-	}
-	if err := call(key); !errors.Is(err, engine.ErrInvalidArgument) {
-		t.Fatalf("err = %v, want ErrInvalidArgument", err)
-	}
-	after := entries(t, c, key)
-	if fmt.Sprint(after) != fmt.Sprint(before) {
-		t.Fatalf("log changed from %v to %v", before, after)
-	}
-	if ttl := pttl(t, c, key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
-		t.Fatalf("PTTL %d after a refused call", ttl)
-	}
-}
-
 // After SCRIPT FLUSH the next call still succeeds: EVALSHA answers NOSCRIPT and the source
 // goes with EVAL, once.
 func TestScriptFlushFallsBackToEval(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c)
-	key, l := newKey(t), engine.PerMinute(3)
+	key, l := enginetest.NewKey(t), engine.PerMinute(3)
 	ctx := context.Background()
-	mustAllowN(t, e, key, l, 1)
+	enginetest.MustAllowN(t, e, key, l, 1)
 	for i := 0; i < 2; i++ {
 		if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
-		r := mustAllowN(t, e, key, l, 1)
-		want(t, fmt.Sprintf("allow after flush %d", i+1), r.Remaining, 1-i)
-		want(t, fmt.Sprintf("peek after flush %d", i+1), mustPeek(t, e, key, l).Remaining, 1-i)
+		r := enginetest.MustAllowN(t, e, key, l, 1)
+		enginetest.Want(t, fmt.Sprintf("allow after flush %d", i+1), r.Remaining, 1-i)
+		enginetest.Want(t, fmt.Sprintf("peek after flush %d", i+1), enginetest.MustPeek(t, e, key, l).Remaining, 1-i)
 	}
-	want(t, "log size", events(t, c, key), int64(3))
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(3))
 }
 
 // A server that is down gives ErrUnavailable, writes nothing in the engine's name, and the
@@ -693,8 +576,8 @@ func TestServerDownAndBack(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	e := enginetest.New(t, c)
-	key, l := newKey(t), engine.PerMinute(3)
-	mustAllowN(t, e, key, l, 1)
+	key, l := enginetest.NewKey(t), engine.PerMinute(3)
+	enginetest.MustAllowN(t, e, key, l, 1)
 
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)
@@ -721,7 +604,7 @@ func TestServerDownAndBack(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("Allow after restart: %v", err)
 	}
-	want(t, "first decision after restart: remaining", r.Remaining, 2)
+	enginetest.Want(t, "first decision after restart: remaining", r.Remaining, 2)
 }
 
 // Pipelined mode behaves like the article one request at a time: three admitted, the
@@ -729,22 +612,22 @@ func TestServerDownAndBack(t *testing.T) {
 func TestPipelinedSequential(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
-	key, l := newKey(t), engine.PerMinute(3)
+	key, l := enginetest.NewKey(t), engine.PerMinute(3)
 	for i := 0; i < 3; i++ {
-		r := mustAllowN(t, e, key, l, 1)
-		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
-		want(t, fmt.Sprintf("request %d: remaining", i+1), r.Remaining, 2-i)
+		r := enginetest.MustAllowN(t, e, key, l, 1)
+		enginetest.Want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		enginetest.Want(t, fmt.Sprintf("request %d: remaining", i+1), r.Remaining, 2-i)
 	}
-	want(t, "request 4: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+	enginetest.Want(t, "request 4: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
 }
 
 // Pipelined mode's weakness: every attempt stays in the log, denied or not. Under a burst the
 // log holds every attempt (far more than Max) and never more than Max are admitted, often
 // fewer; and retries that were denied keep denying after every admitted event has left.
 func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
-	es, c := engines(t, 4, engine.WithMode(engine.Pipelined))
-	key, l := newKey(t), engine.PerHour(100)
-	results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+	es, c := enginetest.Engines(t, server, 4, engine.WithMode(engine.Pipelined))
+	key, l := enginetest.NewKey(t), engine.PerHour(100)
+	results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	})
 	admitted := 0
@@ -755,7 +638,7 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 			counts = append(counts, l.Max-r.Remaining)
 		}
 	}
-	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, events(t, c, key))
+	t.Logf("pipelined burst: %d admitted of Max %d, log holds %d", admitted, l.Max, enginetest.StoredEvents(t, c, key))
 	if admitted > l.Max {
 		t.Fatalf("admitted %d, more than Max %d", admitted, l.Max)
 	}
@@ -768,7 +651,7 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 			t.Fatalf("admitted requests counted %v: the %d-th smallest is %d, below %d", counts, i+1, n, i+1)
 		}
 	}
-	want(t, "log size (every attempt)", events(t, c, key), int64(800))
+	enginetest.Want(t, "log size (every attempt)", enginetest.StoredEvents(t, c, key), int64(800))
 
 	// False denial, deterministic: 3 admitted at enginetest.T0, 3 denied retries at enginetest.T0+0.5s. At enginetest.T0+1s no
 	// admitted event is in the window, yet the request is denied: the retries fill the log.
@@ -776,21 +659,21 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithClock(clock.Now))
 	a := enginetest.New(t, c, engine.WithClock(clock.Now))
 	l = engine.PerSecond(3)
-	pk, ak := newKey(t), newKey(t)
+	pk, ak := enginetest.NewKey(t), enginetest.NewKey(t)
 	for _, eng := range []struct {
 		e   *engine.Engine
 		key string
 	}{{p, pk}, {a, ak}} {
 		clock.Set(enginetest.T0)
-		mustAllowN(t, eng.e, eng.key, l, 3)
+		enginetest.MustAllowN(t, eng.e, eng.key, l, 3)
 		clock.Set(enginetest.T0.Add(500 * time.Millisecond))
 		for i := 0; i < 3; i++ {
-			want(t, "retry in a full window: allowed", mustAllowN(t, eng.e, eng.key, l, 1).Allowed, false)
+			enginetest.Want(t, "retry in a full window: allowed", enginetest.MustAllowN(t, eng.e, eng.key, l, 1).Allowed, false)
 		}
 		clock.Set(enginetest.T0.Add(time.Second))
 	}
-	want(t, "pipelined, window free of admitted events: allowed", mustAllowN(t, p, pk, l, 1).Allowed, false)
-	want(t, "atomic, window free of admitted events: allowed", mustAllowN(t, a, ak, l, 1).Allowed, true)
+	enginetest.Want(t, "pipelined, window free of admitted events: allowed", enginetest.MustAllowN(t, p, pk, l, 1).Allowed, false)
+	enginetest.Want(t, "atomic, window free of admitted events: allowed", enginetest.MustAllowN(t, a, ak, l, 1).Allowed, true)
 }
 
 // A server that refuses scripting fails engine.New, not the first request, and the error says
@@ -805,7 +688,7 @@ func TestNewFailsWhenScriptingIsRefused(t *testing.T) {
 		t.Fatalf("New without scripting: %v, want a preload error that is not ErrUnavailable", err)
 	}
 	e := enginetest.New(t, c, engine.WithPreload(false))
-	if _, err := e.Allow(ctx, newKey(t), engine.PerMinute(1)); err == nil || errors.Is(err, engine.ErrUnavailable) {
+	if _, err := e.Allow(ctx, enginetest.NewKey(t), engine.PerMinute(1)); err == nil || errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("Allow without scripting: %v, want the server's refusal", err)
 	}
 }

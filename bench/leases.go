@@ -105,9 +105,9 @@ func (b *bencher) leaseCase(ctx context.Context, es []*engine.Engine, lc leaseCa
 		t := time.Now()
 		l, err := e.Acquire(ctx, keys[rng.IntN(len(keys))], leaseMax, leaseTTL)
 		acquired := time.Since(t)
-		if denied := (*engine.DeniedError)(nil); errors.As(err, &denied) {
+		if denied := (*engine.LeaseDeniedError)(nil); errors.As(err, &denied) {
 			if lc.hold {
-				time.Sleep(min(denied.Result.RetryAfter, time.Duration(1+rng.IntN(4))*time.Millisecond))
+				time.Sleep(min(denied.RetryAfter(), time.Duration(1+rng.IntN(4))*time.Millisecond))
 			}
 			return nil
 		}

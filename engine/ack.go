@@ -6,16 +6,18 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
 )
 
-// acking is what an admission waits for before its caller hears yes: replicas that hold it
+// ackPolicy is what an admission waits for before its caller hears yes: replicas that hold it
 // (WithReplicaAck: WAIT) and copies of it fsynced to an append-only file (WithDurableAck:
 // WAITAOF). Both wait for the writes of the connection they are sent on, so both go on the
 // connection of the call that decided, and one of each serves every decision of a batch. WAIT
 // goes in the same round trip as the call, whatever it decides (one per call); WAITAOF goes
 // right after the reply, on the same connection, and only when the call admitted something: a
 // call that only denied sends none and never waits for a disk.
-type acking struct {
+type ackPolicy struct {
 	replicas    int // WAIT numreplicas; below 1, no WAIT
 	timeout     time.Duration
 	aofLocal    int // WAITAOF numlocal, 0 or 1
@@ -23,12 +25,12 @@ type acking struct {
 	aofTimeout  time.Duration
 }
 
-func (a acking) wait() bool    { return a.replicas > 0 }
-func (a acking) waitAOF() bool { return a.aofLocal > 0 || a.aofReplicas > 0 }
-func (a acking) on() bool      { return a.wait() || a.waitAOF() }
+func (a ackPolicy) wait() bool    { return a.replicas > 0 }
+func (a ackPolicy) waitAOF() bool { return a.aofLocal > 0 || a.aofReplicas > 0 }
+func (a ackPolicy) on() bool      { return a.wait() || a.waitAOF() }
 
 // inline appends the WAIT asked for, if any, to cmds: what goes behind the call in its round trip.
-func (a acking) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
+func (a ackPolicy) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
 	if a.wait() {
 		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(ceilUnits(time.Millisecond, a.timeout)).Build())
 	}
@@ -36,12 +38,12 @@ func (a acking) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Compl
 }
 
 // afterAdmission is the WAITAOF sent once a call's reply shows an admission.
-func (a acking) afterAdmission(b valkey.Builder) valkey.Completed {
+func (a ackPolicy) afterAdmission(b valkey.Builder) valkey.Completed {
 	return b.Waitaof().Numlocal(int64(a.aofLocal)).Numreplicas(int64(a.aofReplicas)).Timeout(ceilUnits(time.Millisecond, a.aofTimeout)).Build()
 }
 
-// acks is what the commands behind one call answered.
-type acks struct {
+// ackReplies is what the commands behind one call answered.
+type ackReplies struct {
 	replicas    int64  // WAIT: replicas that hold the call's writes
 	aofSent     bool   // WAITAOF was sent: the call admitted something
 	aofLocal    int64  // WAITAOF: 1 when the server's own append-only file has them fsynced
@@ -51,8 +53,8 @@ type acks struct {
 }
 
 // readInline reads the replies of the commands inline appended, in their order.
-func (a acking) readInline(replies []valkey.ValkeyResult) acks {
-	var got acks
+func (a ackPolicy) readInline(replies []valkey.ValkeyResult) ackReplies {
+	var got ackReplies
 	if a.wait() {
 		if got.replicas, got.err = replies[0].AsInt64(); got.err != nil {
 			got.failed = "WAIT"
@@ -62,7 +64,7 @@ func (a acking) readInline(replies []valkey.ValkeyResult) acks {
 }
 
 // readAfter adds the reply of the WAITAOF sent after the call to got.
-func (a acking) readAfter(got acks, reply valkey.ValkeyResult) acks {
+func (a ackPolicy) readAfter(got ackReplies, reply valkey.ValkeyResult) ackReplies {
 	got.aofSent = true
 	counts, err := reply.AsIntSlice()
 	if err == nil && len(counts) != 2 {
@@ -80,7 +82,7 @@ func (a acking) readAfter(got acks, reply valkey.ValkeyResult) acks {
 
 // check returns nil when got is all a asked for, else why not: an error wrapping ErrUnavailable
 // (the admission was recorded, but is not held where it was asked to be), or the server's.
-func (a acking) check(ctx context.Context, got acks) error {
+func (a ackPolicy) check(ctx context.Context, got ackReplies) error {
 	if got.err != nil {
 		return classify(ctx, got.failed, got.err)
 	}
@@ -96,4 +98,36 @@ func (a acking) check(ctx context.Context, got acks) error {
 			ErrUnavailable, a.aofTimeout, got.aofLocal, a.aofLocal, got.aofReplicas, a.aofReplicas)
 	}
 	return nil
+}
+
+// execAcked runs s with keys and args, hands the script's reply to read (once, error replies
+// included), and returns what the acknowledgements the engine asks for answered, when ack is
+// set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
+// call, WAITAOF right after the reply when read reports that the call admitted something.
+func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, read func(valkey.ValkeyResult) (admits bool)) ackReplies {
+	if !ack {
+		read(s.Exec(ctx, e.client, keys, args))
+		return ackReplies{}
+	}
+	if !e.ackPolicy.waitAOF() {
+		reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+			return e.ackPolicy.inline(e.client.B(), cmds)
+		})
+		read(reply)
+		return e.ackPolicy.readInline(after)
+	}
+	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
+	// on one connection held for the call.
+	var got ackReplies
+	_ = e.client.Dedicated(func(dc valkey.DedicatedClient) error {
+		reply, after := s.ExecThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+			return e.ackPolicy.inline(dc.B(), cmds)
+		})
+		got = e.ackPolicy.readInline(after)
+		if read(reply) && reply.Error() == nil {
+			got = e.ackPolicy.readAfter(got, dc.Do(ctx, e.ackPolicy.afterAdmission(dc.B())))
+		}
+		return nil
+	})
+	return got
 }

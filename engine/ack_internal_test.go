@@ -10,28 +10,28 @@ import (
 
 // An admission passes only with everything asked for; what is missing is named.
 func TestAckingCheck(t *testing.T) {
-	both := acking{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
-	if err := both.check(context.Background(), acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
+	both := ackPolicy{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
+	if err := both.check(context.Background(), ackReplies{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
 		t.Fatalf("everything acknowledged: %v", err)
 	}
 	for _, tc := range []struct {
-		got  acks
+		got  ackReplies
 		says string
 	}{
-		{acks{replicas: 0, aofSent: true, aofLocal: 1, aofReplicas: 1}, "0 of 1 replicas acknowledged it within 1s"},
-		{acks{replicas: 1, aofSent: true, aofLocal: 0, aofReplicas: 1}, "local append-only file 0 of 1, replicas 1 of 1"},
-		{acks{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
-		{acks{replicas: 1, aofLocal: 1, aofReplicas: 1}, "no WAITAOF followed its call"},
+		{ackReplies{replicas: 0, aofSent: true, aofLocal: 1, aofReplicas: 1}, "0 of 1 replicas acknowledged it within 1s"},
+		{ackReplies{replicas: 1, aofSent: true, aofLocal: 0, aofReplicas: 1}, "local append-only file 0 of 1, replicas 1 of 1"},
+		{ackReplies{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 0}, "within 2s: local append-only file 1 of 1, replicas 0 of 1"},
+		{ackReplies{replicas: 1, aofLocal: 1, aofReplicas: 1}, "no WAITAOF followed its call"},
 	} {
 		if err := both.check(context.Background(), tc.got); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("check(%+v) = %v, want ErrUnavailable saying %q", tc.got, err, tc.says)
 		}
 	}
-	if err := both.check(context.Background(), acks{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
+	if err := both.check(context.Background(), ackReplies{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
 		!strings.HasPrefix(err.Error(), "WAITAOF: ") {
 		t.Errorf("a WAITAOF that could not answer: %v", err)
 	}
-	if (acking{}).on() || !(acking{aofReplicas: 1}).on() || (acking{aofReplicas: 1}).wait() {
+	if (ackPolicy{}).on() || !(ackPolicy{aofReplicas: 1}).on() || (ackPolicy{aofReplicas: 1}).wait() {
 		t.Error("on/wait/waitAOF disagree with the counts")
 	}
 	if ceilUnits(time.Millisecond, time.Millisecond+1) != 2 || ceilUnits(time.Millisecond, time.Second) != 1000 ||

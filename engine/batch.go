@@ -31,117 +31,6 @@ const (
 	maxInFlight = 1
 )
 
-// request is one decision (or peek) to take: the scripts' arguments for it.
-type request struct {
-	key   string    // with the engine's prefix
-	now   string    // integer microseconds, or "" for the server's clock
-	nowUS int64     // now as a number; 0 for the server's clock
-	n     int       // the cost recorded when admitted; 0 for a peek, which records nothing
-	cost  string    // the cost as the scripts read it (a peek's too)
-	set   *limitSet // the limits
-}
-
-// limitSet is limits with windows ascending, and their windows and maxes as the scripts read
-// them, formatted once.
-type limitSet struct {
-	limits []Limit
-	nums   []string
-}
-
-func newLimitSet(limits []Limit) *limitSet {
-	nums := make([]string, 0, 2*len(limits))
-	for _, l := range limits {
-		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
-	}
-	return &limitSet{limits: limits, nums: nums}
-}
-
-// maxCachedLimits bounds the engine's cache of formatted single limits: a program that makes
-// limits without end (a Max per tenant, say) formats the rest each time.
-const maxCachedLimits = 1024
-
-// oneLimit returns the limit set of l alone, formatted once per engine.
-func (e *Engine) oneLimit(l Limit) *limitSet {
-	if s, ok := e.limitSets.Load(l); ok {
-		return s.(*limitSet)
-	}
-	s := newLimitSet([]Limit{l})
-	if e.limitSetCount.Load() < maxCachedLimits {
-		if _, loaded := e.limitSets.LoadOrStore(l, s); !loaded {
-			e.limitSetCount.Add(1)
-		}
-	}
-	return s
-}
-
-// newRequest is a request for n events of key at at against set: recorded when admitted
-// with record, else judged only (a peek).
-func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
-	now, err := at.arg()
-	if err != nil {
-		return request{}, err
-	}
-	var nowUS int64
-	if at.set {
-		nowUS = at.t.UnixMicro()
-	}
-	req := request{key: key, now: now, nowUS: nowUS, cost: strconv.Itoa(n), set: set}
-	if record {
-		req.n = n
-	}
-	return req, nil
-}
-
-// singleArgs are decide.lua's (and peek.lua's) arguments for r.
-func (r *request) singleArgs() []string {
-	return append(append(make([]string, 0, 2+len(r.set.nums)), r.now, r.cost), r.set.nums...)
-}
-
-// size is what r adds to a batch call, in bytes of keys and arguments.
-func (r *request) size() int {
-	return len(r.key) + len(r.now) + len(r.cost) + 8
-}
-
-// sameLimits reports whether two sets count the same limits.
-func (s *limitSet) sameLimits(o *limitSet) bool {
-	return s == o || slices.Equal(s.nums, o.nums)
-}
-
-// outcome is what the server answered for one request.
-type outcome struct {
-	vals     [maxReplyValues]int64
-	nvals    int
-	err      error // the request failed: its call, or this request alone
-	replyErr error // the reply was not one the scripts give
-	ack      acks  // with acknowledgement: what the WAIT and WAITAOF with its call answered
-}
-
-// admits reports whether o holds a decision that admitted: a reply read without error whose
-// retry_after (the third value, 0 when absent) is 0.
-func (o *outcome) admits() bool {
-	return o.err == nil && o.replyErr == nil && o.nvals >= 2 && (o.nvals < 3 || o.vals[2] == 0)
-}
-
-// readReply reads a single script's reply into o.
-func (o *outcome) readReply(reply valkey.ValkeyResult) {
-	if o.err = reply.Error(); o.err != nil {
-		return
-	}
-	vals, err := reply.ToArray()
-	if err != nil {
-		o.replyErr = err
-		return
-	}
-	o.replyErr = o.ints(vals)
-}
-
-// ints reads the reply values of one request from msgs.
-func (o *outcome) ints(msgs []valkey.ValkeyMessage) error {
-	n, err := intsOf(msgs, o.vals[:], 2)
-	o.nvals = n
-	return err
-}
-
 // call is a request in a committer's hands.
 type call struct {
 	ctx  context.Context
@@ -170,7 +59,7 @@ type queue struct {
 }
 
 func newCommitter(e *Engine, single, batch *loader.Script) *committer {
-	return &committer{e: e, single: single, batch: batch, ack: e.acking.on() && !single.ReadOnly(),
+	return &committer{e: e, single: single, batch: batch, ack: e.ackPolicy.on() && !single.ReadOnly(),
 		cluster: e.client.Mode() == valkey.ClientModeCluster, queues: map[uint16]*queue{}}
 }
 
@@ -193,10 +82,16 @@ func (c *committer) queue(req *request) *queue {
 	return q
 }
 
-// do takes req, alone at once when its destination is idle, else in the next batch. A caller
-// whose context ends while req waits takes it out, and it is never sent; once sent, it may
-// still be applied, once.
+// do takes req: without batching (WithBatching(false)) in a call of its own; with it, alone
+// at once when its destination is idle, else in the next batch. A caller whose context ends
+// while req waits takes it out, and it is never sent; once sent, it may still be applied,
+// once.
 func (c *committer) do(ctx context.Context, req request) outcome {
+	if !c.e.batching {
+		cl := call{ctx: ctx, req: req}
+		c.sendOne(ctx, &cl)
+		return cl.out
+	}
 	c.mu.Lock()
 	q := c.queue(&req)
 	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
@@ -316,20 +211,25 @@ func (c *committer) sendTaken(q *queue, calls []*call) {
 	c.send(ctx, q, calls)
 }
 
-// exec runs s with keys and args and the acknowledgements asked for (execAcked): one WAIT per
-// call, and one WAITAOF per call that admitted something, whatever the decisions it carries.
-// read decodes the reply into the calls' outcomes and reports whether any admits.
-func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, read func(valkey.ValkeyResult) bool) acks {
-	return c.e.execAcked(ctx, s, c.ack, keys, args, read)
-}
-
+// sendOne sends one request as a call of the single script.
 func (c *committer) sendOne(ctx context.Context, cl *call) {
-	cl.out.ack = c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), func(reply valkey.ValkeyResult) bool {
-		cl.out.readReply(reply)
-		return cl.out.admits()
-	})
+	c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), []*call{cl})
 }
 
+// exec runs s with keys and args and the acknowledgements asked for (execAcked: one WAIT per
+// call, and one WAITAOF per call that admitted something, whatever the decisions it carries),
+// and reads the reply into the outcomes of calls, the requests it carries in KEYS order.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, calls []*call) {
+	ack := c.e.execAcked(ctx, s, c.ack, keys, args, func(reply valkey.ValkeyResult) bool {
+		readDecisions(reply, calls)
+		return slices.ContainsFunc(calls, func(cl *call) bool { return cl.out.admits() })
+	})
+	for _, cl := range calls {
+		cl.out.ack = ack
+	}
+}
+
+// sendBatch sends several requests as one call of the batch script.
 func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 	// The limit sets of the batch, each once; requests name theirs by its position.
 	var sets []*limitSet
@@ -365,81 +265,5 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 			args = append(args, cl.req.now)
 		}
 	}
-	ack := c.exec(ctx, c.batch, keys, args, func(reply valkey.ValkeyResult) bool {
-		readBatch(reply, calls)
-		for _, cl := range calls {
-			if cl.out.admits() {
-				return true
-			}
-		}
-		return false
-	})
-	for _, cl := range calls {
-		cl.out.ack = ack
-	}
-}
-
-// readBatch reads a batch script's reply into the outcomes of its calls, in KEYS order.
-func readBatch(reply valkey.ValkeyResult, calls []*call) {
-	err := reply.Error()
-	var vals []valkey.ValkeyMessage
-	var replyErr error
-	if err == nil {
-		vals, replyErr = reply.ToArray()
-	}
-	pos := 1
-	for _, cl := range calls {
-		switch {
-		case err != nil:
-			cl.out.err = err
-		case replyErr != nil:
-			cl.out.replyErr = replyErr
-		default:
-			var skip int
-			skip, replyErr = cl.out.batchInts(vals, pos, cl.req.nowUS)
-			pos += skip
-			if replyErr != nil {
-				cl.out.replyErr = replyErr
-			}
-		}
-	}
-	if err == nil && replyErr == nil && pos != len(vals) {
-		for _, cl := range calls {
-			cl.out.replyErr = fmt.Errorf("batch script reply has %d values, %d read", len(vals), pos)
-		}
-	}
-}
-
-// batchInts reads one request's part of a batch reply, from vals[pos]: an error reply, or a
-// count and that many values (remaining, then retry_after, quota_after, reset_after, tightest
-// and seq as far as they differ from their defaults). now is the request's own (a caller's clock), or 0
-// for the server's, which vals[0] holds. It returns how many values it read.
-func (o *outcome) batchInts(vals []valkey.ValkeyMessage, pos int, now int64) (int, error) {
-	if pos >= len(vals) {
-		return 0, fmt.Errorf("batch script reply has %d values, too few", len(vals))
-	}
-	if err := vals[pos].Error(); err != nil {
-		o.err = err
-		return 1, nil
-	}
-	count, err := vals[pos].AsInt64()
-	if err != nil || count < 1 || count > maxReplyValues-1 || pos+int(count) >= len(vals) {
-		return 0, fmt.Errorf("batch script reply: bad value count at %d (%v)", pos, err)
-	}
-	if now == 0 {
-		if now, err = vals[0].AsInt64(); err != nil {
-			return 0, fmt.Errorf("batch script reply: the server's now: %w", err)
-		}
-	}
-	if o.vals[0], err = vals[pos+1].AsInt64(); err != nil {
-		return 0, fmt.Errorf("batch script reply value %d: %w", pos+1, err)
-	}
-	o.vals[1] = now
-	for i := 2; i <= int(count); i++ {
-		if o.vals[i], err = vals[pos+i].AsInt64(); err != nil {
-			return 0, fmt.Errorf("batch script reply value %d: %w", pos+i, err)
-		}
-	}
-	o.nvals = int(count) + 1
-	return int(count) + 1, nil
+	c.exec(ctx, c.batch, keys, args, calls)
 }

@@ -113,3 +113,10 @@ const maxDenialsPerKey = MaxPolicyLimits
 
 // forget drops key's cached denials: its room may have come back.
 func (c *denyCache) forget(key string) { c.keys.Remove(key) }
+
+// forgetDenials drops the deny cache's denials of the full key, whose room may have come back.
+func (e *Engine) forgetDenials(fullKey string) {
+	if e.denials != nil {
+		e.denials.forget(fullKey)
+	}
+}

@@ -5,7 +5,10 @@
 // the trailing window plus n are at most the limit's Max. In Atomic mode (the default) one Lua
 // script trims, counts, adds only when admitted and sets the expiry in a single EVALSHA, so
 // the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
-// is the common non-atomic design (a sorted set, one member per event), kept for comparison.
+// is the common non-atomic design (a sorted set, one member per event), kept for comparison:
+// it offers the seed article's operations on its own keys, and returns ErrUnsupported for what
+// only the atomic log can do. Each mode refuses the other's keys, and any key it did not
+// write, with ErrUnknownLayout.
 //
 // Limits that share a key each hold on every event of the key, whichever limit admitted it: a
 // key keeps its events for the longest window ever asked of it (its horizon). A limit asked of
@@ -19,7 +22,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -78,10 +80,17 @@ type Result struct {
 	FromCache bool
 }
 
-// EntryID identifies one admitted request's entry in its key's log: its time and its position
-// among the key's entries of that microsecond. It is a plain value: copy it, store it, send it
-// to another process, and Refund or Settle there.
+// EntryID identifies one admitted request's entry in its key's log: the log's name, the
+// entry's time and its position among the key's entries of that microsecond. It is a plain
+// value: copy it, store it, send it to another process, and Refund or Settle there.
+//
+// It carries the log's name (Key) so that a Refund or Settle given the wrong key, or run by an
+// engine of another prefix, is refused (ErrUnknownEntry) instead of refunding nothing, or
+// another request, in silence: a time and a seq alone are valid in any key's log.
 type EntryID struct {
+	// Key is the name of the log the entry is in, in Valkey: the engine's prefix, then the key
+	// the request was decided on.
+	Key string
 	// At is the entry's time, to the microsecond: the decision's Result.At.
 	At time.Time
 	// Seq is the entry's position among the key's entries of that microsecond, from 1; 0 when
@@ -130,8 +139,8 @@ type Engine struct {
 	limitSets     sync.Map // Limit -> *limitSet
 	limitSetCount atomic.Int64
 
-	failOpen bool
-	acking   acking // WithReplicaAck, WithDurableAck
+	failOpen  bool
+	ackPolicy ackPolicy // WithReplicaAck, WithDurableAck
 
 	// Pipelined mode makes its members on the client: an id random per engine, then a counter.
 	memberID [8]byte
@@ -172,8 +181,8 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		batching: o.batching,
 		shadow:   o.shadow,
 
-		failOpen: o.failOpen,
-		acking:   o.ack,
+		failOpen:  o.failOpen,
+		ackPolicy: o.ack,
 	}
 	var err error
 	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
@@ -238,7 +247,15 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 	return nil
 }
 
-// Mode returns the engine's mode.
+// scripts lists every script the engine runs, for Preload.
+func (e *Engine) scripts() []*loader.Script {
+	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.settle, e.inspect,
+		e.acquire, e.extend, e.release}
+}
+
+// Mode returns the engine's mode: for code handed an Engine that must know whether it offers
+// what only Atomic mode does (a Policy of several limits, Refund, Settle, Inspect, leases;
+// ErrUnsupported in Pipelined mode).
 func (e *Engine) Mode() Mode { return e.mode }
 
 // Allow records one event for key if l admits it now.
@@ -255,7 +272,7 @@ func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result
 		return Result{}, err
 	}
 	started := time.Now()
-	r, err := e.allowAt(ctx, key, l, n, e.now())
+	r, err := e.allowAt(ctx, key, l, n, e.decisionClock())
 	return e.finish(ctx, opAllow, started, r, err)
 }
 
@@ -269,7 +286,7 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 		return Result{}, err
 	}
 	started := time.Now()
-	r, err := e.peekAt(ctx, key, l, 1, e.now())
+	r, err := e.peekAt(ctx, key, l, 1, e.decisionClock())
 	return e.finish(ctx, opPeek, started, r, err)
 }
 
@@ -365,9 +382,10 @@ func (c clockReading) arg() (string, error) {
 	return strconv.FormatInt(us, 10), nil
 }
 
-// now is the clock a decision is taken on: the caller's (WithClock, or time.Now in Pipelined
-// mode), else unset, and the script reads the server's.
-func (e *Engine) now() clockReading {
+// decisionClock is the clock a decision is taken on: the caller's (WithClock, or time.Now in
+// Pipelined mode), else unset, and the script reads the server's. Leases have their own
+// (leaseClock), and a Result nobody decided is stamped with localNow.
+func (e *Engine) decisionClock() clockReading {
 	switch {
 	case e.clock != nil:
 		return clockReading{t: e.clock(), set: true}
@@ -377,9 +395,9 @@ func (e *Engine) now() clockReading {
 	return clockReading{}
 }
 
-// callerNow is the caller's idea of now, for a Result the server did not decide: the
+// localNow is the caller's idea of now, for a Result the server did not decide: the
 // engine's clock when it has one, else time.Now.
-func (e *Engine) callerNow() time.Time {
+func (e *Engine) localNow() time.Time {
 	if e.clock != nil {
 		return e.clock()
 	}
@@ -395,6 +413,9 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
+	if e.mode == Pipelined {
+		return e.peekPipelined(ctx, key, l, n, at)
+	}
 	return e.runScript(ctx, e.peeks, "peek", key, l, n, at)
 }
 
@@ -406,129 +427,6 @@ func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l 
 		return Result{}, err
 	}
 	return e.runDecision(ctx, c, op, req)
-}
-
-// maxReplyValues is the longest reply a decision script gives.
-const maxReplyValues = 7
-
-// readInts reads an array reply of least to len(v) integers into v, and returns how many.
-func readInts(reply valkey.ValkeyResult, v []int64, least int) (int, error) {
-	vals, err := reply.ToArray()
-	if err != nil {
-		return 0, err
-	}
-	return intsOf(vals, v, least)
-}
-
-// intsOf reads least to len(v) integer messages into v, and returns how many.
-func intsOf(vals []valkey.ValkeyMessage, v []int64, least int) (int, error) {
-	var err error
-	if len(vals) < least || len(vals) > len(v) {
-		return 0, fmt.Errorf("script reply has %d values, want %d to %d", len(vals), least, len(v))
-	}
-	for i := range vals {
-		if v[i], err = vals[i].AsInt64(); err != nil {
-			return 0, fmt.Errorf("script reply value %d: %w", i+1, err)
-		}
-	}
-	return len(vals), nil
-}
-
-// decodeReply turns the scripts' reply values into a Result: remaining, now µs, then
-// retry_after µs (default 0: admitted), quota_after µs (default: the window of the limit
-// Remaining speaks for), reset_after µs (default: the longest window), the 1-based position in
-// limits (ascending windows) of the limit Remaining speaks for (default 1), which sets
-// Result.Window, and the admitted entry's seq (default 1). A denial always has retry_after > 0.
-// n is the request's cost; 0 for a Peek, which records no entry.
-func decodeReply(v []int64, n int, limits []Limit) (Result, error) {
-	if len(v) < 2 || len(v) > maxReplyValues {
-		return Result{}, fmt.Errorf("script reply has %d values, want 2 to %d", len(v), maxReplyValues)
-	}
-	full := [maxReplyValues]int64{2: 0, 3: -1, 4: limits[len(limits)-1].windowMicros(), 5: 1, 6: 1}
-	copy(full[:], v)
-	remaining, now, retry, quota, reset, tightest, seq := full[0], full[1], full[2], full[3], full[4], full[5], full[6]
-	switch {
-	case remaining < 0:
-		return Result{}, fmt.Errorf("script reply: remaining %d is negative", remaining)
-	case retry < 0 || reset < 0:
-		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", retry, reset)
-	case tightest < 1 || tightest > int64(len(limits)):
-		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", tightest, len(limits))
-	case seq < 1:
-		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", seq)
-	}
-	if len(v) <= 3 {
-		quota = limits[tightest-1].windowMicros()
-	}
-	// The tightest window's first event is no newer than the log's newest entry, and that
-	// window no longer than the longest.
-	if quota < 0 || quota > reset {
-		return Result{}, fmt.Errorf("script reply: quota_after %d is outside 0 to reset_after %d", quota, reset)
-	}
-	r := Result{
-		Allowed:    retry == 0,
-		Remaining:  int(remaining),
-		RetryAfter: time.Duration(retry) * time.Microsecond,
-		ResetAfter: time.Duration(reset) * time.Microsecond,
-		QuotaAfter: time.Duration(quota) * time.Microsecond,
-		At:         time.UnixMicro(now),
-		Window:     limits[tightest-1].Window,
-	}
-	if r.Allowed && n > 0 {
-		r.Entry = EntryID{At: r.At, Seq: int(seq), Cost: n}
-	}
-	return r, nil
-}
-
-// allowPipelined is the article's design: trim, add, count and expire in one pipeline, admitted
-// when the count after the add is at most Max. It is not atomic, and a denied request stays in
-// the log. RetryAfter, ResetAfter and QuotaAfter cannot be known without more reads: all are
-// the window.
-func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	now, err := at.micros()
-	if err != nil {
-		return Result{}, err
-	}
-	full := e.prefix + key
-	window := l.windowMicros()
-	score := float64(now)
-	b := e.client.B()
-	add := b.Zadd().Key(full).ScoreMember()
-	for i := 0; i < n; i++ {
-		add = add.ScoreMember(score, e.nextMember())
-	}
-	pttl := ceilUnits(time.Millisecond, l.Window)
-	replies := e.client.DoMulti(ctx,
-		b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
-		add.Build(),
-		b.Zcard().Key(full).Build(),
-		b.Pexpire().Key(full).Milliseconds(pttl).Build(),
-	)
-	for _, r := range replies {
-		if err := r.Error(); err != nil {
-			return e.backendFailure(ctx, classify(ctx, "strictrate: allow "+quoteKey(key), err))
-		}
-	}
-	count, err := replies[2].AsInt64()
-	if err != nil {
-		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %s: ZCARD reply: %w", quoteKey(key), err))
-	}
-	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, QuotaAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
-	if remaining := int64(l.Max) - count; remaining > 0 {
-		res.Remaining = int(remaining)
-	}
-	if !res.Allowed {
-		res.RetryAfter = l.Window
-	}
-	return res, nil
-}
-
-// nextMember returns a member unique across engines: the engine's random id, then a counter.
-func (e *Engine) nextMember() string {
-	var buf [8 + binary.MaxVarintLen64]byte
-	copy(buf[:], e.memberID[:])
-	k := binary.PutUvarint(buf[8:], e.seq.Add(1))
-	return string(buf[:8+k])
 }
 
 // validate checks a request for n events of key against l; every exported method checks its
@@ -557,7 +455,8 @@ func validateKey(key string) error {
 	return nil
 }
 
-// classify wraps err with what was being done, and with ErrUnavailable when the server was
+// classify wraps err with what was being done; with ErrUnknownLayout when a script refused
+// the key's contents (BADLAYOUT); and with ErrUnavailable when the server was
 // not reached or could not answer (a connection error, a timeout of the client's own, LOADING,
 // CLUSTERDOWN, TRYAGAIN, MASTERDOWN, BUSY, READONLY, OOM). The error of ctx, the caller's
 // context, once it is done, and other server errors are wrapped as they are.
@@ -577,11 +476,22 @@ func classify(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("%s: %w: the client timed out waiting for the server (%v)", what, ErrUnavailable, err)
 	}
 	var verr *valkey.ValkeyError
-	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) && !serverCannotAnswer(verr.Error()) {
-		return fmt.Errorf("%s: server error: %w", what, err)
+	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) {
+		if found, ok := strings.CutPrefix(verr.Error(), layoutReply); ok {
+			// The server appends where in which script the error was raised.
+			found, _, _ = strings.Cut(found, " script: ")
+			return fmt.Errorf("%s: %w: %s", what, ErrUnknownLayout, found)
+		}
+		if !serverCannotAnswer(verr.Error()) {
+			return fmt.Errorf("%s: server error: %w", what, err)
+		}
 	}
 	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
 }
+
+// layoutReply starts the error reply of a script that found a key holding something other
+// than its layout (lib_log.lua, lib_lease.lua); the rest says what the key holds.
+const layoutReply = "BADLAYOUT "
 
 // unavailableReplies are the error replies of a server that is there but cannot decide now:
 // loading its data, its cluster down, a slot migrating, its primary lost, a script running

@@ -167,79 +167,6 @@ func TestServerCannotAnswer(t *testing.T) {
 	}
 }
 
-// decodeReply fills the defaults of a short reply and refuses replies no script gives.
-func TestDecodeReply(t *testing.T) {
-	limits := []Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}}
-	r, err := decodeReply([]int64{4, 1_000_000}, 1, limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.UnixMicro(1_000_000)
-	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, QuotaAfter: time.Second, At: at, Window: time.Second,
-		Entry: EntryID{At: at, Seq: 1, Cost: 1}}
-	if r != want {
-		t.Fatalf("short reply: %+v, want %+v", r, want)
-	}
-	r, err = decodeReply([]int64{2, 1_000_000, 0, 4_000, 5_000, 1, 3}, 7, limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = Result{Allowed: true, Remaining: 2, ResetAfter: 5 * time.Millisecond, QuotaAfter: 4 * time.Millisecond, At: at, Window: time.Second,
-		Entry: EntryID{At: at, Seq: 3, Cost: 7}}
-	if r != want {
-		t.Fatalf("reply with a seq: %+v, want %+v", r, want)
-	}
-	if r, err = decodeReply([]int64{4, 1_000_000}, 0, limits); err != nil || !r.Entry.IsZero() {
-		t.Fatalf("a peek's reply: %+v, %v; want no entry", r, err)
-	}
-	r, err = decodeReply([]int64{0, 7, 250, 8_000, 9_000, 2}, 1, limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = Result{Allowed: false, RetryAfter: 250 * time.Microsecond, ResetAfter: 9 * time.Millisecond, QuotaAfter: 8 * time.Millisecond, At: time.UnixMicro(7), Window: time.Hour}
-	if r != want {
-		t.Fatalf("full reply: %+v, want %+v", r, want)
-	}
-	for name, bad := range map[string][]int64{
-		"empty":              {},
-		"one value":          {1},
-		"eight values":       {1, 2, 0, 3, 3, 1, 1, 9},
-		"seq 0":              {1, 2, 0, 3, 3, 1, 0},
-		"negative remaining": {-1, 7},
-		"negative retry":     {0, 7, -5},
-		"negative quota":     {0, 7, 5, -1},
-		"quota after reset":  {0, 7, 5, 11, 10},
-		"negative reset":     {0, 7, 5, 1, -1},
-		"limit position 0":   {0, 7, 5, 10, 10, 0},
-		"limit position 3":   {0, 7, 5, 10, 10, 3},
-	} {
-		if r, err := decodeReply(bad, 1, limits); err == nil {
-			t.Errorf("%s: decoded %+v, want an error", name, r)
-		}
-	}
-}
-
-// A reply that is not an array of integers is an error, not a decision; a transport error
-// stays the call's error, which classify judges.
-func TestReadReplyMalformed(t *testing.T) {
-	var o outcome
-	o.readReply(valkey.NewErrorResult(errors.New("connection reset")))
-	if o.err == nil || o.replyErr != nil {
-		t.Errorf("transport error: %+v, want the call's error", o)
-	}
-	o = outcome{}
-	o.readReply(valkey.NewResult(valkey.ValkeyMessage{}, nil))
-	if o.replyErr == nil || o.err != nil {
-		t.Errorf("not an array: %+v, want a reply error", o)
-	}
-	if err := (&outcome{}).ints(make([]valkey.ValkeyMessage, 8)); err == nil {
-		t.Error("eight values read as a reply")
-	}
-	if err := (&outcome{}).ints(make([]valkey.ValkeyMessage, 2)); err == nil {
-		t.Error("two values that are not integers read as a reply")
-	}
-}
-
 // Fail-open admits with the error in BackendErr, stamped by the engine's own clock when it has
 // one; fail-closed returns the error; a caller's cancellation is returned either way.
 func TestBackendFailure(t *testing.T) {
@@ -261,5 +188,9 @@ func TestBackendFailure(t *testing.T) {
 	cancel()
 	if r, err := open.backendFailure(cancelled, boom); err != boom || r.Allowed {
 		t.Fatalf("fail-open, caller cancelled: %+v, %v; want the error", r, err)
+	}
+	layout := fmt.Errorf("allow: %w: the key holds a hash", ErrUnknownLayout)
+	if r, err := open.backendFailure(context.Background(), layout); err != layout || r.Allowed {
+		t.Fatalf("fail-open, a key of another layout: %+v, %v; want the error, not an admission", r, err)
 	}
 }

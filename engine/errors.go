@@ -11,9 +11,9 @@ import (
 )
 
 var (
-	// ErrRateLimitExceeded is returned by Check and Record when the request is denied, and by
-	// Acquire when the key's in-flight limit is full. The error is a *DeniedError, which
-	// carries the full Result.
+	// ErrRateLimitExceeded is returned by Check and Record when the request is denied (the
+	// error is a *DeniedError, which carries the full Result), and by Acquire when the key's
+	// in-flight limit is full (a *LeaseDeniedError, which says who holds it and until when).
 	ErrRateLimitExceeded = errors.New("strictrate: rate limit exceeded")
 
 	// ErrInvalidArgument is wrapped by every validation error: an empty key, a Limit out of
@@ -30,6 +30,25 @@ var (
 	// (scripting disabled or not permitted for the client's user, say). It is the loader's
 	// sentinel, named here so callers need not import the loader.
 	ErrPreload = loader.ErrPreload
+
+	// ErrUnsupported is wrapped by the error of an operation the engine's Mode does not offer:
+	// in Pipelined mode, a Policy of several limits, Refund, Settle, Inspect and leases. It is
+	// returned before anything is sent, and matches errors.ErrUnsupported too.
+	ErrUnsupported = fmt.Errorf("strictrate: not offered in this mode: %w", errors.ErrUnsupported)
+
+	// ErrUnknownLayout is wrapped by the error of a call on a key that holds something this
+	// release cannot read as its own: another type (another program's key, or the other
+	// Mode's log), or a log whose header names a layout version this release does not know (a
+	// later release's). The message names the key and what it holds. Nothing is read as a
+	// count, nothing is converted or written, and fail-open never admits on it: it is a key
+	// to fix (Reset it, or give the engine another prefix), not an outage.
+	ErrUnknownLayout = errors.New("strictrate: the key holds no log this release can read")
+
+	// ErrUnknownEntry is wrapped by the error of a Refund or Settle whose Result names an
+	// entry of another key: the key given is not the one the Result's request was decided
+	// on, or the Result came from an engine of another prefix. It also matches
+	// ErrInvalidArgument, and nothing is sent.
+	ErrUnknownEntry = fmt.Errorf("%w: the entry is not one of this key's", ErrInvalidArgument)
 
 	// ErrLeaseExpired is wrapped by the error Extend returns for a lease that no longer holds
 	// its slot: it expired (its holder did not extend it in time, or a failover lost it) or it
@@ -48,7 +67,7 @@ var (
 	ErrPersistence = errors.New("strictrate: the server does not persist limiter logs as asked")
 )
 
-// DeniedError is the error Check, Record and Acquire return when denied. It matches
+// DeniedError is the error Check, Record and Wait return when denied. It matches
 // ErrRateLimitExceeded with errors.Is and gives the decision with errors.As.
 type DeniedError struct {
 	Key    string
@@ -79,3 +98,34 @@ func quoteKey(key string) string {
 
 // Unwrap makes errors.Is(err, ErrRateLimitExceeded) true.
 func (e *DeniedError) Unwrap() error { return ErrRateLimitExceeded }
+
+// LeaseDeniedError is the error Acquire returns when key's in-flight limit is full: what a
+// holder-to-be needs to decide whether to wait. It matches ErrRateLimitExceeded with
+// errors.Is and gives the details with errors.As.
+type LeaseDeniedError struct {
+	// Key is the key as given to Acquire.
+	Key string
+	// Max is the most leases of Key held at once, as given to Acquire.
+	Max int
+	// Holders is how many unexpired leases of Key were held at the decision (at least Max).
+	Holders int
+	// At is the instant the decision was taken at, on the clock that took it.
+	At time.Time
+	// NextExpiry is when the soonest held lease expires unless extended: a slot is free by
+	// then at the latest, if nobody else takes it; a Release may free one sooner.
+	NextExpiry time.Time
+	// LastExpiry is when the last held lease expires unless extended: the key holds none then.
+	LastExpiry time.Time
+}
+
+// RetryAfter is the wait from the decision until the soonest lease expires.
+func (e *LeaseDeniedError) RetryAfter() time.Duration { return e.NextExpiry.Sub(e.At) }
+
+// Error says which key is full, by how many holders, and when a slot frees at the latest.
+func (e *LeaseDeniedError) Error() string {
+	return fmt.Sprintf("%s: key %s: %d of %d leases held; the first expires in %s", ErrRateLimitExceeded, quoteKey(e.Key),
+		e.Holders, e.Max, e.RetryAfter().Round(time.Microsecond))
+}
+
+// Unwrap makes errors.Is(err, ErrRateLimitExceeded) true.
+func (e *LeaseDeniedError) Unwrap() error { return ErrRateLimitExceeded }

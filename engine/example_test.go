@@ -1,9 +1,11 @@
 package engine_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -14,12 +16,26 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// exampleServer is the Valkey the examples use, started by TestMain.
+// The examples connect to Valkey as a program would, each with a client of its own: at the
+// address in VALKEY_ADDR (which examples/httpserver reads too), else 127.0.0.1:6379. TestMain
+// sets VALKEY_ADDR to the tests' own server (valkeytest starts a throwaway one unless
+// VALKEY_ADDR already names a server), so that the examples run and their Output is checked.
+// Each example keys its counts by a UUID, so its output is the same on every run, whatever
+// the server holds.
+
+// exampleServer is the Valkey the package's tests share, started by TestMain.
 var exampleServer *valkeytest.Server
 
-func TestMain(m *testing.M) { valkeytest.Main(m, &exampleServer) }
+func TestMain(m *testing.M) {
+	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) {
+		exampleServer = s
+		// The examples find the server where a reader's copy of them would: in VALKEY_ADDR.
+		// Tests that need a server of their own ask for one with valkeytest.OwnServer.
+		os.Setenv(valkeytest.EnvAddr, s.Addr)
+	}))
+}
 
-// exampleClient connects to the examples' server; a program would connect to its own Valkey.
+// exampleClient connects to the tests' server, for tests; the examples connect on their own.
 func exampleClient() valkey.Client {
 	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{exampleServer.Addr}})
 	if err != nil {
@@ -28,32 +44,26 @@ func exampleClient() valkey.Client {
 	return c
 }
 
-// exampleEngine is what ExampleEngine_Allow spells out: an engine on its own client, deciding
-// with a caller's clock that reads *now. close closes the client.
-func exampleEngine(now *time.Time) (e *engine.Engine, close func()) {
-	client := exampleClient()
-	e, err := engine.New(client, engine.WithClock(func() time.Time { return *now }))
+// exampleKey is a key no other run uses, so that a test's counts start from nothing.
+func exampleKey(name string) string { return "example:" + name + ":" + uuid.NewString() }
+
+func ExampleEngine_Allow() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
 	if err != nil {
 		panic(err)
 	}
-	return e, client.Close
-}
-
-// exampleKey is a key no other run uses, so the examples' output is the same every time.
-func exampleKey(name string) string { return "example:" + name + ":" + uuid.NewString() }
-
-// A fixed caller's clock makes the numbers below exact; by default the engine uses the
-// server's clock.
-var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-
-func ExampleEngine_Allow() {
-	client := exampleClient()
 	defer client.Close()
+	// A fixed clock makes the numbers below exact; by default the engine uses the server's.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
 	if err != nil {
 		panic(err)
 	}
-	key, limit := exampleKey("allow"), engine.PerSecond(2)
+	// A key of its own (a program would key by client), so the output is the same every run.
+	key, limit := "example:allow:"+uuid.NewString(), engine.PerSecond(2)
 	for i := 0; i < 3; i++ {
 		r, err := e.Allow(context.Background(), key, limit)
 		if err != nil {
@@ -68,10 +78,23 @@ func ExampleEngine_Allow() {
 }
 
 func ExampleEngine_AllowN() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// A clock the example moves makes the numbers below exact; by default the engine uses
+	// the server's clock.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	now := noon
-	e, done := exampleEngine(&now)
-	defer done()
-	key, limit := exampleKey("allown"), engine.PerMinute(10)
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	key, limit := "example:allown:"+uuid.NewString(), engine.PerMinute(10)
 	for _, n := range []int{6, 5, 4} { // all or nothing: 5 does not fit after 6, 4 does
 		r, err := e.AllowN(context.Background(), key, limit, n)
 		if err != nil {
@@ -87,10 +110,21 @@ func ExampleEngine_AllowN() {
 }
 
 func ExampleEngine_Peek() {
-	now := noon
-	e, done := exampleEngine(&now)
-	defer done()
-	ctx, key, limit := context.Background(), exampleKey("peek"), engine.PerHour(3)
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// A fixed clock makes the numbers below exact; by default the engine uses the server's.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return noon }))
+	if err != nil {
+		panic(err)
+	}
+	ctx, key, limit := context.Background(), "example:peek:"+uuid.NewString(), engine.PerHour(3)
 	if _, err := e.Allow(ctx, key, limit); err != nil {
 		panic(err)
 	}
@@ -107,12 +141,25 @@ func ExampleEngine_Peek() {
 }
 
 func ExampleEngine_AllowPolicy() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// A clock the example moves makes the numbers below exact; by default the engine uses
+	// the server's clock.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	now := noon
-	e, done := exampleEngine(&now)
-	defer done()
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
 	// 2 per second and 3 per minute, decided together in one atomic call.
 	p := engine.Policy{engine.PerSecond(2), engine.PerMinute(3)}
-	key := exampleKey("policy")
+	key := "example:policy:" + uuid.NewString()
 	for _, step := range []time.Duration{0, 0, 0, time.Second, 0} {
 		now = now.Add(step)
 		r, err := e.AllowPolicy(context.Background(), key, p, 1)
@@ -132,10 +179,23 @@ func ExampleEngine_AllowPolicy() {
 // An in-flight limit: at most two exports of one tenant run at once. Each holder releases its
 // lease when done; a holder that dies frees its slot when its lease expires.
 func ExampleEngine_Acquire() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	// A clock the example moves makes the numbers below exact; by default the engine uses
+	// the server's clock.
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	now := noon
-	e, closeClient := exampleEngine(&now)
-	defer closeClient()
-	ctx, key := context.Background(), exampleKey("exports")
+	e, err := engine.New(client, engine.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	ctx, key := context.Background(), "example:exports:"+uuid.NewString()
 
 	a, err := e.Acquire(ctx, key, 2, 30*time.Second)
 	if err != nil {
@@ -150,9 +210,9 @@ func ExampleEngine_Acquire() {
 
 	now = noon.Add(10 * time.Second)
 	_, err = e.Acquire(ctx, key, 2, 30*time.Second)
-	var denied *engine.DeniedError
+	var denied *engine.LeaseDeniedError
 	if errors.As(err, &denied) {
-		fmt.Println("third: denied, retry after", denied.Result.RetryAfter)
+		fmt.Println("third: denied, retry after", denied.RetryAfter())
 	}
 
 	// A long holder extends its lease before it expires; an expired one cannot be extended.

@@ -14,7 +14,13 @@ type Log struct {
 	Events int
 	// Count is the number of entries in the log.
 	Count int
-	// Cursors is how many shorter windows the log keeps a count for (policies).
+	// Layout is the version of the layout the log is stored in (docs/design.md): 2 for what
+	// this release writes, 1 for a log an earlier release wrote and no decision has rewritten
+	// yet; 0 for a key that does not exist. Operators read it during an upgrade that changes
+	// the layout (docs/operating.md).
+	Layout int
+	// Cursors is how many shorter windows the log keeps a count for (policies): the strictrate
+	// command prints it, as it is part of what a log costs the server.
 	Cursors int
 	// Entries are the newest entries, oldest first: all of them, or as many as asked for.
 	Entries []LogEntry
@@ -31,7 +37,8 @@ type LogEntry struct {
 // Inspect reads key's log as stored, for operators (the strictrate command) and tests: its
 // totals and its newest entries, at most most of them (0: all). It reads through the same
 // script code the decisions use, and changes nothing. A key that does not exist has an empty
-// Log. In Pipelined mode the key holds the article's sorted set, which Inspect does not read.
+// Log. Pipelined mode's log is the article's sorted set, which Inspect does not read: there
+// it returns an error wrapping ErrUnsupported.
 func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error) {
 	if err := checkContext(ctx); err != nil {
 		return Log{}, err
@@ -43,15 +50,18 @@ func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error)
 		return Log{}, fmt.Errorf("%w: most %d is negative", ErrInvalidArgument, most)
 	}
 	what := "strictrate: inspect " + quoteKey(key)
+	if e.mode == Pipelined {
+		return Log{}, unsupported(what)
+	}
 	vals, err := e.inspect.Exec(ctx, e.client, []string{e.prefix + key}, []string{strconv.Itoa(most)}).AsIntSlice()
 	if err != nil {
 		return Log{}, classify(ctx, what, err)
 	}
-	if len(vals) < 5 || (len(vals)-5)%2 != 0 {
-		return Log{}, fmt.Errorf("%s: reply has %d values, want 5 and pairs", what, len(vals))
+	if len(vals) < 4 || (len(vals)-4)%2 != 0 {
+		return Log{}, fmt.Errorf("%s: reply has %d values, want 4 and pairs", what, len(vals))
 	}
-	l := Log{Events: int(vals[0]), Count: int(vals[1]), Cursors: int(vals[4])}
-	for i := 5; i < len(vals); i += 2 {
+	l := Log{Events: int(vals[0]), Count: int(vals[1]), Layout: int(vals[2]), Cursors: int(vals[3])}
+	for i := 4; i < len(vals); i += 2 {
 		l.Entries = append(l.Entries, LogEntry{At: time.UnixMicro(vals[i]), Cost: int(vals[i+1])})
 	}
 	return l, nil

@@ -2,12 +2,15 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/loader"
 )
 
 // In-flight limits: at most max requests of a key running at once.
@@ -56,62 +59,62 @@ type Lease struct {
 	BackendErr error
 }
 
-// Acquire takes one of max slots of key's in-flight limit for ttl: it is granted while fewer
-// than max unexpired leases of key exist, in one atomic script call, exact under any
+// Acquire takes one of maxHolders slots of key's in-flight limit for ttl: it is granted while
+// fewer than maxHolders unexpired leases of key exist, in one atomic script call, exact under any
 // concurrency and from any number of processes. Release the lease when the work is done;
 // extend it with Extend before it expires when the work runs longer than ttl.
 //
-// A full key is denied with a *DeniedError (errors.Is(err, ErrRateLimitExceeded)) whose
-// Result.RetryAfter is the wait until the soonest lease of key expires: a slot is free by then
-// at the latest, if nobody else takes it, and a release may free one sooner. Its ResetAfter is
-// the wait until the last lease expires; Remaining is 0.
+// A full key is denied with a *LeaseDeniedError (errors.Is(err, ErrRateLimitExceeded)): how
+// many hold the key, and when the soonest and the last of their leases expire. A slot is free
+// at NextExpiry at the latest, if nobody else takes it, and a release may free one sooner.
 //
-// The decision uses the server's clock (TIME in the script), in either Mode, unless the engine
-// was made WithClock. Invalid arguments (an empty key, max < 1, ttl < MinLeaseTTL or above
+// The decision uses the server's clock (TIME in the script) unless the engine was made
+// WithClock. Invalid arguments (an empty key, maxHolders < 1, ttl < MinLeaseTTL or above
 // MaxLeaseTTL) are ErrInvalidArgument, before anything is sent. A server that cannot decide is
 // handled as for decisions: an error wrapping ErrUnavailable (fail-closed, the default), or,
 // under WithFailOpen(true), a Lease that holds no slot, with BackendErr set, and no error. With
-// WithReplicaAck a lease counts only once a replica holds it.
-func (e *Engine) Acquire(ctx context.Context, key string, max int, ttl time.Duration) (Lease, error) {
+// WithReplicaAck or WithDurableAck a lease counts only once it is held where they ask. A key
+// that holds something other than leases is ErrUnknownLayout. Pipelined mode offers no
+// leases: ErrUnsupported. Each call is counted in the metrics as operation "acquire".
+func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
 	}
-	if err := validateLease(key, max, ttl); err != nil {
+	if err := validateLease(key, maxHolders, ttl); err != nil {
 		return Lease{}, err
 	}
-	nowArg, err := e.leaseNow().arg()
+	what := func() string { return "strictrate: acquire " + quoteKey(key) }
+	if e.mode == Pipelined {
+		return Lease{}, unsupported(what())
+	}
+	started := time.Now()
+	l, err := e.acquireLease(ctx, key, maxHolders, ttl, what)
+	e.metrics.record(ctx, opAcquire, leaseOutcome(l.BackendErr, err), time.Since(started))
+	return l, err
+}
+
+func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, ttl time.Duration, what func() string) (Lease, error) {
+	nowArg, err := e.leaseClock().arg()
 	if err != nil {
 		return Lease{}, err
 	}
 	id, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, fmt.Errorf("strictrate: acquire %s: make a lease id: %w", quoteKey(key), err)
+		return Lease{}, fmt.Errorf("%s: make a lease id: %w", what(), err)
 	}
-	args := []string{nowArg, strconv.Itoa(max), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
-	what := func() string { return "strictrate: acquire " + quoteKey(key) }
-	var v [4]int64
-	err = e.runAcked(ctx, e.acquire, what, e.leaseKey(key), args, func(reply valkey.ValkeyResult) (bool, error) {
-		if _, err := readInts(reply, v[:], len(v)); err != nil {
-			return false, err
-		}
-		remaining, now, retry, last := v[0], v[1], v[2], v[3]
-		if remaining < 0 || remaining >= int64(max) || retry < 0 || retry == 0 && last <= now || retry > 0 && (remaining != 0 || last < retry) {
-			return false, fmt.Errorf("script reply %v is not a lease decision", v)
-		}
-		return retry == 0, nil
-	})
+	args := []string{nowArg, strconv.Itoa(maxHolders), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+	d, err := e.runLease(ctx, e.acquire, what, e.leaseKey(key), args)
+	if err == nil && (d.holders < 1 || d.holders > int64(maxHolders) && d.granted) {
+		err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), d.holders, maxHolders)
+	}
 	if err != nil {
 		return e.leaseFailure(ctx, Lease{Key: key}, ttl, err)
 	}
-	remaining, at, retry, last := int(v[0]), time.UnixMicro(v[1]), v[2], v[3]
-	if retry > 0 {
-		return Lease{}, &DeniedError{Key: key, Result: Result{
-			At:         at,
-			RetryAfter: time.Duration(retry) * time.Microsecond,
-			ResetAfter: time.Duration(last) * time.Microsecond,
-		}}
+	if !d.granted {
+		return Lease{}, &LeaseDeniedError{Key: key, Max: maxHolders, Holders: int(d.holders), At: time.UnixMicro(d.now),
+			NextExpiry: time.UnixMicro(d.soonest), LastExpiry: time.UnixMicro(d.latest)}
 	}
-	return Lease{Key: key, ID: id, At: at, Expires: time.UnixMicro(last), Remaining: remaining}, nil
+	return Lease{Key: key, ID: id, At: time.UnixMicro(d.now), Expires: time.UnixMicro(d.expires), Remaining: maxHolders - int(d.holders)}, nil
 }
 
 // Extend moves a held lease's expiry to ttl from now: the heartbeat of a holder that runs
@@ -123,10 +126,11 @@ func (e *Engine) Acquire(ctx context.Context, key string, max int, ttl time.Dura
 // stop its work or Acquire anew. Extend before Expires, with room for the round trip.
 //
 // Clock, validation (a lease with no key or no ID, ttl out of range: ErrInvalidArgument),
-// fail-open and replica acknowledgement are as for Acquire; under fail-open a server that
-// cannot answer gives the lease back with BackendErr set and Expires moved on the caller's
-// clock, though the server's copy was not extended. Fail-closed, the error wraps
-// ErrUnavailable and the lease keeps the expiry it had: try again before it passes.
+// fail-open and acknowledgements are as for Acquire; under fail-open a server that cannot
+// answer gives the lease back with BackendErr set and Expires moved on the caller's clock,
+// though the server's copy was not extended. Fail-closed, the error wraps ErrUnavailable and
+// the lease keeps the expiry it had: try again before it passes. Each call is counted in the
+// metrics as operation "extend" (outcome denied: the lease had expired).
 func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
@@ -137,29 +141,30 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 	if err := validateTTL(ttl); err != nil {
 		return Lease{}, err
 	}
-	nowArg, err := e.leaseNow().arg()
+	what := func() string { return "strictrate: extend lease " + l.ID.String() + " of " + quoteKey(l.Key) }
+	if e.mode == Pipelined {
+		return Lease{}, unsupported(what())
+	}
+	started := time.Now()
+	l, err := e.extendLease(ctx, l, ttl, what)
+	e.metrics.record(ctx, opExtend, leaseOutcome(l.BackendErr, err), time.Since(started))
+	return l, err
+}
+
+func (e *Engine) extendLease(ctx context.Context, l Lease, ttl time.Duration, what func() string) (Lease, error) {
+	nowArg, err := e.leaseClock().arg()
 	if err != nil {
 		return Lease{}, err
 	}
 	args := []string{nowArg, strconv.FormatInt(ceilMicros(ttl), 10), string(l.ID[:])}
-	what := func() string { return "strictrate: extend lease " + l.ID.String() + " of " + quoteKey(l.Key) }
-	var v [3]int64
-	err = e.runAcked(ctx, e.extend, what, e.leaseKey(l.Key), args, func(reply valkey.ValkeyResult) (bool, error) {
-		if _, err := readInts(reply, v[:], 2); err != nil {
-			return false, err
-		}
-		if v[0] != 0 && (v[0] != 1 || v[2] <= v[1]) {
-			return false, fmt.Errorf("script reply %v is not an extension", v)
-		}
-		return v[0] == 1, nil
-	})
+	d, err := e.runLease(ctx, e.extend, what, e.leaseKey(l.Key), args)
 	if err != nil {
 		return e.leaseFailure(ctx, l, ttl, err)
 	}
-	if v[0] == 0 {
+	if !d.granted {
 		return Lease{}, fmt.Errorf("%s: %w", what(), ErrLeaseExpired)
 	}
-	l.At, l.Expires, l.BackendErr = time.UnixMicro(v[1]), time.UnixMicro(v[2]), nil
+	l.At, l.Expires, l.BackendErr = time.UnixMicro(d.now), time.UnixMicro(d.expires), nil
 	return l, nil
 }
 
@@ -171,8 +176,9 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 //
 // An error (wrapping ErrUnavailable when the server could not be reached) means the release
 // may not have happened; the slot then frees itself at the lease's expiry. Release has no
-// fail-open policy and no replica acknowledgement: a release lost in a failover only keeps the
-// slot until the lease expires.
+// fail-open policy and waits for no acknowledgement: a release lost in a failover only keeps
+// the slot until the lease expires. Each call is counted in the metrics as operation
+// "release" (outcome allowed when it removed a lease, denied when there was none to remove).
 func (e *Engine) Release(ctx context.Context, l Lease) error {
 	if err := checkContext(ctx); err != nil {
 		return err
@@ -180,21 +186,32 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 	if err := validateKey(l.Key); err != nil {
 		return err
 	}
+	what := "strictrate: release lease " + l.ID.String() + " of " + quoteKey(l.Key)
+	if e.mode == Pipelined {
+		return unsupported(what)
+	}
 	if l.ID == uuid.Nil {
 		return nil
 	}
-	if err := e.release.Exec(ctx, e.client, []string{e.leaseKey(l.Key)}, []string{string(l.ID[:])}).Error(); err != nil {
-		return classify(ctx, "strictrate: release lease "+l.ID.String()+" of "+quoteKey(l.Key), err)
+	started := time.Now()
+	removed, err := e.release.Exec(ctx, e.client, []string{e.leaseKey(l.Key)}, []string{string(l.ID[:])}).AsInt64()
+	oc := outcomeAllowed
+	switch {
+	case err != nil:
+		err, oc = classify(ctx, what, err), outcomeError
+	case removed == 0:
+		oc = outcomeDenied
 	}
-	return nil
+	e.metrics.record(ctx, opRelease, oc, time.Since(started))
+	return err
 }
 
 // leaseKey is the name of key's lease set.
 func (e *Engine) leaseKey(key string) string { return e.prefix + LeaseNamespace + key }
 
-// leaseNow is the clock leases are decided on: the caller's under WithClock, else the
+// leaseClock is the clock leases are decided on: the caller's under WithClock, else the
 // server's, in either Mode (the lease scripts always run atomically).
-func (e *Engine) leaseNow() clockReading {
+func (e *Engine) leaseClock() clockReading {
 	if e.clock != nil {
 		return clockReading{t: e.clock(), set: true}
 	}
@@ -214,15 +231,15 @@ func (e *Engine) leaseFailure(ctx context.Context, l Lease, ttl time.Duration, e
 }
 
 // validateLease checks Acquire's arguments.
-func validateLease(key string, max int, ttl time.Duration) error {
+func validateLease(key string, maxHolders int, ttl time.Duration) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}
 	switch {
-	case max < 1:
-		return fmt.Errorf("%w: lease max %d is below 1", ErrInvalidArgument, max)
-	case max > MaxEvents:
-		return fmt.Errorf("%w: lease max %d is above %d", ErrInvalidArgument, max, MaxEvents)
+	case maxHolders < 1:
+		return fmt.Errorf("%w: lease max %d is below 1", ErrInvalidArgument, maxHolders)
+	case maxHolders > MaxEvents:
+		return fmt.Errorf("%w: lease max %d is above %d", ErrInvalidArgument, maxHolders, MaxEvents)
 	}
 	return validateTTL(ttl)
 }
@@ -247,4 +264,79 @@ func validateHeld(l Lease) error {
 		return fmt.Errorf("%w: lease of %q has no id: it holds no slot (fail-open granted it, or it is not from Acquire)", ErrInvalidArgument, l.Key)
 	}
 	return nil
+}
+
+// leaseReply is a lease script's reply (lease_acquire.lua; lease_extend.lua replies its first
+// three values): times in microseconds, 0 where the script left a value out.
+type leaseReply struct {
+	granted bool
+	now     int64
+	expires int64 // the lease's expiry, when granted
+	holders int64 // unexpired leases after the call (Acquire)
+	soonest int64 // when denied: the soonest held lease's expiry (Acquire)
+	latest  int64 // when denied: the last held lease's expiry (Acquire)
+}
+
+// readLeaseReply decodes a lease script's reply, and refuses one no lease script gives.
+func readLeaseReply(reply valkey.ValkeyResult) (leaseReply, error) {
+	v, err := reply.AsIntSlice()
+	if err != nil {
+		return leaseReply{}, err
+	}
+	if len(v) < 2 || len(v) > 6 || v[0] != 0 && v[0] != 1 {
+		return leaseReply{}, fmt.Errorf("script reply %v is not a lease decision", v)
+	}
+	var full [6]int64
+	copy(full[:], v)
+	d := leaseReply{granted: full[0] == 1, now: full[1], expires: full[2], holders: full[3], soonest: full[4], latest: full[5]}
+	switch {
+	case d.granted && d.expires <= d.now:
+		return leaseReply{}, fmt.Errorf("script reply %v: the lease expires before it was granted", v)
+	case !d.granted && len(v) == 6 && (d.soonest <= d.now || d.latest < d.soonest):
+		return leaseReply{}, fmt.Errorf("script reply %v: the held leases' expiries are out of order", v)
+	}
+	return d, nil
+}
+
+// runLease sends lease script s for the full key fullKey and decodes its reply. With
+// WithReplicaAck or WithDurableAck it goes with WAIT in its round trip and is followed by
+// WAITAOF when it granted, and a grant not held where it was asked to be is an error wrapping
+// ErrUnavailable. Errors are wrapped with what() and classified; the fail-open policy is the
+// caller's to apply.
+func (e *Engine) runLease(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string) (leaseReply, error) {
+	ack := e.ackPolicy.on()
+	var d leaseReply
+	var replyErr, readErr error
+	got := e.execAcked(ctx, s, ack, []string{fullKey}, args, func(reply valkey.ValkeyResult) bool {
+		if replyErr = reply.Error(); replyErr != nil {
+			return false
+		}
+		d, readErr = readLeaseReply(reply)
+		return d.granted && readErr == nil
+	})
+	switch {
+	case replyErr != nil:
+		return leaseReply{}, classify(ctx, what(), replyErr)
+	case readErr != nil:
+		return leaseReply{}, fmt.Errorf("%s: %w", what(), readErr)
+	case ack && d.granted:
+		if err := e.ackPolicy.check(ctx, got); err != nil {
+			return leaseReply{}, fmt.Errorf("%s: %w", what(), err)
+		}
+	}
+	return d, nil
+}
+
+// leaseOutcome is how the metrics count a lease call that returned err, or a lease whose
+// BackendErr is set (fail-open).
+func leaseOutcome(backendErr, err error) metricOutcome {
+	switch {
+	case backendErr != nil:
+		return outcomeFailOpen
+	case errors.Is(err, ErrRateLimitExceeded) || errors.Is(err, ErrLeaseExpired):
+		return outcomeDenied
+	case err != nil:
+		return outcomeError
+	}
+	return outcomeAllowed
 }

@@ -12,8 +12,10 @@ type Limit struct {
 }
 
 const (
-	// MaxEvents is the largest Max a Limit may have. The log keeps one entry per admitted event,
-	// so a key's memory grows with Max; counts stay exact in the script's float64 arithmetic.
+	// MaxEvents is the largest Max a Limit may have, and the largest cost of one request. The
+	// log keeps one entry per admitted request, whatever its cost, so a key's memory grows with
+	// the requests its window holds (at most Max of them); counts stay exact in the script's
+	// float64 arithmetic.
 	MaxEvents = 1<<31 - 1
 	// MinWindow is the shortest window: PEXPIRE works in milliseconds.
 	MinWindow = time.Millisecond

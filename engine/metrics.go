@@ -17,8 +17,10 @@ import (
 //	strictrate.batch.size           histogram  {decision}  decisions per script call (WithBatching)
 //
 // Attributes: strictrate.operation (allow: Allow, AllowN, Record, Wait; policy: AllowPolicy;
-// peek: Peek, Check) and, on the first two, strictrate.outcome (allowed, denied, error,
-// fail_open, shadow_denied, cache_denied). Never the key: keys are unbounded.
+// peek: Peek, Check; acquire, extend and release: the lease calls) and, on the first two,
+// strictrate.outcome (allowed, denied, error, fail_open, shadow_denied, cache_denied; for
+// leases: allowed when granted, extended or released, denied when the key was full, the lease
+// had expired or there was none to release). Never the key: keys are unbounded.
 const (
 	meterName = "github.com/strictrate/strictrate/engine"
 
@@ -37,16 +39,19 @@ const (
 	opAllow operation = iota
 	opPolicy
 	opPeek
+	opAcquire
+	opExtend
+	opRelease
 	numOperations
 )
 
-var operationNames = [numOperations]string{"allow", "policy", "peek"}
+var operationNames = [numOperations]string{"allow", "policy", "peek", "acquire", "extend", "release"}
 
-// outcome of a decision, as the metrics count it.
-type decisionOutcome int
+// metricOutcome is how a call ended, as the metrics count it.
+type metricOutcome int
 
 const (
-	outcomeAllowed decisionOutcome = iota
+	outcomeAllowed metricOutcome = iota
 	outcomeDenied
 	outcomeError
 	outcomeFailOpen
@@ -102,7 +107,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 }
 
 // record counts one decision and its duration.
-func (m *metrics) record(ctx context.Context, op operation, oc decisionOutcome, took time.Duration) {
+func (m *metrics) record(ctx context.Context, op operation, oc metricOutcome, took time.Duration) {
 	m.decisions.Add(ctx, 1, m.added[op][oc]...)
 	m.duration.Record(ctx, took.Seconds(), m.recorded[op][oc]...)
 }

@@ -25,6 +25,7 @@ type modelEntry struct {
 // every entry in a list, every count a sum over it. The engine must answer exactly as it does.
 // horizon is the longest window any write counted on the key: the log keeps what it counts.
 type modelLog struct {
+	key     string // the log's name in Valkey, as an admission's EntryID carries it
 	entries []modelEntry
 	horizon int64
 }
@@ -131,7 +132,7 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, span: 1, cost: n, was: n})
 	r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 	r.QuotaAfter = m.quotaAfter(now, r.Window)
-	r.Entry = engine.EntryID{At: r.At, Seq: seq, Cost: n}
+	r.Entry = engine.EntryID{Key: m.key, At: r.At, Seq: seq, Cost: n}
 	return r
 }
 
@@ -206,7 +207,7 @@ func TestLogAgainstModel(t *testing.T) {
 			}
 			longest := 0
 			key := exampleKey(fmt.Sprint("model-", seed))
-			model := &modelLog{}
+			model := &modelLog{key: "strictrate:" + key}
 			base := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).UnixMicro()
 			now := base
 			// The windows this key sees: a few common ones, and now and then a rare one.

@@ -42,7 +42,7 @@ type options struct {
 	preload          bool
 	preloadTimeout   time.Duration
 	failOpen         bool
-	ack              acking // WithReplicaAck, WithDurableAck
+	ack              ackPolicy // WithReplicaAck, WithDurableAck
 	evictionCheck    EvictionCheck
 	persistenceCheck PersistenceCheck
 	logger           *slog.Logger
@@ -75,7 +75,10 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.clock 
 // and INFO persistence unless WithPersistenceCheck(PersistenceIgnore) without WithDurableAck).
 func WithPreload(preload bool) Option { return func(o *options) { o.preload = preload } }
 
-// WithPreloadTimeout bounds how long New waits for the preload; the default is 10 seconds.
+// WithPreloadTimeout bounds how long New waits for all its checks of the servers together:
+// the preload and the permission probe (WithPreload), the eviction check (WithEvictionCheck)
+// and the persistence check (WithPersistenceCheck, WithDurableAck). The default is 10 seconds.
+// (The name is older than the other checks.)
 func WithPreloadTimeout(d time.Duration) Option { return func(o *options) { o.preloadTimeout = d } }
 
 // WithFailOpen sets the policy for a decision the server could not take (unreachable, timed
@@ -93,8 +96,7 @@ func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen =
 // under-admit). Denials wait too but ignore the count. replicas < 1 turns it off (the
 // default); timeout is rounded up to whole milliseconds, and 0 means the WAIT may block
 // until the context ends. The cost is real: valkey-go sends WAIT on a connection of its own,
-// so acknowledged decisions are not pipelined; on 2 cores with the replica on the same
-// machine, BenchmarkReplicaAck measured 13,000 decisions/s against 30,900 without.
+// so acknowledged decisions are not pipelined (docs/benchmarks.md has the figures).
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ack.replicas, o.ack.timeout = replicas, timeout }
 }
@@ -162,7 +164,8 @@ type EvictionCheck int
 const (
 	// EvictionRefuse makes New fail with ErrEvictionPolicy (the default).
 	EvictionRefuse EvictionCheck = iota
-	// EvictionWarn makes New log a warning through the engine's logger and go on.
+	// EvictionWarn makes New log a warning through the engine's logger and go on; once per
+	// node per process, as PersistenceWarn.
 	EvictionWarn
 	// EvictionIgnore skips the check, and its CONFIG GET.
 	EvictionIgnore
@@ -182,8 +185,9 @@ type PersistenceCheck int
 const (
 	// PersistenceRefuse makes New fail with ErrPersistence.
 	PersistenceRefuse PersistenceCheck = iota
-	// PersistenceWarn makes New log one warning through the engine's logger, naming every such
-	// node, and go on (the default).
+	// PersistenceWarn makes New log a warning through the engine's logger (WithLogger), naming
+	// such nodes, and go on (the default). Each node is warned about once per process, however
+	// many engines the process makes.
 	PersistenceWarn
 	// PersistenceIgnore skips the check, and its INFO (unless WithDurableAck needs it).
 	PersistenceIgnore
@@ -197,7 +201,8 @@ func WithPersistenceCheck(c PersistenceCheck) Option {
 	return func(o *options) { o.persistenceCheck = c }
 }
 
-// WithLogger sets where the engine logs warnings; the default is slog.Default().
+// WithLogger sets where the engine logs warnings (log/slog, so a program can route, filter or
+// silence them); the default is slog.Default(), and nil logs nothing.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithBatching turns group commit on (the default) or off. On, concurrent decisions bound for the same

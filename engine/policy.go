@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// MaxPolicyLimits is the most limits a Policy may hold. Each limit costs the script one
-// ZCOUNT per decision; a handful covers every sensible stacking (per second, minute, hour, day).
+// MaxPolicyLimits is the most limits a Policy may hold. The log keeps a cursor per window
+// shorter than its longest, which each decision moves (amortized O(1)) and the header stores;
+// a handful covers every sensible stacking (per second, minute, hour, day).
 const MaxPolicyLimits = 16
 
 // Policy is a set of limits on one key that must all hold at once, such as "5 per second and
@@ -75,7 +76,9 @@ func (p Policy) Tag() string {
 	return strings.Join(parts, ",")
 }
 
-// Longest returns the limit of p with the longest window; the zero Limit when p is empty.
+// Longest returns the limit of p with the longest window; the zero Limit when p is empty. Its
+// window is how long a key of p keeps its events: size what a caller keeps beside the key (a
+// cache of its Results, the TTL of a record of who hit it) by it.
 func (p Policy) Longest() Limit {
 	var longest Limit
 	for _, l := range p {
@@ -95,9 +98,8 @@ func (p Policy) Longest() Limit {
 // newest event plus the longest window. The key expires then.
 //
 // A Policy of one limit is exactly AllowN with that limit, in either Mode. A Policy of several
-// limits always runs the atomic script, also on an engine in Pipelined mode (the pipelined
-// design has no per-window count to offer): the engine's clock applies as usual (WithClock, or
-// time.Now in Pipelined mode).
+// limits needs the atomic log: in Pipelined mode it returns an error wrapping ErrUnsupported,
+// and nothing is sent.
 //
 // The admitted request is one entry of the key's log, whatever the number of limits: Refund
 // and Settle give its cost back to every window at once.
@@ -111,8 +113,11 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 	if err := p.validate(n); err != nil {
 		return Result{}, err
 	}
+	if e.mode == Pipelined && len(p) > 1 {
+		return Result{}, unsupported("allow_policy " + quoteKey(key) + " of several limits")
+	}
 	started := time.Now()
-	r, err := e.allowPolicyAt(ctx, key, p, n, e.now())
+	r, err := e.allowPolicyAt(ctx, key, p, n, e.decisionClock())
 	return e.finish(ctx, opPolicy, started, r, err)
 }
 
@@ -131,7 +136,8 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 // nothing: the same Result (Remaining the least room now, RetryAfter the wait until every
 // limit has room for n, QuotaAfter and Window for the tightest limit), with no Entry, and a
 // ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
-// may be served where only reads are allowed. It validates as AllowPolicy does.
+// may be served where only reads are allowed. It validates as AllowPolicy does, and, as
+// AllowPolicy, offers a Policy of several limits only in Atomic mode.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
 	if err := checkContext(ctx); err != nil {
 		return Result{}, err
@@ -142,8 +148,16 @@ func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (R
 	if err := p.validate(n); err != nil {
 		return Result{}, err
 	}
+	if len(p) == 1 {
+		started := time.Now()
+		r, err := e.peekAt(ctx, key, p[0], n, e.decisionClock())
+		return e.finish(ctx, opPeek, started, r, err)
+	}
+	if e.mode == Pipelined {
+		return Result{}, unsupported("peek_policy " + quoteKey(key) + " of several limits")
+	}
 	started := time.Now()
-	req, err := newRequest(e.prefix+key, e.now(), n, false, e.policySet(p))
+	req, err := newRequest(e.prefix+key, e.decisionClock(), n, false, e.policySet(p))
 	if err != nil {
 		return Result{}, err
 	}

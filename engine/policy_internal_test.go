@@ -2,9 +2,13 @@ package engine
 
 import (
 	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/scripts"
 )
 
 func TestPolicyValidate(t *testing.T) {
@@ -73,5 +77,17 @@ func TestPolicyTag(t *testing.T) {
 	}
 	if (Policy{a}).Tag() == (Policy{{Max: 6, Window: time.Hour}}).Tag() || (Policy{a}).Tag() == (Policy{a, b}).Tag() {
 		t.Fatal("different policies share a tag")
+	}
+}
+
+// The log keeps a cursor for every window a policy may count at once: lib_log.lua's
+// MAX_CURSORS is MaxPolicyLimits.
+func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^--const MAX_CURSORS (\d+)$`).FindStringSubmatch(scripts.Decide())
+	if m == nil {
+		t.Fatal("lib_log.lua defines no MAX_CURSORS")
+	}
+	if got, _ := strconv.Atoi(m[1]); got != MaxPolicyLimits {
+		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, MaxPolicyLimits %d", got, MaxPolicyLimits)
 	}
 }

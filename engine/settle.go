@@ -13,9 +13,12 @@ import (
 //
 // Refund is atomic and idempotent: refunding again, or after a Settle, changes nothing more,
 // and never touches another request's entry. It is a no-op once the entry has left the key's
-// longest window. A Result that recorded nothing (a denial, a Peek, a fail-open admission,
-// Pipelined mode) is ErrInvalidArgument. Reset forgets every entry; a Result from before a
-// Reset then names nothing, except under a caller's clock frozen at that Result's microsecond.
+// longest window. A Result that recorded nothing (a denial, a Peek, a fail-open admission) is
+// ErrInvalidArgument; a Result of another key, or of an engine of another prefix, is
+// ErrUnknownEntry (r.Entry.Key names the log it was recorded in); both before anything is
+// sent. Pipelined mode offers no refunds (ErrUnsupported). Reset forgets every entry; a Result
+// from before a Reset then names nothing, except under a caller's clock frozen at that
+// Result's microsecond.
 func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
 	return e.Settle(ctx, key, r, 0)
 }
@@ -34,10 +37,17 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	if err := validateKey(key); err != nil {
 		return err
 	}
+	what := "strictrate: settle " + quoteKey(key)
+	if e.mode == Pipelined {
+		return unsupported(what)
+	}
 	id := r.Entry
 	switch {
 	case id.IsZero():
-		return fmt.Errorf("%w: the Result recorded no entry (a denial, a Peek, fail-open or Pipelined mode)", ErrInvalidArgument)
+		return fmt.Errorf("%s: %w: the Result recorded no entry (a denial, a Peek or fail-open)", what, ErrInvalidArgument)
+	case id.Key != e.prefix+key:
+		return fmt.Errorf("%s: %w: the Result's entry is in the log %s, and this key's is %s", what, ErrUnknownEntry,
+			quoteKey(id.Key), quoteKey(e.prefix+key))
 	case id.Seq < 0 || id.Cost < 1 || id.Cost > MaxEvents:
 		return fmt.Errorf("%w: entry %+v is not one this engine made", ErrInvalidArgument, id)
 	case actual < 0 || actual > id.Cost:
@@ -49,8 +59,12 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	}
 	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
 	e.forgetDenials(e.prefix + key)
-	if err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).Error(); err != nil {
-		return classify(ctx, "strictrate: settle "+quoteKey(key), err)
+	back, err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).AsInt64()
+	switch {
+	case err != nil:
+		return classify(ctx, what, err)
+	case back < 0 || back > int64(id.Cost-actual):
+		return fmt.Errorf("%s: script reply: %d events given back, outside 0 to %d", what, back, id.Cost-actual)
 	}
 	return nil
 }

@@ -88,7 +88,7 @@ func (c *concurrent) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	lease, err := c.engine.Acquire(r.Context(), c.cfg.keyPrefix+key, c.max, c.ttl)
-	var denied *engine.DeniedError
+	var denied *engine.LeaseDeniedError
 	if err != nil && !errors.As(err, &denied) {
 		c.cfg.onError(w, r, err)
 		return
@@ -96,8 +96,11 @@ func (c *concurrent) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	h := w.Header()
 	h["Ratelimit-Policy"] = []string{c.policyField}
 	if denied != nil {
-		c.cfg.setRateLimit(h, concurrentItem, c.limitField, 0, fields.Seconds(denied.Result.RetryAfter))
-		c.cfg.deny(w, r, denied.Result)
+		// The denial handler takes a Result: the wait until the soonest lease frees its slot,
+		// and until the last one does.
+		res := engine.Result{At: denied.At, RetryAfter: denied.RetryAfter(), ResetAfter: denied.LastExpiry.Sub(denied.At)}
+		c.cfg.setRateLimit(h, concurrentItem, c.limitField, 0, fields.Seconds(res.RetryAfter))
+		c.cfg.deny(w, r, res)
 		return
 	}
 	if lease.BackendErr != nil {

@@ -11,14 +11,12 @@
 --          ... then per request, in KEYS order: its cost n; the 1-based index of its set; with
 --          "each", its now in integer microseconds, or "" for the server's clock
 --
--- Reply: an array: the server's now in microseconds (0 when no request read it), then per
--- request, in KEYS order, either a count c (1 to 6) and c values, decide.lua's reply without
--- now and without its trailing defaults (remaining, retry_after, quota_after, reset_after,
--- tightest, seq), or
--- an error reply for a request that failed (its key holds another type, say). A failed
--- request changes nothing of the others.
+-- Reply: the decisions, as lib_reply.lua encodes them: {server's now or 0, then per request
+-- c and c values, or an error reply for a request that failed (its key holds something else:
+-- BADLAYOUT, say)}. A failed request changes nothing of the others.
 
 -- include: lib_request.lua
+-- include: lib_reply.lua
 -- include: lib_batch.lua
 -- include: lib_log.lua
 -- include: lib_decide.lua

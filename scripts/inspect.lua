@@ -5,15 +5,31 @@
 -- KEYS[1]  the key's log, as in decide.lua
 -- ARGV[1]  the most entries to return, newest last (0: all)
 --
--- Reply: an array of integers: total (events in the log), count (entries), the newest entry's
--- time and seq, cursors (how many shorter windows the log keeps a cursor for), then a time and
--- a cost per entry returned, oldest first. An absent key replies total 0 and count 0.
+-- Reply: an array of integers: total (events in the log), count (entries), layout (the version
+-- of the layout the header was written in: lib_log.lua; 0 for an absent key), cursors (how
+-- many shorter windows the log keeps a cursor for), then a time and a cost per entry
+-- returned, oldest first. An absent key replies total 0 and count 0; BADLAYOUT as in
+-- decide.lua.
 
 -- include: lib_log.lua
 
+-- layout_version is the layout version of a header read_log accepted (lib_log.lua): 2 or 1;
+-- 0 for none.
+local function layout_version(h)
+  if not h then
+    return 0
+  end
+  local kind = string.byte(h, 1)
+  if kind == KIND_S or kind == KIND_F then
+    return 1
+  end
+  return 2
+end
+
 local g = general()
-local log = g.read_log(KEYS[1], read_header(KEYS[1]), false)
-local reply = {log.total, log.count, log.newest, log.seq, #log.cursors}
+local h = read_header(KEYS[1])
+local log = g.read_log(KEYS[1], h)
+local reply = {log.total, log.count, layout_version(h), #log.cursors}
 local from = 0
 local most = tonumber(ARGV[1])
 if most > 0 and log.count > most then

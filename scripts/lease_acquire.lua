@@ -10,14 +10,17 @@
 -- ARGV[3]  ttl in integer microseconds (>= 1000): the new lease expires at now + ttl
 -- ARGV[4]  the new lease's id: 16 random bytes, unique across processes
 --
--- Reply: an array of 4 integers
---   [1] remaining: when granted, the slots still free after this lease (>= 0); 0 when denied
+-- Reply: an array of integers, the lease scripts' shape (lease_extend.lua replies the first
+-- three)
+--   [1] granted: 1 when the lease was granted, 0 when the key is full
 --   [2] now in microseconds: the instant of the decision
---   [3] retry_after in microseconds: 0 when granted; when denied (> 0), the wait until the
---       soonest lease expires (a release may free a slot sooner)
---   [4] when granted, the new lease's expiry in microseconds (now + ttl); when denied, the
---       wait until the last lease expires and the key holds none (reset_after)
--- A member that already exists under the new id is an error reply: ids are never reused.
+--   [3] when granted, the new lease's expiry in microseconds (now + ttl); 0 when denied
+--   [4] holders: the unexpired leases of the key after the decision (the new one included)
+--   [5] when denied, the soonest held lease's expiry in microseconds (a slot is free by then
+--       at the latest; a release may free one sooner)
+--   [6] when denied, the last held lease's expiry in microseconds (the key holds none then)
+-- A member that already exists under the new id is an error reply: ids are never reused. A
+-- key that holds another type is BADLAYOUT (lib_lease.lua).
 
 -- include: lib_request.lua
 -- include: lib_lease.lua
@@ -28,16 +31,16 @@ local max = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 
 -- A lease whose expiry is at or before now has freed its slot.
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+checked(key, redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now))
 local held = redis.call('ZCARD', key)
 if held >= max then
   local soonest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return {0, now, tonumber(soonest[2]) - now, tonumber(latest[2]) - now}
+  return {0, now, 0, held, tonumber(soonest[2]), tonumber(latest[2])}
 end
 local expires = now + ttl
 if redis.call('ZADD', key, 'NX', expires, ARGV[4]) == 0 then
   return redis.error_reply('ERR strictrate: lease id already in use')
 end
 keep_until(key, now, expires, held == 0, server_clock)
-return {max - held - 1, now, 0, expires}
+return {1, now, expires, held + 1}

@@ -9,10 +9,11 @@
 -- ARGV[2]  ttl in integer microseconds (>= 1000): the lease then expires at now + ttl
 -- ARGV[3]  the lease's id
 --
--- Reply: an array of 2 or 3 integers
+-- Reply: an array of 2 or 3 integers, the first of lease_acquire.lua's
 --   [1] 1 when the lease was held and is extended; 0 when it has expired or is not held
 --   [2] now in microseconds: the instant of the decision
 --   [3] when extended, the lease's new expiry in microseconds (now + ttl)
+-- A key that holds another type is BADLAYOUT (lib_lease.lua).
 
 -- include: lib_request.lua
 -- include: lib_lease.lua
@@ -22,7 +23,7 @@ local now, server_clock = read_clock(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local id = ARGV[3]
 
-local score = redis.call('ZSCORE', key, id)
+local score = checked(key, redis.pcall('ZSCORE', key, id))
 if not score then
   return {0, now}
 end

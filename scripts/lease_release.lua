@@ -7,6 +7,9 @@
 -- KEYS[1]  the key's leases, as in lease_acquire.lua
 -- ARGV[1]  the lease's id
 --
--- Reply: 1 when the lease was in the set (held, or expired and not dropped yet), else 0.
+-- Reply: 1 when the lease was in the set (held, or expired and not dropped yet), else 0; a key
+-- that holds another type is BADLAYOUT (lib_lease.lua).
 
-return redis.call('ZREM', KEYS[1], ARGV[1])
+-- include: lib_lease.lua
+
+return checked(KEYS[1], redis.pcall('ZREM', KEYS[1], ARGV[1]))

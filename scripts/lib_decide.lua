@@ -2,7 +2,7 @@
 --
 -- decide_request takes one decision: key's log, at now, a request of n events against limits
 -- (flat (window, max) pairs, windows ascending), recorded when admitted, and the key's expiry
--- set. It returns the seven values decide.lua's reply documents, in its order.
+-- set. It returns the six values of a decision, in lib_reply.lua's order.
 local function decide_request(key, now, n, limits)
   -- reach: the longest window ever counted on the key (its horizon), this call's included.
   local reach = limits[#limits - 1]
@@ -14,7 +14,7 @@ local function decide_request(key, now, n, limits)
   local grew, expiry_set = false, h ~= false and type(h) ~= 'table'
   if remaining == nil then
     local g = general()
-    local log = g.read_log(key, h, true)
+    local log = g.read_log(key, h)
     local count
     remaining, tightest, retry_after, count, seq, quota_after = g.decide(log, now, n, limits, true)
     g.save(log)
@@ -27,7 +27,7 @@ local function decide_request(key, now, n, limits)
       -- shorter one set.
       redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
     end
-    return remaining, now, retry_after, quota_after, reset_after, tightest, 1
+    return remaining, retry_after, quota_after, reset_after, tightest, 1
   end
   -- The log empties one horizon after its newest entry: the one added now, unless a caller's
   -- clock lags an entry another caller recorded. PEXPIRE takes whole milliseconds: round up so
@@ -42,5 +42,5 @@ local function decide_request(key, now, n, limits)
       error(err)
     end
   end
-  return remaining, now, 0, quota_after, reset_after, tightest, seq
+  return remaining, 0, quota_after, reset_after, tightest, seq
 end

@@ -1,6 +1,6 @@
 -- lib_lease.lua: a part included by the lease scripts (not a script of its own).
 --
--- A key's leases are one sorted set: a member per lease (its 16-byte id), scored by the
+-- A key's leases are one sorted set (a key that holds another type is refused: checked): a member per lease (its 16-byte id), scored by the
 -- lease's expiry in integer microseconds, on the clock that granted it. A lease counts while
 -- now < its expiry; at its expiry it frees its slot by itself, so a holder that dies without
 -- releasing cannot keep a slot for longer than its lease.
@@ -22,4 +22,17 @@ local function keep_until(key, now, expires, fresh, server_clock)
   else
     redis.call(cmd, key, at, 'GT')
   end
+end
+
+-- checked returns reply, the reply of a redis.pcall on key, unless it is an error: then it
+-- raises BADLAYOUT when key holds another type than a sorted set (the key is not leases this
+-- release wrote, and nothing is written to it), else the server's error.
+local function checked(key, reply)
+  if type(reply) == 'table' and reply.err ~= nil then
+    if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+      error({err = 'BADLAYOUT the key holds a ' .. redis.call('TYPE', key).ok .. ', not strictrate leases'})
+    end
+    error(reply)
+  end
+  return reply
 end

@@ -31,15 +31,22 @@
 -- microsecond. So refunded entries never outnumber live ones plus one, and no identity of
 -- another entry moves.
 --
--- The header opens with its kind, one byte: 'T' small (five fields, then the open chunk) or
+-- The header opens with its kind, one byte, which says the layout's version and the header's
+-- shape. Version 2 (this release writes it): 'T' small (five fields, then the open chunk) or
 -- 'G' full (ten fields, then cursors, then the open chunk); 'U' and 'H' are the same when the
--- last entry is a refunded run; 'S' and 'F', written by earlier releases, lack the horizon and
--- are still read. The fields, 7 bytes big-endian each: total (the live entries' cost), count
--- (live entries), newest (the newest entry's time), seq (its position in its microsecond),
--- horizon (the longest window ever counted on the key: the log keeps what it counts, and the
--- key's expiry follows it, so no limit on the key trims what another one counts); and, full
--- only: gone, closed (see above), oldest and oldest_cost (the oldest closed entry's time and
--- cost, when closed > 0), cursors (how many follow). A cursor, five fields, is kept per
+-- last entry is a refunded run. Version 1 (earlier releases): 'S' and 'F', the same without
+-- the horizon; still read, and rewritten as version 2 by the next write. A later version takes
+-- other kinds. A key whose value is anything else (another type, a list whose first element is
+-- no header of these versions: a later release's, or another program's) is refused with an
+-- error reply BADLAYOUT that says what was found; it is never read as a log, never converted,
+-- and nothing is written to it.
+--
+-- The fields, 7 bytes big-endian each: total (the live entries' cost), count (live entries),
+-- newest (the newest entry's time), seq (its position in its microsecond), horizon (the
+-- longest window ever counted on the key: the log keeps what it counts, and the key's expiry
+-- follows it, so no limit on the key trims what another one counts); and, full only: gone,
+-- closed (see above), oldest and oldest_cost (the oldest closed entry's time and cost, when
+-- closed > 0), cursors (how many follow). A cursor, five fields, is kept per
 -- shorter window counted on this key: window, idx (the live entries at or before the window's
 -- start are entries [0, idx)), partial (their cost), before and after (the times of entries
 -- idx-1 and idx; -2^54 and 2^54 where there is none). A cursor moves only as far as the clock
@@ -55,7 +62,27 @@
 -- of its reply and every table cost more than most Lua. So the common decision (one limit, a
 -- small log) is decide_small, which works on the header string and locals alone; everything
 -- else goes through general(), whose functions are made only by the calls that need them.
--- Constants are written out where they are used.
+-- The layout's constants are named by the --const lines below: the composer (scripts.go)
+-- writes each one's value in its place in the code, so a constant costs a call nothing (as a
+-- local it would be an upvalue of every function that uses it: measured on callgrind, 6 %
+-- more instructions per common decision).
+--
+-- The header kinds (see above), as bytes.
+--const KIND_T 84
+--const KIND_U 85
+--const KIND_G 71
+--const KIND_H 72
+--const KIND_S 83
+--const KIND_F 70
+-- OPEN_CHUNK_MAX is the most entries the header's open chunk holds.
+--const OPEN_CHUNK_MAX 32
+-- MAX_CURSORS is the most windows a policy counts at once: the engine's MaxPolicyLimits, which
+-- a test ties to this value. A log keeps at least that many cursors.
+--const MAX_CURSORS 16
+-- NO_TIME_BEFORE and NO_TIME_AFTER stand for "no entry" on either side of a cursor: below and
+-- above every time a log holds (the years 1827 to 2112 are within +-2^52 microseconds).
+--const NO_TIME_BEFORE (-2 ^ 54)
+--const NO_TIME_AFTER (2 ^ 54)
 
 -- make_entry encodes an entry.
 local function make_entry(t, cost)
@@ -128,6 +155,20 @@ local function general()
   local g = {}
   general_functions = g
 
+  -- refuse_layout raises BADLAYOUT for key, whose header read (h) was not a log's: the server's
+  -- error (the key holds another type) or a string of no kind this release reads. The message
+  -- says what was found, for the operator.
+  function g.refuse_layout(key, h)
+    local found
+    if type(h) == 'table' then
+      found = 'a ' .. redis.call('TYPE', key).ok
+    else
+      found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
+        .. 'header of layout 1 or 2', #h, string.byte(h, 1) or 0)
+    end
+    error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
+  end
+
   -- make_element encodes an entry as an element of its own (a closed entry): as in the open
   -- chunk, but a cost-1 entry is its 7 bytes of time alone, since the element's length tells.
   -- A refunded run of more than one seq (span) is make_run's.
@@ -149,64 +190,33 @@ local function general()
     return t, cost, span
   end
 
-  -- read_log makes the log from key's header h (read_header's reply). convert allows turning a
-  -- log of the first releases' layout into this one (the writing scripts do; a read-only script
-  -- cannot).
-  function g.read_log(key, h, convert)
+  -- read_log makes the log from key's header h (read_header's reply), and refuses a key that
+  -- holds anything else (g.refuse_layout).
+  function g.read_log(key, h)
     if type(h) == 'table' then
-      if not convert or redis.call('TYPE', key).ok ~= 'zset' then
-        error(h)
-      end
-      -- The first releases' layout: a sorted set, one member per event, scored by its time.
-      -- Rewrite it in place, one entry per microsecond carrying that microsecond's events, all
-      -- of them closed (behind an empty open chunk); the key keeps its expiry.
-      local pttl = redis.call('PTTL', key)
-      local members = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-      redis.call('DEL', key)
-      local log = g.read_log(key, false, false)
-      local out, at, cost = {'-'}, nil, 0
-      for i = 2, #members + 2, 2 do
-        local t = tonumber(members[i])
-        if t ~= at and at ~= nil then
-          out[#out + 1] = g.make_element(at, cost)
-          log.total, log.newest, log.seq, cost = log.total + cost, at, 1, 0
-        end
-        at, cost = t, cost + 1
-      end
-      if #out > 1 then
-        for i = 1, #out, 1000 do
-          redis.call('RPUSH', key, unpack(out, i, math.min(i + 999, #out)))
-        end
-        if pttl > 0 then
-          redis.call('PEXPIRE', key, pttl)
-        end
-        log.count, log.closed, log.exists, log.dirty = #out - 1, #out - 1, true, true
-        log.oldest, log.oldest_cost = g.read_element(out[2])
-      end
-      return log
+      g.refuse_layout(key, h)
     end
     if not h then
-      return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = -2 ^ 54,
+      return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = NO_TIME_BEFORE,
         seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = ''}
     end
-    -- A header opens with 'T' (small: 5 fields) or 'G' (full: 10 fields, then cursors); 'S'
-    -- and 'F' are the same without the horizon, as earlier releases wrote them.
+    -- A header opens with its kind: the layout's version and the header's shape (see above).
     local kind = string.byte(h, 1)
-    local small, full = kind == 84 or kind == 85, kind == 71 or kind == 72
-    if not (small and #h >= 36 or full and #h >= 71 or kind == 83 and #h >= 29 or kind == 70 and #h >= 64) then
-      error({err = 'WRONGTYPE strictrate: the key holds a list that is not a strictrate log'})
+    local small, full = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H
+    if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
+      g.refuse_layout(key, h)
     end
     local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
     local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
     if small or full then
       horizon, pos = struct.unpack('>i7', h, pos)
     end
-    if full or kind == 70 then
+    if full or kind == KIND_F then
       gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
     end
     local log = {key = key, exists = true, dirty = false, total = total, count = count,
       newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
-      oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == 85 or kind == 72}
+      oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == KIND_U or kind == KIND_H}
     for i = 1, ncursors do
       local c = {}
       c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
@@ -224,9 +234,9 @@ local function general()
     local cursors, parts = log.cursors, {}
     for k = 1, #cursors do
       local c = cursors[k]
-      -- When more windows than a policy may hold (16) have been counted on this key, keep the
+      -- When more windows than a policy may hold (MAX_CURSORS) have been counted on this key, keep the
       -- cursors this call used.
-      if #cursors <= 16 or c.used then
+      if #cursors <= MAX_CURSORS or c.used then
         parts[#parts + 1] = struct.pack('>i7i7i7i7i7', c.window, c.idx, c.partial, c.before, c.after)
       end
     end
@@ -255,11 +265,11 @@ local function general()
         c.idx = c.idx - dropped
         c.partial = c.partial - cost
         if c.idx == 0 then
-          c.before = -2 ^ 54
+          c.before = NO_TIME_BEFORE
         end
       else
         -- The trim reached inside this cursor's window (a shorter limit trimmed the log).
-        c.idx, c.partial, c.before, c.after = 0, 0, -2 ^ 54, after
+        c.idx, c.partial, c.before, c.after = 0, 0, NO_TIME_BEFORE, after
       end
     end
   end
@@ -326,7 +336,7 @@ local function general()
   -- oldest_time is the time of the oldest live entry, or 2^54 when there is none.
   function g.oldest_time(log)
     if log.count == 0 then
-      return 2 ^ 54
+      return NO_TIME_AFTER
     elseif log.closed > 0 then
       return log.oldest
     end
@@ -382,7 +392,7 @@ local function general()
         c.before = t
       end
       if c.idx == log.count then
-        c.after = 2 ^ 54
+        c.after = NO_TIME_AFTER
       end
       chunk = chunk * 4
       moved = true
@@ -405,7 +415,7 @@ local function general()
         c.after = t
       end
       if c.idx == 0 then
-        c.before = -2 ^ 54
+        c.before = NO_TIME_BEFORE
       end
       chunk = chunk * 4
       moved = true
@@ -424,7 +434,7 @@ local function general()
       end
     end
     if c == nil then
-      c = {window = window, idx = 0, partial = 0, before = -2 ^ 54, after = g.oldest_time(log)}
+      c = {window = window, idx = 0, partial = 0, before = NO_TIME_BEFORE, after = g.oldest_time(log)}
       if keep then
         log.cursors[#log.cursors + 1] = c
         log.dirty = true
@@ -598,7 +608,7 @@ local function general()
       end
       -- Only the entry just before the cursor (i was idx-1) or at it (i was idx) changed.
       if i == c.idx then
-        c.before, c.after = -2 ^ 54, 2 ^ 54
+        c.before, c.after = NO_TIME_BEFORE, NO_TIME_AFTER
         if c.idx > 0 then
           c.before = g.entry_at(log, c.idx - 1)
         end
@@ -657,11 +667,11 @@ local function general()
         redis.call('DEL', log.key)
         log.exists, log.total, log.count, log.gone, log.closed = false, 0, 0, 0, 0
         log.tail_refunded = false
-        log.newest, log.seq, log.open, log.dirty = -2 ^ 54, 0, '', true
+        log.newest, log.seq, log.open, log.dirty = NO_TIME_BEFORE, 0, '', true
         local cursors = log.cursors
         for k = 1, #cursors do
           local c = cursors[k]
-          c.idx, c.partial, c.before, c.after = 0, 0, -2 ^ 54, 2 ^ 54
+          c.idx, c.partial, c.before, c.after = 0, 0, NO_TIME_BEFORE, NO_TIME_AFTER
         end
       end
       return
@@ -716,7 +726,7 @@ local function general()
         seq = log.seq + 1
       end
       log.newest, log.seq = t, seq
-      if log.count - log.closed >= 32 then
+      if log.count - log.closed >= OPEN_CHUNK_MAX then
         g.flush(log)
       end
       log.open, log.open_ts = log.open .. make_entry(t, cost), nil
@@ -813,23 +823,23 @@ end
 -- newest entry's time in place of the count. Its quota_after comes from the first live entry,
 -- which the trim reads anyway.
 local function decide_small(key, h, now, n, window, max)
-  local total, count, newest, seq, horizon, pos = 0, 0, -2 ^ 54, 0, 0, 1
+  local total, count, newest, seq, horizon, pos = 0, 0, NO_TIME_BEFORE, 0, 0, 1
   if not h then
     h = ''
   elseif type(h) == 'table' then
     return nil
   else
     local kind = string.byte(h, 1)
-    if kind == 84 and #h >= 36 then
+    if kind == KIND_T and #h >= 36 then
       total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
-    elseif kind == 83 and #h >= 29 then
+    elseif kind == KIND_S and #h >= 29 then
       total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
     else
       return nil -- not a small header
     end
   end
   -- A longer window counted on this key keeps entries this one does not count: general().
-  if now < newest or count >= 32 or horizon > window then
+  if now < newest or count >= OPEN_CHUNK_MAX or horizon > window then
     return nil
   end
   -- Trim: the entries at or before cutoff leave, from the front of the open chunk. A header

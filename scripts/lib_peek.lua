@@ -5,11 +5,11 @@
 -- none.
 local function peek_request(key, now, n, limits)
   local g = general()
-  local log = g.read_log(key, read_header(key), false)
+  local log = g.read_log(key, read_header(key))
   local remaining, tightest, retry_after, count, _, quota_after = g.decide(log, now, n, limits, false)
   local reset_after = 0
   if count > 0 then
     reset_after = log.newest + math.max(limits[#limits - 1], log.horizon) - now
   end
-  return remaining, now, retry_after, quota_after, reset_after, tightest, 1
+  return remaining, retry_after, quota_after, reset_after, tightest, 1
 end

@@ -14,11 +14,16 @@ end
 
 -- read_request reads the decision scripts' ARGV (decide.lua documents it): it returns now, the
 -- request's cost n, the limits as a flat list of (window, max) pairs with windows ascending,
--- and the longest window.
+-- and now again when it is the server's clock, else 0 (the reply's first value).
 local function read_request()
   local limits = {}
   for i = 3, #ARGV do
     limits[i - 2] = tonumber(ARGV[i])
   end
-  return read_clock(ARGV[1]), tonumber(ARGV[2]), limits, limits[#limits - 1]
+  local now, from_server = read_clock(ARGV[1])
+  local server_now = 0
+  if from_server then
+    server_now = now
+  end
+  return now, tonumber(ARGV[2]), limits, server_now
 end

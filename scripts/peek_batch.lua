@@ -5,9 +5,10 @@
 -- KEYS[i]  the log of peek i (in a cluster, every key of one call is in one slot)
 -- ARGV     as decide_batch.lua's
 --
--- Reply: as decide_batch.lua's, with peek.lua's values (seq is always left out).
+-- Reply: as decide_batch.lua's, with peek.lua's decisions.
 
 -- include: lib_request.lua
+-- include: lib_reply.lua
 -- include: lib_batch.lua
 -- include: lib_log.lua
 -- include: lib_peek.lua

@@ -1,19 +1,30 @@
-// Package scripts holds strictrate's Lua scripts, embedded from the .lua files beside it.
+// Package scripts holds strictrate's Lua scripts, embedded from the .lua files beside it. It
+// is the engine's: each function returns a script the engine runs, and programs have no
+// reason to import it.
 //
 // Each script file opens with a comment that lists its KEYS, ARGV and reply; the engine
-// package is the only code that should depend on those shapes. EVALSHA runs a script as one
+// package is the only code that should depend on those shapes. The decision scripts share one
+// encoding of their replies (lib_reply.lua), which the engine decodes in one place. EVALSHA runs a script as one
 // self-contained text, so code that several scripts share lives in part files (lib_*.lua),
 // and a script names each part it uses on a line of its own:
 //
 //	-- include: lib_request.lua
 //
-// The functions here return the composed text, each such line replaced by the part it names:
-// that text is what the server loads and what its SHA-1 digest is taken of.
+// A file may name constants, one per line (the name, then its value as Lua text):
+//
+//	--const OPEN_CHUNK_MAX 32
+//
+// The functions here return the composed text: each include line replaced by the part it
+// names, and each constant's name replaced by its value in every line of code (comment lines
+// keep the name). That text is what the server loads and what its SHA-1 digest is taken of. A
+// constant written out costs a call nothing; a Lua local would be an upvalue of every
+// function that uses it, made anew on each call.
 package scripts
 
 import (
 	"embed"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -22,6 +33,9 @@ var files embed.FS
 
 // includePrefix starts a line that a part's text replaces.
 const includePrefix = "-- include: "
+
+// constPrefix starts a line that names a constant: the name, a space, its value.
+const constPrefix = "--const "
 
 // Decide returns the source of the atomic decision script: trim the log, count every limit's
 // window, add the request's entry only when every limit has room, and set the key's expiry,
@@ -97,5 +111,42 @@ func compose(name string) (string, error) {
 		}
 		b.Write(text)
 	}
-	return b.String(), nil
+	return substituteConstants(b.String())
+}
+
+// constName is the shape of a constant's name: capitals, digits and underscores.
+var constName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+
+// substituteConstants writes every constant's value (constPrefix lines) in place of its name
+// in the lines of src that are code: a line that opens with "--" is a comment, and keeps it.
+func substituteConstants(src string) (string, error) {
+	values := map[string]string{}
+	var names []string
+	for _, line := range strings.Split(src, "\n") {
+		def, ok := strings.CutPrefix(line, constPrefix)
+		if !ok {
+			continue
+		}
+		name, value, _ := strings.Cut(def, " ")
+		value = strings.TrimSpace(value)
+		if !constName.MatchString(name) || value == "" {
+			return "", fmt.Errorf("scripts: constant line %q: want %sNAME value", line, constPrefix)
+		}
+		if old, dup := values[name]; dup && old != value {
+			return "", fmt.Errorf("scripts: constant %s is %s and %s", name, old, value)
+		}
+		values[name] = value
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		return src, nil
+	}
+	pattern := regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b`)
+	lines := strings.SplitAfter(src, "\n")
+	for i, line := range lines {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			lines[i] = pattern.ReplaceAllStringFunc(line, func(name string) string { return values[name] })
+		}
+	}
+	return strings.Join(lines, ""), nil
 }

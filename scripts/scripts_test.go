@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
@@ -31,9 +33,11 @@ var all = map[string]func() string{
 
 	"lease_acquire.lua": LeaseAcquire,
 	"lease_extend.lua":  LeaseExtend,
+	"lease_release.lua": LeaseRelease,
 }
 
-// Composition replaces every include line with its part, and nothing else changes.
+// Composition replaces every include line with its part, and each constant's name in code
+// with its value; nothing else changes.
 func TestComposeInlinesParts(t *testing.T) {
 	for name, source := range all {
 		src := source()
@@ -53,12 +57,32 @@ func TestComposeInlinesParts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s includes %s: %v", name, part, err)
 			}
-			if !strings.Contains(src, string(text)) {
+			want, err := substituteConstants(string(text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(src, want) {
 				t.Errorf("%s does not contain the text of %s", name, part)
 			}
 		}
 		if len(src) <= len(raw) {
 			t.Errorf("%s composed is %d bytes, no longer than its file (%d): no part was inlined", name, len(src), len(raw))
+		}
+	}
+	// No line of code still names a constant; the comments that define them still do.
+	constant := regexp.MustCompile(`\b(OPEN_CHUNK_MAX|MAX_CURSORS|NO_TIME_BEFORE|NO_TIME_AFTER|KIND_[A-Z])\b`)
+	src := Decide()
+	for _, line := range strings.Split(src, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") && constant.MatchString(line) {
+			t.Errorf("decide.lua composed still names a constant: %q", line)
+		}
+	}
+	if !strings.Contains(src, "\n--const OPEN_CHUNK_MAX 32\n") || !strings.Contains(src, "count >= 32 ") {
+		t.Error("decide.lua composed lacks OPEN_CHUNK_MAX's definition or its value in the code")
+	}
+	for _, bad := range []string{"--const lower 1\n", "--const NOVALUE\n", "--const TWICE 1\n--const TWICE 2\n"} {
+		if _, err := substituteConstants(bad); err == nil {
+			t.Errorf("constants %q accepted", bad)
 		}
 	}
 	if _, err := compose("no_such_script.lua"); err == nil {
@@ -84,50 +108,72 @@ func TestComposedScriptsRun(t *testing.T) {
 	}
 
 	const now, window, max = 1_790_000_000_000_000, 1_000_000, 3
+	call := func(name, key string, args ...string) valkey.ValkeyResult {
+		sum := sha1.Sum([]byte(all[name]()))
+		return c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(1).Key(key).Arg(args...).Build())
+	}
 	run := func(name, key string, args ...string) []int64 {
 		t.Helper()
-		sum := sha1.Sum([]byte(all[name]()))
-		vals, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
+		vals, err := call(name, key, args...).AsIntSlice()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		return vals
 	}
+	settle := func(key string, args ...string) int64 {
+		t.Helper()
+		back, err := call("settle.lua", key, args...).AsInt64()
+		if err != nil {
+			t.Fatalf("settle.lua: %v", err)
+		}
+		return back
+	}
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	// A decision's reply (lib_reply.lua) on a caller's clock: 0 for the server's now, a count,
+	// then remaining and as many more values as differ from their defaults.
+	decided := func(r []int64) (remaining, retry int64) {
+		t.Helper()
+		if len(r) < 3 || r[0] != 0 || r[1] < 1 || int(r[1]) != len(r)-2 {
+			t.Fatalf("reply %v is not one decision on a caller's clock", r)
+		}
+		if r[1] >= 2 {
+			retry = r[3]
+		}
+		return r[2], retry
+	}
 	for name, limits := range map[string][]string{
 		"one limit":  {itoa(window), itoa(max)},
 		"two limits": {itoa(window / 2), itoa(max + 1), itoa(window), itoa(max)},
 	} {
-		key := "scripts-test:" + name
+		key := "scripts-test:" + name + ":" + uuid.NewString()
 		args := func(at int64, n int) []string { return append([]string{itoa(at), strconv.Itoa(n)}, limits...) }
 		for i := int64(0); i < max; i++ {
-			if r := run("decide.lua", key, args(now+i, 1)...); r[0] != max-1-i || len(r) >= 3 && r[2] != 0 {
-				t.Fatalf("%s: event %d: reply %v, want admitted with %d remaining", name, i+1, r, max-1-i)
+			if remaining, retry := decided(run("decide.lua", key, args(now+i, 1)...)); remaining != max-1-i || retry != 0 {
+				t.Fatalf("%s: event %d: %d remaining, retry after %d; want admitted with %d remaining", name, i+1, remaining, retry, max-1-i)
 			}
 		}
-		r := run("decide.lua", key, args(now+max, 1)...)
-		if len(r) < 3 || r[0] != 0 || r[2] != window-max {
-			t.Fatalf("%s: event %d: reply %v, want denied, 0 remaining, retry after %d", name, max+1, r, window-max)
+		if remaining, retry := decided(run("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
+			t.Fatalf("%s: event %d: %d remaining, retry after %d; want denied, 0 remaining, retry after %d", name, max+1, remaining, retry, window-max)
 		}
-		if peek := run("peek.lua", key, args(now+max, 1)...); peek[0] != 0 || peek[2] != window-max {
-			t.Fatalf("%s: peek after %d events: reply %v, want 0 remaining, retry after %d", name, max, peek, window-max)
+		if remaining, retry := decided(run("peek.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
+			t.Fatalf("%s: peek after %d events: %d remaining, retry after %d; want 0 remaining, retry after %d", name, max, remaining, retry, window-max)
 		}
 		// The second event is refunded: its room comes back at once, and its entry, alone in
 		// its microsecond and older than the newest, leaves the log; a second refund gives
 		// nothing more.
-		if got := run("settle.lua", key, itoa(now+1), "1", "1", "0"); got[0] != 1 || got[1] != 1 {
-			t.Fatalf("%s: refund: reply %v, want 1 event back, entry found", name, got)
+		if got := settle(key, itoa(now+1), "1", "1", "0"); got != 1 {
+			t.Fatalf("%s: refund: %d events back, want 1", name, got)
 		}
-		if got := run("settle.lua", key, itoa(now+1), "1", "1", "0"); got[0] != 0 || got[1] != 0 {
-			t.Fatalf("%s: second refund: reply %v, want nothing back, entry gone", name, got)
+		if got := settle(key, itoa(now+1), "1", "1", "0"); got != 0 {
+			t.Fatalf("%s: second refund: %d events back, want none", name, got)
 		}
 		log := run("inspect.lua", key, "0")
-		want := []int64{max - 1, max - 1, now + max - 1, 1, log[4], now, 1, now + 2, 1}
+		want := []int64{max - 1, max - 1, 2, log[3], now, 1, now + 2, 1}
 		if fmt.Sprint(log) != fmt.Sprint(want) {
 			t.Fatalf("%s: inspect: %v, want %v", name, log, want)
 		}
-		if r := run("decide.lua", key, args(now+max, 1)...); r[0] != 0 || len(r) >= 3 && r[2] != 0 {
-			t.Fatalf("%s: after the refund: reply %v, want admitted with 0 remaining", name, r)
+		if remaining, retry := decided(run("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != 0 {
+			t.Fatalf("%s: after the refund: %d remaining, retry after %d; want admitted with 0 remaining", name, remaining, retry)
 		}
 	}
 }
@@ -137,11 +183,12 @@ func TestComposedScriptsRun(t *testing.T) {
 func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 	c := server.Client(t)
 	ctx := context.Background()
-	poisoned := "scripts-test:batch:poisoned"
+	id := uuid.NewString()
+	poisoned := "scripts-test:batch:poisoned:" + id
 	if err := c.Do(ctx, c.B().Set().Key(poisoned).Value("not a log").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	a, b := "scripts-test:batch:a", "scripts-test:batch:b"
+	a, b := "scripts-test:batch:a:"+id, "scripts-test:batch:b:"+id
 	keys := []string{a, poisoned, a, b, a}
 	// The server's clock for all; set 1: 2 per second; set 2: 5 per ms and 4 per minute.
 	args := []string{"", "2", "1", "1000000", "2", "2", "1000", "5", "60000000", "4"}
@@ -160,10 +207,10 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 	var flat []string
 	for _, m := range got {
 		if err := m.Error(); err != nil {
-			if !strings.HasPrefix(err.Error(), "WRONGTYPE") {
-				t.Fatalf("an error reply other than WRONGTYPE: %v", err)
+			if !strings.HasPrefix(err.Error(), "BADLAYOUT the key holds a string") {
+				t.Fatalf("an error reply other than BADLAYOUT for a string: %v", err)
 			}
-			flat = append(flat, "WRONGTYPE")
+			flat = append(flat, "BADLAYOUT")
 			continue
 		}
 		v, err := m.AsInt64()
@@ -176,8 +223,8 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 	// 2); b: 1 left, the minute binding (position 2); a: denied, until the first entry leaves
 	// one second later (one instant for the whole batch). Each quota_after is when the first
 	// entry of the named window leaves: a's first entry, b's only one.
-	want := []string{flat[0], "1", "1", "WRONGTYPE", "6", "0", "0", "1000000", "1000000", "1", "2",
-		"5", "1", "0", "60000000", "60000000", "2", "4", "0", "1000000", "1000000", "1000000"}
+	want := []string{flat[0], "1", "1", "BADLAYOUT", "6", "0", "0", "1000000", "1000000", "1", "2",
+		"5", "1", "0", "60000000", "60000000", "2", "2", "0", "1000000"}
 	if strings.Join(flat, " ") != strings.Join(want, " ") {
 		t.Fatalf("batch reply\n got %v\nwant %v", flat, want)
 	}
@@ -202,17 +249,17 @@ func TestLeaseScriptsRun(t *testing.T) {
 	}
 	const now, ttl, max = 1_790_000_000_000_000, 100_000, 2
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
-	key := "scripts-test:leases"
+	key := "scripts-test:leases:" + uuid.NewString()
 	acquire := func(at int64, id string) []int64 {
 		return ints("acquire "+id, run(LeaseAcquire(), key, itoa(at), itoa(max), itoa(ttl), id))
 	}
-	if got := acquire(now, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now, 0, now + ttl}) {
+	if got := acquire(now, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now, now + ttl, 1}) {
 		t.Fatalf("first lease: %v", got)
 	}
-	if got := acquire(now+10, "b"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 10, 0, now + 10 + ttl}) {
+	if got := acquire(now+10, "b"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now + 10, now + 10 + ttl, 2}) {
 		t.Fatalf("second lease: %v", got)
 	}
-	if got := acquire(now+20, "c"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 20, ttl - 20, ttl - 10}) {
+	if got := acquire(now+20, "c"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 20, 0, 2, now + ttl, now + 10 + ttl}) {
 		t.Fatalf("third lease, key full: %v, want denied until a expires, reset when b does", got)
 	}
 	if err := run(LeaseAcquire(), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
@@ -225,8 +272,8 @@ func TestLeaseScriptsRun(t *testing.T) {
 		t.Fatalf("extend a: %v", got)
 	}
 	// At b's expiry b frees its slot; a, extended, still holds its own.
-	if got := acquire(now+10+ttl, "c"); got[0] != 0 || got[2] != 0 {
-		t.Fatalf("c at b's expiry: %v, want granted with 0 remaining", got)
+	if got := acquire(now+10+ttl, "c"); got[0] != 1 || got[3] != 2 {
+		t.Fatalf("c at b's expiry: %v, want granted, the second of 2 holders", got)
 	}
 	if got := extend(now+10+ttl, "b"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 10 + ttl}) {
 		t.Fatalf("extend b after its expiry: %v, want refused", got)

@@ -13,9 +13,8 @@
 --          more is not this request's, and is left alone
 -- ARGV[4]  actual: the cost the request ends with (0 <= actual <= ARGV[3])
 --
--- Reply: an array of 2 integers
---   [1] the events given back (0 when nothing changed)
---   [2] 1 when the entry was found in the log, else 0
+-- Reply: the events given back, an integer (0 when nothing changed); BADLAYOUT as in
+-- decide.lua.
 
 -- include: lib_log.lua
 
@@ -26,14 +25,14 @@ local admitted = tonumber(ARGV[3])
 local actual = tonumber(ARGV[4])
 
 local g = general()
-local log = g.read_log(key, read_header(key), true)
+local log = g.read_log(key, read_header(key))
 local at = g.find(log, t, seq)
 if at == nil then
-  return {0, 0}
+  return 0
 end
 local _, cost = g.entry_at(log, at)
 if cost > admitted or actual >= cost then
-  return {0, 1}
+  return 0
 end
 g.set_cost(log, at, actual)
 local back = cost - actual
@@ -48,4 +47,4 @@ if actual == 0 then
   g.compact(log, at)
 end
 g.save(log)
-return {back, 1}
+return back

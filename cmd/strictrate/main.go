@@ -157,13 +157,13 @@ func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, pre
 			deleted = fmt.Sprintf("the log of %q (%s): %d entries, %d events", key, full, log.Count, log.Events)
 		case err == nil:
 			notLog = "list whose first element does not decode to a consistent log"
-		case isWrongType(err):
+		case errors.Is(err, engine.ErrUnknownLayout):
 			notLog = "list in another layout"
 		default:
 			return err
 		}
 	case "zset":
-		// Pipelined mode's log (and the first releases' layout) is a sorted set, one member
+		// Pipelined mode's log is a sorted set, one member
 		// per event, which engine.Inspect does not read; engine.Reset is Pipelined mode's
 		// Clear too. The engine offers no way to tell it from another sorted set.
 		n, err := client.Do(ctx, client.B().Zcard().Key(full).Build()).AsInt64()
@@ -202,13 +202,6 @@ func consistent(l engine.Log) bool {
 	return l.Count >= 0 && l.Events >= 0 && len(l.Entries) == min(l.Count, 1) && (l.Count > 0 || l.Events == 0)
 }
 
-// isWrongType reports whether err is the server's WRONGTYPE reply: the engine's scripts give
-// it for a key of another type and for a list that is not in the log's layout.
-func isWrongType(err error) bool {
-	var verr *valkey.ValkeyError
-	return errors.As(err, &verr) && strings.HasPrefix(verr.Error(), "WRONGTYPE")
-}
-
 func inspect(ctx context.Context, e *engine.Engine, key, prefix string, limits []engine.Limit, most int, out io.Writer) error {
 	log, err := e.Inspect(ctx, key, most)
 	if err != nil {
@@ -226,7 +219,8 @@ func inspect(ctx context.Context, e *engine.Engine, key, prefix string, limits [
 		}
 		now = r.At
 	}
-	fmt.Fprintf(out, "key %q (%s%s): %d entries, %d events\n", key, prefix, key, log.Count, log.Events)
+	fmt.Fprintf(out, "key %q (%s%s): %d entries, %d events (layout %d, %d cursors)\n", key, prefix, key, log.Count, log.Events,
+		log.Layout, log.Cursors)
 	if len(log.Entries) < log.Count {
 		fmt.Fprintf(out, "the newest %d entries:\n", len(log.Entries))
 	}

@@ -1,6 +1,11 @@
-// Package enginetest holds what the tests of the packages built on engine share: a caller's
-// clock the test moves by hand, the instant those clocks start at, and a constructor that fails
-// the test instead of returning an error. Servers are valkeytest's business, not this package's.
+// Package enginetest holds what the tests of the engine and of the packages built on it share:
+// a caller's clock the test moves by hand, the instant those clocks start at, and a constructor
+// that fails the test instead of returning an error; fresh keys, decisions that fail the test
+// on an error (MustAllowN, MustAllowPolicy, MustPeek), readings of what the server stores
+// (Events, Log, StoredEvents, StoredEntries, PTTL), engines on clients of their own fired at
+// concurrently (Engines, RunConcurrently), and the checks the tests repeat (Want, WantRefused).
+// Starting and stopping servers is valkeytest's business, not this package's: Engines only
+// connects to a server it is given.
 package enginetest
 
 import (

@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"bufio"
@@ -23,7 +23,7 @@ import (
 )
 
 // leaseKey is the full name of key's lease set under the tests' prefix.
-func leaseKey(key string) string { return prefix + engine.LeaseNamespace + key }
+func leaseKey(key string) string { return enginetest.Prefix + engine.LeaseNamespace + key }
 
 func mustAcquire(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Lease {
 	t.Helper()
@@ -37,18 +37,19 @@ func mustAcquire(t *testing.T, e *engine.Engine, key string, max int, ttl time.D
 	return l
 }
 
-// mustDeny acquires and wants a denial; it returns the denial's Result.
+// mustDeny acquires and wants a denial; it returns the denial's times as a Result: At, the
+// wait until the soonest lease expires (RetryAfter) and until the last one does (ResetAfter).
 func mustDeny(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Result {
 	t.Helper()
 	l, err := e.Acquire(context.Background(), key, max, ttl)
-	var denied *engine.DeniedError
+	var denied *engine.LeaseDeniedError
 	if !errors.As(err, &denied) || !errors.Is(err, engine.ErrRateLimitExceeded) {
-		t.Fatalf("Acquire(%q, max %d) = %+v, %v; want a *DeniedError matching ErrRateLimitExceeded", key, max, l, err)
+		t.Fatalf("Acquire(%q, max %d) = %+v, %v; want a *LeaseDeniedError matching ErrRateLimitExceeded", key, max, l, err)
 	}
-	if denied.Key != key || denied.Result.Allowed || denied.Result.Remaining != 0 || denied.Result.RetryAfter <= 0 {
-		t.Fatalf("denial %+v: want key %q, nothing remaining and a positive RetryAfter", denied, key)
+	if denied.Key != key || denied.Max != max || denied.Holders < max || denied.RetryAfter() <= 0 || denied.LastExpiry.Before(denied.NextExpiry) {
+		t.Fatalf("denial %+v: want key %q, max %d, at least that many holders and a positive RetryAfter", denied, key, max)
 	}
-	return denied.Result
+	return engine.Result{At: denied.At, RetryAfter: denied.RetryAfter(), ResetAfter: denied.LastExpiry.Sub(denied.At)}
 }
 
 func mustRelease(t *testing.T, e *engine.Engine, l engine.Lease) {
@@ -92,9 +93,9 @@ func auditHolders(t *testing.T, ctx context.Context, es []*engine.Engine, key st
 			<-start
 			for done := 0; done < rounds; {
 				l, err := e.Acquire(ctx, key, max, 10*time.Second)
-				if denied := (*engine.DeniedError)(nil); errors.As(err, &denied) {
+				if denied := (*engine.LeaseDeniedError)(nil); errors.As(err, &denied) {
 					denials.Add(1)
-					pause := min(denied.Result.RetryAfter, time.Duration(1+rng.IntN(4))*time.Millisecond)
+					pause := min(denied.RetryAfter(), time.Duration(1+rng.IntN(4))*time.Millisecond)
 					select {
 					case <-ctx.Done():
 						errs <- fmt.Errorf("goroutine %d: %d of %d rounds before the deadline", g, done, rounds)
@@ -133,8 +134,8 @@ func auditHolders(t *testing.T, ctx context.Context, es []*engine.Engine, key st
 // 64 goroutines over 4 clients take slots of one key, max 5 at once: the holders counted on
 // this side never exceed 5, everyone gets through, and every slot is given back.
 func TestLeaseHoldersNeverExceedMax(t *testing.T) {
-	es, c := engines(t, 4)
-	key, max := newKey(t), 5
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	key, max := enginetest.NewKey(t), 5
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a := auditHolders(t, ctx, es, key, max, 64, 2)
@@ -142,47 +143,47 @@ func TestLeaseHoldersNeverExceedMax(t *testing.T) {
 	if a.peak > int64(max) {
 		t.Fatalf("%d holders at once, above max %d", a.peak, max)
 	}
-	want(t, "goroutines through every round", a.through, int64(64))
+	enginetest.Want(t, "goroutines through every round", a.through, int64(64))
 	if a.denials == 0 {
 		t.Fatal("no acquire was ever denied: the key was never full, so nothing was tested")
 	}
-	want(t, "leases left after every release", leaseCount(t, c, key), int64(0))
+	enginetest.Want(t, "leases left after every release", leaseCount(t, c, key), int64(0))
 }
 
 // Denied: RetryAfter is the wait until the soonest lease expires, ResetAfter until the last
 // one does, exact to the microsecond on the clock that decided; the key lives as long as its
 // last lease and no longer.
 func TestLeaseDeniedRetryAfter(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	// Seconds on the caller's clock: the key's expiry runs on the server's, and must not pass
 	// while the test runs.
 	a := mustAcquire(t, e, key, 2, 10*time.Second)
-	want(t, "first lease: remaining", a.Remaining, 1)
+	enginetest.Want(t, "first lease: remaining", a.Remaining, 1)
 	wantTime(t, "first lease: At", a.At, enginetest.T0)
 	wantTime(t, "first lease: Expires", a.Expires, enginetest.T0.Add(10*time.Second))
 	clock.Set(enginetest.T0.Add(3 * time.Second))
 	b := mustAcquire(t, e, key, 2, 20*time.Second)
-	want(t, "second lease: remaining", b.Remaining, 0)
+	enginetest.Want(t, "second lease: remaining", b.Remaining, 0)
 	if b.ID == a.ID {
 		t.Fatalf("two leases share the id %s", a.ID)
 	}
-	if ttl := pttlOf(t, c, leaseKey(key)); ttl <= 10_000 || ttl > 20_000 {
+	if ttl := enginetest.PTTL(t, c, leaseKey(key)); ttl <= 10_000 || ttl > 20_000 {
 		t.Fatalf("lease key PTTL %d ms, want the longest lease's 20 s (less the time passed)", ttl)
 	}
 	clock.Set(enginetest.T0.Add(5 * time.Second))
 	r := mustDeny(t, e, key, 2, time.Second)
 	wantTime(t, "denied: At", r.At, enginetest.T0.Add(5*time.Second))
-	want(t, "denied: RetryAfter (until a expires)", r.RetryAfter, 5*time.Second)
-	want(t, "denied: ResetAfter (until b expires)", r.ResetAfter, 18*time.Second)
-	want(t, "a denial adds no lease", leaseCount(t, c, key), int64(2))
+	enginetest.Want(t, "denied: RetryAfter (until a expires)", r.RetryAfter, 5*time.Second)
+	enginetest.Want(t, "denied: ResetAfter (until b expires)", r.ResetAfter, 18*time.Second)
+	enginetest.Want(t, "a denial adds no lease", leaseCount(t, c, key), int64(2))
 
 	// A larger max on the same key has room: max is the caller's, per call.
 	mustAcquire(t, e, key, 3, time.Millisecond)
 	// At a's expiry its slot is free again, not a microsecond before.
 	clock.Set(enginetest.T0.Add(10*time.Second - time.Microsecond))
-	want(t, "1µs before a expires: RetryAfter", mustDeny(t, e, key, 2, time.Second).RetryAfter, time.Microsecond)
+	enginetest.Want(t, "1µs before a expires: RetryAfter", mustDeny(t, e, key, 2, time.Second).RetryAfter, time.Microsecond)
 	clock.Set(enginetest.T0.Add(10 * time.Second))
 	mustAcquire(t, e, key, 2, time.Second)
 }
@@ -194,17 +195,12 @@ func wantTime(t *testing.T, what string, got, wantT time.Time) {
 	}
 }
 
-func pttlOf(t *testing.T, c valkey.Client, full string) int64 {
-	t.Helper()
-	return valkeytest.Must(t, "PTTL", c.Do(context.Background(), c.B().Pttl().Key(full).Build()), valkey.ValkeyResult.AsInt64)
-}
-
 // Extend keeps a long holder's slot past its first ttl; a lease that expired, even by a
 // microsecond and not dropped yet, cannot be extended, and the error says so.
 func TestLeaseExtend(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	ctx, key, ttl := context.Background(), newKey(t), 10*time.Second
+	ctx, key, ttl := context.Background(), enginetest.NewKey(t), 10*time.Second
 	a := mustAcquire(t, e, key, 1, ttl)
 
 	clock.Set(enginetest.T0.Add(8 * time.Second))
@@ -215,13 +211,13 @@ func TestLeaseExtend(t *testing.T) {
 	wantTime(t, "extended: At", a.At, enginetest.T0.Add(8*time.Second))
 	wantTime(t, "extended: Expires", a.Expires, enginetest.T0.Add(18*time.Second))
 	clock.Set(enginetest.T0.Add(15 * time.Second)) // past the first ttl: still held
-	want(t, "past the first ttl: RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, 3*time.Second)
+	enginetest.Want(t, "past the first ttl: RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, 3*time.Second)
 
 	clock.Set(enginetest.T0.Add(18 * time.Second)) // the extended lease expires now
 	if _, err := e.Extend(ctx, a, ttl); !errors.Is(err, engine.ErrLeaseExpired) {
 		t.Fatalf("Extend at the lease's expiry: %v, want ErrLeaseExpired", err)
 	}
-	want(t, "the expired lease is dropped", leaseCount(t, c, key), int64(0))
+	enginetest.Want(t, "the expired lease is dropped", leaseCount(t, c, key), int64(0))
 	b := mustAcquire(t, e, key, 1, ttl)
 	_, err = e.Extend(ctx, a, ttl)
 	if !errors.Is(err, engine.ErrLeaseExpired) || !strings.Contains(err.Error(), a.ID.String()) {
@@ -235,7 +231,7 @@ func TestLeaseExtend(t *testing.T) {
 
 	// On the server's clock: the lease moves to ttl from the server's now.
 	srv := enginetest.New(t, c)
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	l := mustAcquire(t, srv, key, 1, 200*time.Millisecond)
 	l, err = srv.Extend(ctx, l, time.Minute)
 	if err != nil {
@@ -244,7 +240,7 @@ func TestLeaseExtend(t *testing.T) {
 	if l.Expires.Sub(l.At) != time.Minute || time.Since(l.At).Abs() > time.Minute {
 		t.Fatalf("extended on the server's clock: At %s, Expires %s", l.At, l.Expires)
 	}
-	if ttl := pttlOf(t, c, leaseKey(key)); ttl < 50_000 {
+	if ttl := enginetest.PTTL(t, c, leaseKey(key)); ttl < 50_000 {
 		t.Fatalf("lease key PTTL %d ms after extending to a minute", ttl)
 	}
 }
@@ -252,9 +248,9 @@ func TestLeaseExtend(t *testing.T) {
 // Release is idempotent, a no-op once the lease expired, and never frees another holder's
 // slot: not when released twice, not when its slot was taken again after it expired.
 func TestLeaseRelease(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key, ttl := newKey(t), 10*time.Second
+	key, ttl := enginetest.NewKey(t), 10*time.Second
 
 	a := mustAcquire(t, e, key, 2, ttl)
 	mustAcquire(t, e, key, 2, ttl) // b
@@ -262,61 +258,56 @@ func TestLeaseRelease(t *testing.T) {
 	mustRelease(t, e, a)
 	mustAcquire(t, e, key, 2, ttl) // c: a's slot
 	mustDeny(t, e, key, 2, ttl)    // b and c hold: the second release freed nothing
-	want(t, "leases after a double release", leaseCount(t, c, key), int64(2))
+	enginetest.Want(t, "leases after a double release", leaseCount(t, c, key), int64(2))
 
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	a = mustAcquire(t, e, key, 1, ttl)
 	clock.Set(enginetest.T0.Add(ttl))
 	b := mustAcquire(t, e, key, 1, ttl) // a expired: its slot is b's
 	mustRelease(t, e, a)
-	want(t, "after releasing the expired lease: b still holds, RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, ttl)
+	enginetest.Want(t, "after releasing the expired lease: b still holds, RetryAfter", mustDeny(t, e, key, 1, ttl).RetryAfter, ttl)
 	mustRelease(t, e, b)
 	mustAcquire(t, e, key, 1, ttl)
 
 	// Expired and not dropped yet: the release takes it out, and frees nothing else.
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	a = mustAcquire(t, e, key, 1, ttl)
 	clock.Set(enginetest.T0.Add(3 * ttl))
 	mustRelease(t, e, a)
-	want(t, "leases after releasing an expired one", leaseCount(t, c, key), int64(0))
+	enginetest.Want(t, "leases after releasing an expired one", leaseCount(t, c, key), int64(0))
 	if n := valkeytest.Must(t, "EXISTS", c.Do(context.Background(), c.B().Exists().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
 		t.Fatalf("the lease key outlives its last lease")
 	}
 }
 
 // A key's leases and its rate-limit log are two keys: using both on one key changes neither.
-// Leases run atomically, on the server's clock, in Pipelined mode too.
+// Leases run on the server's clock. (Pipelined mode offers no leases: ErrUnsupported.)
 func TestLeaseKeysApartFromRateLimitLogs(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	ctx := context.Background()
-	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
+	for _, mode := range []engine.Mode{engine.Atomic} {
 		e := enginetest.New(t, c, engine.WithMode(mode))
-		key := newKey(t)
-		mustAllowN(t, e, key, engine.PerMinute(2), 2)
+		key := enginetest.NewKey(t)
+		enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 2)
 		before := time.Now()
 		l := mustAcquire(t, e, key, 1, time.Minute)
 		if l.At.Sub(before).Abs() > time.Minute {
 			t.Fatalf("%s: lease At %s, not the server's clock", mode, l.At)
 		}
-		want(t, mode.String()+": rate limit still full", mustAllowN(t, e, key, engine.PerMinute(2), 1).Allowed, false)
-		for full, kind := range map[string]string{prefix + key: "list", leaseKey(key): "zset"} {
-			if mode == engine.Pipelined && full == prefix+key {
-				kind = "zset" // the article's log
-			}
+		enginetest.Want(t, mode.String()+": rate limit still full", enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 1).Allowed, false)
+		for full, kind := range map[string]string{enginetest.Prefix + key: "list", leaseKey(key): "zset"} {
 			got := valkeytest.Must(t, "TYPE", c.Do(ctx, c.B().Type().Key(full).Build()), valkey.ValkeyResult.ToString)
-			want(t, mode.String()+": TYPE "+full, got, kind)
+			enginetest.Want(t, mode.String()+": TYPE "+full, got, kind)
 		}
 		mustRelease(t, e, l)
-		if mode == engine.Atomic {
-			want(t, "events in the log after the release", events(t, c, key), int64(2))
-		}
+		enginetest.Want(t, "events in the log after the release", enginetest.StoredEvents(t, c, key), int64(2))
 	}
 }
 
 // Every invalid input is refused with ErrInvalidArgument before anything is sent: the lease
 // set keeps its leases and its expiry, or stays absent.
 func TestLeaseInvalidArguments(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e := enginetest.New(t, c)
 	zero := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
@@ -352,7 +343,7 @@ func TestLeaseInvalidArguments(t *testing.T) {
 	for _, existing := range []bool{false, true} {
 		for _, tc := range calls {
 			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
-				key := newKey(t)
+				key := enginetest.NewKey(t)
 				var before []string
 				if existing {
 					mustAcquire(t, e, key, 3, time.Minute)
@@ -366,14 +357,14 @@ func TestLeaseInvalidArguments(t *testing.T) {
 					t.Fatalf("leases changed from %v to %v", before, after)
 				}
 				// A minute, rounded up to the millisecond on the server's clock.
-				if ttl := pttlOf(t, c, leaseKey(key)); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
+				if ttl := enginetest.PTTL(t, c, leaseKey(key)); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
 					t.Fatalf("PTTL %d after a refused call", ttl)
 				}
 			})
 		}
 	}
 	// A lease fail-open granted holds no slot: releasing it sends nothing and succeeds.
-	if err := e.Release(ctx, engine.Lease{Key: newKey(t)}); err != nil {
+	if err := e.Release(ctx, engine.Lease{Key: enginetest.NewKey(t)}); err != nil {
 		t.Fatalf("Release of a lease without id: %v", err)
 	}
 }
@@ -390,13 +381,13 @@ func TestLeaseHolderKilled(t *testing.T) {
 		holdLeaseUntilKilled(t, spec)
 		return
 	}
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()
-	key, ttl := newKey(t), 1500*time.Millisecond
+	key, ttl := enginetest.NewKey(t), 1500*time.Millisecond
 
 	child := exec.Command(os.Args[0], "-test.run=^TestLeaseHolderKilled$", "-test.count=1")
-	child.Env = append(os.Environ(), leaseChildEnv+"="+key+" "+ttl.String(), valkeytest.EnvAddr+"="+server.Addr)
+	child.Env = append(os.Environ(), leaseChildEnv+"="+key+" "+ttl.String(), valkeytest.EnvAddr+"="+exampleServer.Addr)
 	out, err := child.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -465,9 +456,9 @@ func TestLeaseHolderKilled(t *testing.T) {
 	denials := 0
 	for {
 		l, err := e.Acquire(ctx, key, 1, ttl)
-		var denied *engine.DeniedError
+		var denied *engine.LeaseDeniedError
 		if errors.As(err, &denied) {
-			r := denied.Result
+			r := engine.Result{At: denied.At, RetryAfter: denied.RetryAfter()}
 			if !r.At.Before(expires) || r.RetryAfter != expires.Sub(r.At) {
 				t.Fatalf("denied at %s with RetryAfter %s; the dead lease expires at %s", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
 			}
@@ -505,7 +496,7 @@ func holdLeaseUntilKilled(t *testing.T, spec string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := enginetest.New(t, server.Client(t))
+	e := enginetest.New(t, exampleServer.Client(t))
 	l := mustAcquire(t, e, key, 1, ttl)
 	fmt.Printf("lease-held %s %d\n", l.ID, l.Expires.UnixMicro())
 	os.Stdout.Sync()
@@ -521,7 +512,7 @@ func TestLeaseFailOpenAndFailClosed(t *testing.T) {
 	c := own.Client(t)
 	closed := enginetest.New(t, c)
 	open := enginetest.New(t, c, engine.WithFailOpen(true))
-	key, ttl := newKey(t), time.Minute
+	key, ttl := enginetest.NewKey(t), time.Minute
 	l := mustAcquire(t, open, key, 2, ttl)
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -47,9 +47,9 @@ func TestBatchedExactUnderConcurrency(t *testing.T) {
 		es = append(es, enginetest.New(t, own.Client(t), engine.WithBatching(true)))
 	}
 	c := own.Client(t)
-	key, l := newKey(t), engine.PerHour(200)
+	key, l := enginetest.NewKey(t), engine.PerHour(200)
 	resetStats(t, c)
-	results := runConcurrently(t, es, 64, 2000, func(e *engine.Engine) (engine.Result, error) {
+	results := enginetest.RunConcurrently(t, es, 64, 2000, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	})
 	calls := scriptCalls(t, c)
@@ -67,8 +67,8 @@ func TestBatchedExactUnderConcurrency(t *testing.T) {
 		}
 		seen[r.Remaining] = true
 	}
-	want(t, "admitted", len(seen), l.Max)
-	want(t, "log size", events(t, c, key), int64(l.Max))
+	enginetest.Want(t, "admitted", len(seen), l.Max)
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(l.Max))
 }
 
 // One batch mixes single limits of different Max and cost, policies and keys, and a key that
@@ -80,8 +80,8 @@ func TestBatchMixesRequestsAndIsolatesFailures(t *testing.T) {
 	ctx := context.Background()
 	batchedEngine, clock := enginetest.Clocked(t, c, engine.WithBatching(true))
 	aloneEngine := enginetest.New(t, c, engine.WithBatching(false), engine.WithClock(clock.Now))
-	poisoned := newKey(t)
-	if err := c.Do(ctx, c.B().Set().Key(prefix+poisoned).Value("a string").Build()).Error(); err != nil {
+	poisoned := enginetest.NewKey(t)
+	if err := c.Do(ctx, c.B().Set().Key(enginetest.Prefix+poisoned).Value("a string").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	type job struct {
@@ -90,7 +90,7 @@ func TestBatchMixesRequestsAndIsolatesFailures(t *testing.T) {
 		policy engine.Policy
 		n      int
 	}
-	keys := []string{newKey(t), newKey(t), newKey(t)}
+	keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
 	var jobs []job
 	for i := 0; i < 60; i++ {
 		j := job{key: keys[i%3], n: 1 + i%4}
@@ -131,7 +131,7 @@ func TestBatchMixesRequestsAndIsolatesFailures(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if _, err := batchedEngine.Allow(ctx, newKey(t), engine.PerMinute(1)); err != nil {
+		if _, err := batchedEngine.Allow(ctx, enginetest.NewKey(t), engine.PerMinute(1)); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -182,7 +182,7 @@ func TestBatchedCancelledCallersAreNeverSent(t *testing.T) {
 	admin := valkeytest.NewClient(t, own.Addr)
 	ctx := context.Background()
 	e := enginetest.New(t, c, engine.WithBatching(true))
-	key, l := newKey(t), engine.PerHour(100)
+	key, l := enginetest.NewKey(t), engine.PerHour(100)
 
 	// The server takes no writes for a while: the first decision is the call in flight, the
 	// others queue behind it.
@@ -214,8 +214,8 @@ func TestBatchedCancelledCallersAreNeverSent(t *testing.T) {
 	if err := <-first; err != nil {
 		t.Fatalf("the decision in flight: %v", err)
 	}
-	want(t, "queued callers that gave up", cancelled.Load(), int64(20))
-	want(t, "events: only the one in flight", events(t, c, key), int64(1))
+	enginetest.Want(t, "queued callers that gave up", cancelled.Load(), int64(20))
+	enginetest.Want(t, "events: only the one in flight", enginetest.StoredEvents(t, c, key), int64(1))
 }
 
 // A server that goes away under a batch fails every caller in it with ErrUnavailable, and the
@@ -244,7 +244,7 @@ func TestBatchedServerRestart(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	want(t, "callers told the server is unavailable", unavailable.Load(), int64(16))
+	enginetest.Want(t, "callers told the server is unavailable", unavailable.Load(), int64(16))
 	if err := own.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestBatchedServerRestart(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	results := runConcurrently(t, []*engine.Engine{e}, 32, 200, func(e *engine.Engine) (engine.Result, error) {
+	results := enginetest.RunConcurrently(t, []*engine.Engine{e}, 32, 200, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(ctx, "after-restart-burst", engine.PerMinute(150))
 	})
 	admitted := 0
@@ -263,16 +263,16 @@ func TestBatchedServerRestart(t *testing.T) {
 			admitted++
 		}
 	}
-	want(t, "admitted after the restart", admitted, 150)
+	enginetest.Want(t, "admitted after the restart", admitted, 150)
 }
 
 // Peeks batch apart from decisions, read-only, and answer as a peek alone does.
 func TestBatchedPeeks(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c, engine.WithBatching(true))
-	key, l := newKey(t), engine.PerMinute(10)
-	mustAllowN(t, e, key, l, 4)
-	results := runConcurrently(t, []*engine.Engine{e}, 32, 200, func(e *engine.Engine) (engine.Result, error) {
+	key, l := enginetest.NewKey(t), engine.PerMinute(10)
+	enginetest.MustAllowN(t, e, key, l, 4)
+	results := enginetest.RunConcurrently(t, []*engine.Engine{e}, 32, 200, func(e *engine.Engine) (engine.Result, error) {
 		return e.Peek(context.Background(), key, l)
 	})
 	for _, r := range results {
@@ -280,7 +280,7 @@ func TestBatchedPeeks(t *testing.T) {
 			t.Fatalf("batched peek: %+v, want allowed, 6 remaining, reset after a minute, no entry", r)
 		}
 	}
-	want(t, "events after 200 peeks", events(t, c, key), int64(4))
+	enginetest.Want(t, "events after 200 peeks", enginetest.StoredEvents(t, c, key), int64(4))
 }
 
 // With replica acknowledgement, one WAIT follows each call, not each decision: a batch of
@@ -293,7 +293,7 @@ func TestBatchedReplicaAckOneWaitPerCall(t *testing.T) {
 		es = append(es, enginetest.New(t, primary.Client(t), engine.WithBatching(true), engine.WithReplicaAck(1, time.Second)))
 	}
 	key, l := oneFollowerPerCall(t, primary.Client(t), es, "wait", engine.PerHour(200))
-	want(t, "events on the replica", events(t, rc, key), int64(l.Max))
+	enginetest.Want(t, "events on the replica", enginetest.StoredEvents(t, rc, key), int64(l.Max))
 }
 
 // oneFollowerPerCall has 64 goroutines take 400 decisions on one key at limit l through es,
@@ -303,9 +303,9 @@ func TestBatchedReplicaAckOneWaitPerCall(t *testing.T) {
 func oneFollowerPerCall(t *testing.T, c valkey.Client, es []*engine.Engine, follower string, l engine.Limit) (string, engine.Limit) {
 	t.Helper()
 	ctx := context.Background()
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	resetStats(t, c)
-	results := runConcurrently(t, es, 64, 400, func(e *engine.Engine) (engine.Result, error) {
+	results := enginetest.RunConcurrently(t, es, 64, 400, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(ctx, key, l)
 	})
 	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
@@ -323,7 +323,7 @@ func oneFollowerPerCall(t *testing.T, c valkey.Client, es []*engine.Engine, foll
 			admitted++
 		}
 	}
-	want(t, "admitted", admitted, min(400, l.Max))
+	enginetest.Want(t, "admitted", admitted, min(400, l.Max))
 	return key, l
 }
 

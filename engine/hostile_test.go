@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -58,11 +58,11 @@ func TestRefusedDecisionLeavesNoTrace(t *testing.T) {
 	c := own.NewUser(t, "loses", "pw", "+@all")
 	e := enginetest.New(t, c)
 	ctx := context.Background()
-	old, fresh := newKey(t), newKey(t)
+	old, fresh := enginetest.NewKey(t), enginetest.NewKey(t)
 	for _, l := range []engine.Limit{engine.PerHour(10), {Max: 10, Window: time.Minute}} {
-		mustAllowN(t, e, old, l, 1) // one limit, then a second: the general path too
+		enginetest.MustAllowN(t, e, old, l, 1) // one limit, then a second: the general path too
 	}
-	before := enginetest.Log(t, admin, prefix, old)
+	before := enginetest.Log(t, admin, enginetest.Prefix, old)
 	// Take PEXPIRE away: every later decision must fail without writing.
 	if err := admin.Do(ctx, admin.B().AclSetuser().Username("loses").Rule("-pexpire").Build()).Error(); err != nil {
 		t.Fatal(err)
@@ -83,14 +83,14 @@ func TestRefusedDecisionLeavesNoTrace(t *testing.T) {
 			}
 		}
 	}
-	if n := valkeytest.Must(t, "EXISTS", admin.Do(ctx, admin.B().Exists().Key(prefix+fresh).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
+	if n := valkeytest.Must(t, "EXISTS", admin.Do(ctx, admin.B().Exists().Key(enginetest.Prefix+fresh).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
 		t.Fatalf("a refused decision left the new key %q behind", fresh)
 	}
-	after := enginetest.Log(t, admin, prefix, old)
+	after := enginetest.Log(t, admin, enginetest.Prefix, old)
 	if after.Count != before.Count || after.Events != before.Events {
 		t.Fatalf("refused decisions changed the log: %d entries, %d events; before %d, %d", after.Count, after.Events, before.Count, before.Events)
 	}
-	if ms := pttl(t, admin, old); ms <= 0 {
+	if ms := enginetest.PTTL(t, admin, enginetest.Prefix+old); ms <= 0 {
 		t.Fatalf("PTTL %d: the key lost its expiry", ms)
 	}
 }
@@ -105,8 +105,8 @@ func TestOutOfMemoryIsUnavailable(t *testing.T) {
 	ctx := context.Background()
 	e := enginetest.New(t, c)
 	open := enginetest.New(t, c, engine.WithFailOpen(true))
-	key := newKey(t)
-	mustAllowN(t, e, key, engine.PerMinute(5), 1)
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
 	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
 		if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue(kv[0], kv[1]).Build()).Error(); err != nil {
 			t.Fatal(err)
@@ -117,10 +117,10 @@ func TestOutOfMemoryIsUnavailable(t *testing.T) {
 	})
 	// The existing key is still decided, exactly.
 	for i := 2; i <= 6; i++ {
-		r := mustAllowN(t, e, key, engine.PerMinute(5), 1)
-		want(t, "admitted while under 5", r.Allowed, i <= 5)
+		r := enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
+		enginetest.Want(t, "admitted while under 5", r.Allowed, i <= 5)
 	}
-	fresh := newKey(t)
+	fresh := enginetest.NewKey(t)
 	_, err := e.Allow(ctx, fresh, engine.PerMinute(5))
 	if !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("Allow of a new key on a server out of memory: %v; want ErrUnavailable (OOM)", err)
@@ -129,7 +129,7 @@ func TestOutOfMemoryIsUnavailable(t *testing.T) {
 	if err != nil || !r.Allowed || !errors.Is(r.BackendErr, engine.ErrUnavailable) {
 		t.Fatalf("fail-open Allow out of memory: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
 	}
-	if got := events(t, c, fresh); got != 0 {
+	if got := enginetest.StoredEvents(t, c, fresh); got != 0 {
 		t.Fatalf("the new key holds %d events after refused writes, want 0", got)
 	}
 }
@@ -147,8 +147,8 @@ func TestClientTimeoutIsUnavailable(t *testing.T) {
 	}
 	defer c.Close()
 	e := enginetest.New(t, c, engine.WithBatching(false))
-	key := newKey(t)
-	mustAllowN(t, e, key, engine.PerMinute(5), 1)
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
 	ctx := context.Background()
 	if err := admin.Do(ctx, admin.B().ClientPause().Timeout(3000).All().Build()).Error(); err != nil {
 		t.Fatal(err)
@@ -170,10 +170,10 @@ func TestClientTimeoutIsUnavailable(t *testing.T) {
 // or queued: the engine goes on deciding for everyone else, with its batch queue busy at the
 // time, and no background goroutine ever sees the nil context.
 func TestNilContextIsRefused(t *testing.T) {
-	e := enginetest.New(t, server.Client(t))
-	key, l := newKey(t), engine.PerHour(1000)
+	e := enginetest.New(t, exampleServer.Client(t))
+	key, l := enginetest.NewKey(t), engine.PerHour(1000)
 	ctx := context.Background()
-	admitted := mustAllowN(t, e, key, l, 1)
+	admitted := enginetest.MustAllowN(t, e, key, l, 1)
 	lease, err := e.Acquire(ctx, key, 5, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +232,7 @@ func TestNilContextIsRefused(t *testing.T) {
 	if _, err := e.Allow(tctx, key, l); err != nil {
 		t.Fatalf("Allow after the nil-context calls: %v", err)
 	}
-	if got := enginetest.Log(t, server.Client(t), prefix, key); got.Events < 1 {
+	if got := enginetest.Log(t, exampleServer.Client(t), enginetest.Prefix, key); got.Events < 1 {
 		t.Fatalf("the log lost its entries: %+v", got)
 	}
 }
@@ -240,7 +240,7 @@ func TestNilContextIsRefused(t *testing.T) {
 // A huge key costs an error message no more than a short one: errors quote at most a few
 // hundred bytes of it and say how long it was.
 func TestErrorsCutLongKeys(t *testing.T) {
-	e := enginetest.New(t, server.Client(t), engine.WithBatching(false))
+	e := enginetest.New(t, exampleServer.Client(t), engine.WithBatching(false))
 	key := strings.Repeat("k", 1<<20)
 	l := engine.PerHour(1)
 	if err := e.Record(context.Background(), key, 1, time.Hour, time.Now()); err != nil {
@@ -255,8 +255,8 @@ func TestErrorsCutLongKeys(t *testing.T) {
 		t.Fatalf("the DeniedError's message is %d bytes: %.200s", n, err.Error())
 	}
 	// A server error names the key too: a key that holds a string.
-	c := server.Client(t)
-	if err := c.Do(context.Background(), c.B().Set().Key(prefix+key).Value("x").Build()).Error(); err != nil {
+	c := exampleServer.Client(t)
+	if err := c.Do(context.Background(), c.B().Set().Key(enginetest.Prefix+key).Value("x").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.Allow(context.Background(), key, l)

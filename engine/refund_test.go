@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // memoryUsage is MEMORY USAGE of key's log, in bytes.
 func memoryUsage(t *testing.T, c valkey.Client, key string) int64 {
 	t.Helper()
-	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(prefix+key).Samples(0).Build()).AsInt64()
+	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(enginetest.Prefix+key).Samples(0).Build()).AsInt64()
 	if err != nil {
 		t.Fatalf("MEMORY USAGE: %v", err)
 	}
@@ -42,20 +42,20 @@ func TestRefundsKeepTheLogBounded(t *testing.T) {
 		{"frozen clock", true, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := server.Client(t)
+			c := exampleServer.Client(t)
 			var e *engine.Engine
 			if tc.frozen {
 				e, _ = enginetest.Clocked(t, c)
 			} else {
 				e = enginetest.New(t, c)
 			}
-			key, l := newKey(t), engine.PerHour(5)
+			key, l := enginetest.NewKey(t), engine.PerHour(5)
 			var kept []engine.Result
 			for i := 0; i < tc.live; i++ {
-				kept = append(kept, mustAllowN(t, e, key, l, 1))
+				kept = append(kept, enginetest.MustAllowN(t, e, key, l, 1))
 			}
 			for i := 0; i < pairs; i++ {
-				r := mustAllowN(t, e, key, l, 1)
+				r := enginetest.MustAllowN(t, e, key, l, 1)
 				if !r.Allowed {
 					t.Fatalf("pair %d: denied with %d live events of 5: %+v", i, tc.live, r)
 				}
@@ -63,7 +63,7 @@ func TestRefundsKeepTheLogBounded(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			log := enginetest.Log(t, c, prefix, key)
+			log := enginetest.Log(t, c, enginetest.Prefix, key)
 			if log.Events != tc.live || log.Count > 2*tc.live+1 {
 				t.Fatalf("after %d refunded pairs: %d events in %d entries; want %d events in at most %d entries", pairs, log.Events, log.Count, tc.live, 2*tc.live+1)
 			}
@@ -76,7 +76,7 @@ func TestRefundsKeepTheLogBounded(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if got := mustPeek(t, e, key, l); got.Remaining != 5 {
+			if got := enginetest.MustPeek(t, e, key, l); got.Remaining != 5 {
 				t.Fatalf("after refunding the live entries: %d remaining, want 5", got.Remaining)
 			}
 		})
@@ -88,8 +88,8 @@ func TestRefundsKeepTheLogBounded(t *testing.T) {
 // another request's entry (the events the log holds are exactly those admitted and not
 // refunded), and the log keeps no more refunded entries than live ones, plus one.
 func TestRefundsBoundedAndExactUnderConcurrency(t *testing.T) {
-	es, c := engines(t, 4)
-	key, l := newKey(t), engine.Limit{Max: 1_000_000, Window: time.Hour}
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 1_000_000, Window: time.Hour}
 	var mu sync.Mutex
 	kept := 0
 	var wg sync.WaitGroup
@@ -133,7 +133,7 @@ func TestRefundsBoundedAndExactUnderConcurrency(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	log := enginetest.Log(t, c, prefix, key)
+	log := enginetest.Log(t, c, enginetest.Prefix, key)
 	live := 0
 	for _, le := range log.Entries {
 		if le.Cost > 0 {

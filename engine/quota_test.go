@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -30,7 +30,7 @@ func runQuotaSteps(t *testing.T, e *engine.Engine, clock *enginetest.Clock, p en
 	t.Helper()
 	names := make([]string, keys)
 	for i := range names {
-		names[i] = newKey(t)
+		names[i] = enginetest.NewKey(t)
 	}
 	for i, s := range steps {
 		clock.Set(enginetest.T0.Add(s.at))
@@ -68,7 +68,7 @@ func runQuotaSteps(t *testing.T, e *engine.Engine, clock *enginetest.Clock, p en
 func TestQuotaAfterOldestEventLeavesFirst(t *testing.T) {
 	const copies = 6
 	t.Run("one limit", func(t *testing.T) {
-		e, clock := enginetest.Clocked(t, server.Client(t))
+		e, clock := enginetest.Clocked(t, exampleServer.Client(t))
 		m := time.Minute
 		runQuotaSteps(t, e, clock, engine.Policy{{Max: 3, Window: m}}, copies, []quotaStep{
 			{at: 0, allowed: true, remaining: 2, quota: m, window: m},                               // the only event
@@ -81,7 +81,7 @@ func TestQuotaAfterOldestEventLeavesFirst(t *testing.T) {
 		})
 	})
 	t.Run("policy", func(t *testing.T) {
-		e, clock := enginetest.Clocked(t, server.Client(t))
+		e, clock := enginetest.Clocked(t, exampleServer.Client(t))
 		w := 10 * time.Second
 		runQuotaSteps(t, e, clock, engine.Policy{{Max: 3, Window: w}, {Max: 10, Window: time.Minute}}, copies, []quotaStep{
 			{at: 0, allowed: true, remaining: 2, quota: w, window: w},
@@ -93,12 +93,12 @@ func TestQuotaAfterOldestEventLeavesFirst(t *testing.T) {
 		})
 	})
 	t.Run("long log", func(t *testing.T) {
-		e, clock := enginetest.Clocked(t, server.Client(t))
-		key, ctx := newKey(t), context.Background()
+		e, clock := enginetest.Clocked(t, exampleServer.Client(t))
+		key, ctx := enginetest.NewKey(t), context.Background()
 		p := engine.Policy{{Max: 30, Window: 20 * time.Second}, {Max: 100, Window: time.Minute}}
 		for i := range 40 { // 32 stay in the header; the oldest move behind it
 			clock.Set(enginetest.T0.Add(time.Duration(i) * time.Second))
-			mustAllowN(t, e, key, p[1], 1)
+			enginetest.MustAllowN(t, e, key, p[1], 1)
 		}
 		// The 20s window holds +26s..+39s: +26s leaves it first, 1s from now.
 		clock.Set(enginetest.T0.Add(45 * time.Second))
@@ -106,13 +106,13 @@ func TestQuotaAfterOldestEventLeavesFirst(t *testing.T) {
 		if err != nil || peek.QuotaAfter != time.Second || peek.Window != p[0].Window || peek.Remaining != 16 {
 			t.Fatalf("PeekPolicy: %+v, %v; want quota after 1s for the 20s window, 16 remaining", peek, err)
 		}
-		r := mustAllowPolicy(t, e, key, p, 1)
+		r := enginetest.MustAllowPolicy(t, e, key, p, 1)
 		if r.QuotaAfter != time.Second || r.ResetAfter != time.Minute || r.Window != p[0].Window {
 			t.Fatalf("AllowPolicy: %+v, want quota after 1s, reset after 1m, the 20s window named", r)
 		}
 		// The minute alone: +0s and +1s have left it at +61s, +2s leaves next.
 		clock.Set(enginetest.T0.Add(61 * time.Second))
-		if r := mustAllowN(t, e, key, p[1], 1); r.QuotaAfter != time.Second {
+		if r := enginetest.MustAllowN(t, e, key, p[1], 1); r.QuotaAfter != time.Second {
 			t.Fatalf("AllowN on the minute: %+v, want quota after 1s", r)
 		}
 	})
@@ -120,19 +120,19 @@ func TestQuotaAfterOldestEventLeavesFirst(t *testing.T) {
 
 // A refunded entry gives no quota back when it leaves: QuotaAfter skips it.
 func TestQuotaAfterSkipsRefundedEntries(t *testing.T) {
-	e, clock := enginetest.Clocked(t, server.Client(t))
-	key, ctx, l := newKey(t), context.Background(), engine.PerMinute(5)
-	first := mustAllowN(t, e, key, l, 2)
+	e, clock := enginetest.Clocked(t, exampleServer.Client(t))
+	key, ctx, l := enginetest.NewKey(t), context.Background(), engine.PerMinute(5)
+	first := enginetest.MustAllowN(t, e, key, l, 2)
 	clock.Set(enginetest.T0.Add(10 * time.Second))
-	mustAllowN(t, e, key, l, 1)
+	enginetest.MustAllowN(t, e, key, l, 1)
 	if err := e.Refund(ctx, key, first); err != nil {
 		t.Fatal(err)
 	}
 	clock.Set(enginetest.T0.Add(15 * time.Second))
-	if r := mustPeek(t, e, key, l); r.QuotaAfter != 55*time.Second {
+	if r := enginetest.MustPeek(t, e, key, l); r.QuotaAfter != 55*time.Second {
 		t.Fatalf("Peek after refunding the oldest: %+v, want quota after 55s (the +10s entry)", r)
 	}
-	if r := mustAllowN(t, e, key, l, 1); r.QuotaAfter != 55*time.Second || r.Remaining != 3 {
+	if r := enginetest.MustAllowN(t, e, key, l, 1); r.QuotaAfter != 55*time.Second || r.Remaining != 3 {
 		t.Fatalf("AllowN after refunding the oldest: %+v, want quota after 55s, 3 remaining", r)
 	}
 }
@@ -141,9 +141,9 @@ func TestQuotaAfterSkipsRefundedEntries(t *testing.T) {
 // before each AllowPolicy answers as it does (the room before it, for an admission), and the
 // log only ever holds what AllowPolicy recorded.
 func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key, ctx := newKey(t), context.Background()
+	key, ctx := enginetest.NewKey(t), context.Background()
 	p := engine.Policy{{Max: 9, Window: 5 * time.Second}, {Max: 4, Window: time.Second}, {Max: 40, Window: 20 * time.Second}}
 	rng := rand.New(rand.NewPCG(13, 5))
 	now := enginetest.T0
@@ -157,11 +157,11 @@ func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := events(t, c, key); got != recorded {
+		if got := enginetest.StoredEvents(t, c, key); got != recorded {
 			t.Fatalf("step %d: the log holds %d events after a peek, want %d", i, got, recorded)
 		}
-		r := mustAllowPolicy(t, e, key, p, n)
-		recorded = events(t, c, key) // what it recorded, less what its trim dropped
+		r := enginetest.MustAllowPolicy(t, e, key, p, n)
+		recorded = enginetest.StoredEvents(t, c, key) // what it recorded, less what its trim dropped
 		what := fmt.Sprintf("step %d (n=%d at +%s):\n peek  %+v\n allow %+v", i, n, now.Sub(enginetest.T0), peek, r)
 		if peek.Allowed != r.Allowed || peek.RetryAfter != r.RetryAfter || peek.Window != r.Window || !peek.At.Equal(r.At) || !peek.Entry.IsZero() {
 			t.Fatal(what)
@@ -185,7 +185,7 @@ func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
 	// One limit: PeekPolicy is Peek.
 	l := engine.PerSecond(4)
 	one, err := e.PeekPolicy(ctx, key, engine.Policy{l}, 1)
-	if err != nil || one != mustPeek(t, e, key, l) {
+	if err != nil || one != enginetest.MustPeek(t, e, key, l) {
 		t.Fatalf("PeekPolicy of one limit %+v (%v), want Peek's", one, err)
 	}
 	// Invalid requests are refused as AllowPolicy refuses them.

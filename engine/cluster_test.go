@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -29,13 +29,13 @@ func skipClusterIfShort(t *testing.T) {
 // slots.
 func keyOn(t *testing.T, node *valkeytest.Node) string {
 	t.Helper()
-	return keyUnder(t, node, prefix)
+	return keyUnder(t, node, enginetest.Prefix)
 }
 
 // leaseKeyOn returns a fresh user key whose lease set lands in node's slots.
 func leaseKeyOn(t *testing.T, node *valkeytest.Node) string {
 	t.Helper()
-	return keyUnder(t, node, prefix+engine.LeaseNamespace)
+	return keyUnder(t, node, enginetest.Prefix+engine.LeaseNamespace)
 }
 
 // keyUnder returns a fresh user key that, after full (a prefix), lands in node's slots.
@@ -109,7 +109,7 @@ func TestCluster(t *testing.T) {
 		// Concurrent decisions on keys of every slot: a batch holds one slot's keys, and each
 		// decision lands on its key's primary.
 		var next atomic.Int64
-		runConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
+		enginetest.RunConcurrently(t, es, 32, 300, func(e *engine.Engine) (engine.Result, error) {
 			return e.Allow(ctx, "spread:"+strconv.Itoa(int(next.Add(1))), engine.PerMinute(5))
 		})
 		for _, p := range c.Primaries {
@@ -127,7 +127,7 @@ func TestCluster(t *testing.T) {
 			key, l := keyOn(t, p), engine.PerHour(100)
 			pc := p.Client()
 			resetStats(t, pc)
-			results := runConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
+			results := enginetest.RunConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
 				return e.Allow(ctx, key, l)
 			})
 			if calls := scriptCalls(t, pc); calls >= 500 {
@@ -142,7 +142,7 @@ func TestCluster(t *testing.T) {
 			if admitted != l.Max {
 				t.Fatalf("primary %s: %d admitted, want %d", p.Addr, admitted, l.Max)
 			}
-			if n := events(t, clients[0], key); n != int64(l.Max) {
+			if n := enginetest.StoredEvents(t, clients[0], key); n != int64(l.Max) {
 				t.Fatalf("primary %s: log holds %d, want %d", p.Addr, n, l.Max)
 			}
 		}
@@ -163,7 +163,7 @@ func TestCluster(t *testing.T) {
 			if a.peak > int64(max) || a.through != 32 || a.denials == 0 {
 				t.Fatalf("primary %s: %d holders at once (max %d), %d of 32 through, %d denials", p.Addr, a.peak, max, a.through, a.denials)
 			}
-			want(t, "leases left on "+p.Addr, leaseCount(t, clients[0], key), int64(0))
+			enginetest.Want(t, "leases left on "+p.Addr, leaseCount(t, clients[0], key), int64(0))
 		}
 	})
 
@@ -171,8 +171,8 @@ func TestCluster(t *testing.T) {
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		for _, p := range c.Primaries {
 			key := keyOn(t, p)
-			want(t, "allow after flush", mustAllowN(t, es[0], key, engine.PerMinute(2), 1).Remaining, 1)
-			want(t, "peek after flush", mustPeek(t, es[1], key, engine.PerMinute(2)).Remaining, 1)
+			enginetest.Want(t, "allow after flush", enginetest.MustAllowN(t, es[0], key, engine.PerMinute(2), 1).Remaining, 1)
+			enginetest.Want(t, "peek after flush", enginetest.MustPeek(t, es[1], key, engine.PerMinute(2)).Remaining, 1)
 		}
 	})
 
@@ -183,9 +183,9 @@ func TestCluster(t *testing.T) {
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ConfigResetstat().Build() })
 		for _, p := range c.Primaries {
 			key, l := keyOn(t, p), engine.PerMinute(10)
-			mustAllowN(t, e, key, l, 3)
+			enginetest.MustAllowN(t, e, key, l, 3)
 			for i := 0; i < 5; i++ {
-				want(t, "peek on a replica: remaining", mustPeek(t, e, key, l).Remaining, 7)
+				enginetest.Want(t, "peek on a replica: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 7)
 			}
 		}
 		for _, r := range c.Replicas {
@@ -301,8 +301,8 @@ func TestClusterFailover(t *testing.T) {
 		r := run(t, e, c.Primaries[0], c.Replicas[0])
 		t.Logf("without ack: told yes %d before the cut, %d while cut, %d after failover: over-admitted %d of %d",
 			r.toldYesBefore, r.toldYesFrozen, r.toldYesAfter, r.overAdmitted(limit), limit)
-		want(t, "admitted while the replica was cut off", r.toldYesFrozen, limit-before)
-		want(t, "over-admission (the lost events admitted again)", r.overAdmitted(limit), limit-before)
+		enginetest.Want(t, "admitted while the replica was cut off", r.toldYesFrozen, limit-before)
+		enginetest.Want(t, "over-admission (the lost events admitted again)", r.overAdmitted(limit), limit-before)
 	})
 
 	t.Run("leases", func(t *testing.T) {
@@ -318,8 +318,8 @@ func TestClusterFailover(t *testing.T) {
 		// room: with ack a failover costs availability and may under-admit, never over-admit.
 		t.Logf("with ack: told yes %d before the cut, %d while cut (%d refused), %d after failover: over-admitted %d of %d",
 			r.toldYesBefore, r.toldYesFrozen, r.frozenErrors, r.toldYesAfter, max(0, r.overAdmitted(limit)), limit)
-		want(t, "admitted while the replica was cut off", r.toldYesFrozen, 0)
-		want(t, "refused while the replica was cut off", r.frozenErrors, limit-before)
+		enginetest.Want(t, "admitted while the replica was cut off", r.toldYesFrozen, 0)
+		enginetest.Want(t, "refused while the replica was cut off", r.frozenErrors, limit-before)
 		if over := r.overAdmitted(limit); over > 0 {
 			t.Fatalf("over-admitted %d with replica ack", over)
 		}
@@ -364,7 +364,7 @@ func testLeaseFailover(t *testing.T, c *valkeytest.Cluster, client valkey.Client
 	// holder still runs: one holder over max.
 	pc := replica.Client()
 	members := valkeytest.Must(t, "ZRANGE", pc.Do(ctx, pc.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Build()), valkey.ValkeyResult.AsStrSlice)
-	want(t, "leases on the promoted node", len(members), len(kept)+1)
+	enginetest.Want(t, "leases on the promoted node", len(members), len(kept)+1)
 	for _, m := range members {
 		if m == string(lost.ID[:]) {
 			t.Fatal("the lease granted while the link was cut survived the failover")
@@ -429,7 +429,7 @@ func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Nod
 	var err error
 	if werr := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every event", func() (bool, error) {
 		// The inspect script, read-only, on the replica: its reply opens with the log's events.
-		inspect := rc.B().EvalRo().Script(scripts.Inspect()).Numkeys(1).Key(prefix + key).Arg("1").Build()
+		inspect := rc.B().EvalRo().Script(scripts.Inspect()).Numkeys(1).Key(enginetest.Prefix + key).Arg("1").Build()
 		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), inspect)
 		var log []int64
 		if log, err = rs[1].AsIntSlice(); err == nil {

@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"bytes"
@@ -72,7 +72,7 @@ func fillAll(t *testing.T, e *engine.Engine, keys []string, l engine.Limit) int 
 	t.Helper()
 	admitted := 0
 	for _, key := range keys {
-		for mustAllowN(t, e, key, l, 1).Allowed {
+		for enginetest.MustAllowN(t, e, key, l, 1).Allowed {
 			admitted++
 		}
 	}
@@ -86,19 +86,19 @@ func TestCrashWithoutPersistenceForgetsEveryWindow(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	e := enginetest.New(t, c)
-	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
 	l := engine.PerHour(50)
 
 	before := fillAll(t, e, keys, l)
-	want(t, "admitted before the crash", before, len(keys)*l.Max)
+	enginetest.Want(t, "admitted before the crash", before, len(keys)*l.Max)
 	crashAndRestart(t, own, e)
 	for _, key := range keys {
-		want(t, "events in the log after the restart", events(t, c, key), int64(0))
+		enginetest.Want(t, "events in the log after the restart", enginetest.StoredEvents(t, c, key), int64(0))
 	}
 	after := fillAll(t, e, keys, l)
 	t.Logf("no persistence: %d admitted, kill -9, restart: %d more admitted in the same hour (%.0f %% over)",
 		before, after, 100*float64(after)/float64(before))
-	want(t, "over-admitted after the restart", after, len(keys)*l.Max)
+	enginetest.Want(t, "over-admitted after the restart", after, len(keys)*l.Max)
 }
 
 // toldYes is an admission a caller was told yes of.
@@ -170,7 +170,7 @@ func missingFromLogs(t *testing.T, c valkey.Client, keys []string, told []toldYe
 	t.Helper()
 	atMicros := map[string]map[int64]int{}
 	for _, key := range keys {
-		log := enginetest.Log(t, c, prefix, key)
+		log := enginetest.Log(t, c, enginetest.Prefix, key)
 		atMicros[key] = map[int64]int{}
 		for _, entry := range log.Entries {
 			atMicros[key][entry.At.UnixMicro()]++
@@ -193,7 +193,7 @@ func TestCrashWithAppendOnlyKeepsEveryAdmission(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("everysec"))
 	c := own.Client(t)
 	es := []*engine.Engine{enginetest.New(t, c), enginetest.New(t, own.Client(t))}
-	keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+	keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
 	told, failed := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour}, 2000)
 	lost, logged := missingFromLogs(t, c, keys, told)
 	t.Logf("appendonly yes, everysec: %d told yes, kill -9 mid-run (%d calls failed with it), restart: %d events in the logs, %d told-yes admissions lost",
@@ -242,7 +242,7 @@ func TestPowerLossSimulated(t *testing.T) {
 		if err := c.Do(context.Background(), set).Error(); err != nil {
 			t.Fatal(err)
 		}
-		keys := []string{newKey(t), newKey(t), newKey(t), newKey(t)}
+		keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
 		told, failed := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour}, tc.admissions)
 		lost, logged := missingFromLogs(t, c, keys, told)
 		t.Logf("simulated power loss, %s: %d told yes, %d calls failed with the crash, %d events in the logs after it, %d told-yes admissions lost",
@@ -266,7 +266,7 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 	// The key is full: 64 goroutines' 200 more decisions are denials, batched, and no call of
 	// theirs sends a WAITAOF.
 	before, calls := waitaofCalls(t, c), scriptCalls(t, c)
-	for _, r := range runConcurrently(t, es, 64, 200, func(e *engine.Engine) (engine.Result, error) {
+	for _, r := range enginetest.RunConcurrently(t, es, 64, 200, func(e *engine.Engine) (engine.Result, error) {
 		return e.Allow(context.Background(), key, l)
 	}) {
 		if r.Allowed {
@@ -278,7 +278,7 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 		t.Fatalf("%d WAITAOFs after %d calls that only denied, want none", after-before, denyingCalls)
 	}
 	crashAndRestart(t, own, es[0])
-	want(t, "events after kill -9 and restart", events(t, c, key), int64(l.Max))
+	enginetest.Want(t, "events after kill -9 and restart", enginetest.StoredEvents(t, c, key), int64(l.Max))
 }
 
 // An admission whose WAITAOF cannot be satisfied in time (a replica that does not exist) is
@@ -293,14 +293,14 @@ func TestDurableAckDenials(t *testing.T) {
 
 	const timeout = 500 * time.Millisecond
 	noReplica := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 1, timeout))
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	for i := 0; i < l.Max; i++ {
 		r, err := noReplica.Allow(ctx, key, l)
 		if !errors.Is(err, engine.ErrUnavailable) || r.Allowed || !strings.Contains(err.Error(), "replicas 0 of 1") {
 			t.Fatalf("admission whose WAITAOF asks for a missing replica: %+v, %v; want ErrUnavailable saying so", r, err)
 		}
 	}
-	want(t, "events recorded, though refused", events(t, c, key), int64(l.Max))
+	enginetest.Want(t, "events recorded, though refused", enginetest.StoredEvents(t, c, key), int64(l.Max))
 	before := waitaofCalls(t, c)
 	for i := 0; i < 3; i++ {
 		start := time.Now()
@@ -314,11 +314,11 @@ func TestDurableAckDenials(t *testing.T) {
 		}
 		t.Logf("a denial, with a missing replica asked for (timeout %s), took %s", timeout, took)
 	}
-	want(t, "WAITAOFs sent for 3 denials", waitaofCalls(t, c), before)
+	enginetest.Want(t, "WAITAOFs sent for 3 denials", waitaofCalls(t, c), before)
 
 	local := enginetest.New(t, c, engine.WithBatching(false), engine.WithDurableAck(1, 0, time.Second))
-	key = newKey(t)
-	want(t, "admitted with a local fsync", fillAll(t, local, []string{key}, l), l.Max)
+	key = enginetest.NewKey(t)
+	enginetest.Want(t, "admitted with a local fsync", fillAll(t, local, []string{key}, l), l.Max)
 	offset := func() string {
 		t.Helper()
 		info, err := valkeytest.ReadInfo(ctx, c, "replication")
@@ -332,13 +332,13 @@ func TestDurableAckDenials(t *testing.T) {
 	var took5 []time.Duration
 	for i := 0; i < 5; i++ {
 		start := time.Now()
-		if r := mustAllowN(t, local, key, l, 1); r.Allowed {
+		if r := enginetest.MustAllowN(t, local, key, l, 1); r.Allowed {
 			t.Fatalf("admitted past the limit: %+v", r)
 		}
 		took5 = append(took5, time.Since(start).Round(time.Microsecond))
 	}
-	want(t, "replication offset after 5 denials (what they wrote)", offset(), offsetBefore)
-	want(t, "WAITAOFs sent for 5 denials", waitaofCalls(t, c), before)
+	enginetest.Want(t, "replication offset after 5 denials (what they wrote)", offset(), offsetBefore)
+	enginetest.Want(t, "WAITAOFs sent for 5 denials", waitaofCalls(t, c), before)
 	t.Logf("5 denials with a local fsync asked took %v", took5)
 }
 
@@ -454,15 +454,15 @@ func TestDurableAckLeases(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
 	c := own.Client(t)
 	e := enginetest.New(t, c, engine.WithDurableAck(1, 0, time.Second))
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	before := waitaofCalls(t, c)
 	mustAcquire(t, e, key, 1, time.Minute)
-	want(t, "WAITAOFs after a granted Acquire", waitaofCalls(t, c), before+1)
+	enginetest.Want(t, "WAITAOFs after a granted Acquire", waitaofCalls(t, c), before+1)
 	mustDeny(t, e, key, 1, time.Minute)
-	want(t, "WAITAOFs after a denied Acquire", waitaofCalls(t, c), before+1)
+	enginetest.Want(t, "WAITAOFs after a denied Acquire", waitaofCalls(t, c), before+1)
 
 	noReplica := enginetest.New(t, c, engine.WithDurableAck(1, 1, 50*time.Millisecond))
-	if l, err := noReplica.Acquire(context.Background(), newKey(t), 1, time.Minute); !errors.Is(err, engine.ErrUnavailable) ||
+	if l, err := noReplica.Acquire(context.Background(), enginetest.NewKey(t), 1, time.Minute); !errors.Is(err, engine.ErrUnavailable) ||
 		!strings.Contains(err.Error(), "replicas 0 of 1") {
 		t.Fatalf("Acquire whose WAITAOF asks for a missing replica: %+v, %v; want ErrUnavailable saying so", l, err)
 	}

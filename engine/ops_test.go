@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -72,24 +72,24 @@ func TestMetrics(t *testing.T) {
 	shadow, _ := enginetest.Clocked(t, c, engine.WithMeterProvider(mp), engine.WithShadow(true))
 	open := enginetest.New(t, c, engine.WithMeterProvider(mp), engine.WithFailOpen(true))
 	closed := enginetest.New(t, c, engine.WithMeterProvider(mp))
-	key, l := newKey(t), engine.PerMinute(2)
+	key, l := enginetest.NewKey(t), engine.PerMinute(2)
 
-	mustAllowN(t, e, key, l, 2)                                     // allow/allowed
-	want(t, "denied", mustAllowN(t, e, key, l, 1).FromCache, false) // allow/denied
-	want(t, "cached", mustAllowN(t, e, key, l, 1).FromCache, true)  // allow/cache_denied
-	mustPeek(t, e, key, l)                                          // peek/denied
-	mustAllowPolicy(t, e, newKey(t), engine.Policy{engine.PerSecond(1), engine.PerMinute(5)}, 1)
-	r := mustAllowN(t, shadow, key, l, 1) // allow/shadow_denied
-	want(t, "shadow: allowed", r.Allowed && r.ShadowDenied, true)
+	enginetest.MustAllowN(t, e, key, l, 2)                                                // allow/allowed
+	enginetest.Want(t, "denied", enginetest.MustAllowN(t, e, key, l, 1).FromCache, false) // allow/denied
+	enginetest.Want(t, "cached", enginetest.MustAllowN(t, e, key, l, 1).FromCache, true)  // allow/cache_denied
+	enginetest.MustPeek(t, e, key, l)                                                     // peek/denied
+	enginetest.MustAllowPolicy(t, e, enginetest.NewKey(t), engine.Policy{engine.PerSecond(1), engine.PerMinute(5)}, 1)
+	r := enginetest.MustAllowN(t, shadow, key, l, 1) // allow/shadow_denied
+	enginetest.Want(t, "shadow: allowed", r.Allowed && r.ShadowDenied, true)
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if r, err := open.Allow(tctx, newKey(t), l); err != nil || r.BackendErr == nil { // allow/fail_open
+	if r, err := open.Allow(tctx, enginetest.NewKey(t), l); err != nil || r.BackendErr == nil { // allow/fail_open
 		t.Fatalf("fail-open with the server down: %+v, %v", r, err)
 	}
-	if _, err := closed.Allow(tctx, newKey(t), l); err == nil { // allow/error
+	if _, err := closed.Allow(tctx, enginetest.NewKey(t), l); err == nil { // allow/error
 		t.Fatal("fail-closed with the server down: no error")
 	}
 
@@ -117,18 +117,18 @@ func TestMetrics(t *testing.T) {
 // Shadow mode admits what the limit denies, says so, and never writes a denied request into
 // the log: switched off, the limit holds on a truthful log.
 func TestShadowNeverRecordsADenial(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	shadow, clock := enginetest.Clocked(t, c, engine.WithShadow(true))
 	enforcing := enginetest.New(t, c, engine.WithClock(clock.Now))
-	key, l := newKey(t), engine.PerMinute(3)
+	key, l := enginetest.NewKey(t), engine.PerMinute(3)
 	for i := 0; i < 10; i++ {
-		r := mustAllowN(t, shadow, key, l, 1)
+		r := enginetest.MustAllowN(t, shadow, key, l, 1)
 		if !r.Allowed || r.ShadowDenied != (i >= 3) || (i >= 3) && !r.Entry.IsZero() {
 			t.Fatalf("shadow request %d: %+v", i+1, r)
 		}
 	}
-	want(t, "events after 10 shadow requests", events(t, c, key), int64(3))
-	want(t, "enforced: allowed", mustAllowN(t, enforcing, key, l, 1).Allowed, false)
+	enginetest.Want(t, "events after 10 shadow requests", enginetest.StoredEvents(t, c, key), int64(3))
+	enginetest.Want(t, "enforced: allowed", enginetest.MustAllowN(t, enforcing, key, l, 1).Allowed, false)
 	if err := shadow.Record(context.Background(), key, 3, time.Minute, enginetest.T0); err != nil {
 		t.Fatalf("Record in shadow: %v, want nil", err)
 	}
@@ -149,7 +149,7 @@ func TestDenyCacheExactUnderLoad(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		es = append(es, enginetest.New(t, own.Client(t), engine.WithDenyCache(64)))
 	}
-	key, l := newKey(t), engine.Limit{Max: 20, Window: 100 * time.Millisecond}
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 20, Window: 100 * time.Millisecond}
 	resetStats(t, c)
 	ds, cached := hammer(t, es, 64, 5*l.Window, func(_ *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
 		r, err := e.Allow(context.Background(), key, l)
@@ -169,40 +169,40 @@ func TestDenyCacheExactUnderLoad(t *testing.T) {
 	// A cached denial ends exactly when the real one does: the first request after its
 	// RetryAfter goes to the server and is admitted.
 	clocked, clock := enginetest.Clocked(t, c, engine.WithDenyCache(8))
-	key = newKey(t)
-	mustAllowN(t, clocked, key, engine.PerSecond(1), 1)
+	key = enginetest.NewKey(t)
+	enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1)
 	clock.Set(enginetest.T0.Add(300 * time.Millisecond))
-	r := mustAllowN(t, clocked, key, engine.PerSecond(1), 1)
-	want(t, "denied by the server", r.FromCache, false)
-	want(t, "retry after", r.RetryAfter, 700*time.Millisecond)
+	r := enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1)
+	enginetest.Want(t, "denied by the server", r.FromCache, false)
+	enginetest.Want(t, "retry after", r.RetryAfter, 700*time.Millisecond)
 	clock.Set(enginetest.T0.Add(999 * time.Millisecond))
-	r = mustAllowN(t, clocked, key, engine.PerSecond(1), 1)
-	want(t, "1 ms before: cached", r.FromCache, true)
-	want(t, "1 ms before: retry after counted down", r.RetryAfter, time.Millisecond)
+	r = enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1)
+	enginetest.Want(t, "1 ms before: cached", r.FromCache, true)
+	enginetest.Want(t, "1 ms before: retry after counted down", r.RetryAfter, time.Millisecond)
 	clock.Set(enginetest.T0.Add(time.Second))
-	want(t, "at RetryAfter: allowed", mustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, true)
+	enginetest.Want(t, "at RetryAfter: allowed", enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, true)
 
 	// Reset clears the key's cached denials; a cheaper request than the one denied asks the
 	// server.
 	clock.Set(enginetest.T0.Add(1100 * time.Millisecond))
-	want(t, "denied again", mustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, false)
-	want(t, "cached", mustAllowN(t, clocked, key, engine.PerSecond(1), 1).FromCache, true)
+	enginetest.Want(t, "denied again", enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, false)
+	enginetest.Want(t, "cached", enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1).FromCache, true)
 	if err := clocked.Reset(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "after Reset: allowed", mustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, true)
+	enginetest.Want(t, "after Reset: allowed", enginetest.MustAllowN(t, clocked, key, engine.PerSecond(1), 1).Allowed, true)
 	big := engine.Limit{Max: 5, Window: time.Minute}
-	mustAllowN(t, clocked, key+":big", big, 4)
-	want(t, "cost 2 denied", mustAllowN(t, clocked, key+":big", big, 2).Allowed, false)
-	r = mustAllowN(t, clocked, key+":big", big, 1)
-	want(t, "cost 1 after a cost-2 denial: asks the server, admitted", r.Allowed && !r.FromCache, true)
+	enginetest.MustAllowN(t, clocked, key+":big", big, 4)
+	enginetest.Want(t, "cost 2 denied", enginetest.MustAllowN(t, clocked, key+":big", big, 2).Allowed, false)
+	r = enginetest.MustAllowN(t, clocked, key+":big", big, 1)
+	enginetest.Want(t, "cost 1 after a cost-2 denial: asks the server, admitted", r.Allowed && !r.FromCache, true)
 }
 
 // Waiters under contention each get in exactly once, at the rate the limit allows; a wait that
 // would pass its deadline returns at once; a cost above Max is refused.
 func TestWait(t *testing.T) {
-	es, c := engines(t, 2)
-	key, l := newKey(t), engine.Limit{Max: 5, Window: 200 * time.Millisecond}
+	es, c := enginetest.Engines(t, exampleServer, 2)
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 5, Window: 200 * time.Millisecond}
 	start := time.Now()
 	var admitted []time.Time
 	var mu sync.Mutex
@@ -224,8 +224,8 @@ func TestWait(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	want(t, "waiters admitted", len(admitted), 15)
-	if n := events(t, c, key); n > int64(l.Max) {
+	enginetest.Want(t, "waiters admitted", len(admitted), 15)
+	if n := enginetest.StoredEvents(t, c, key); n > int64(l.Max) {
 		t.Fatalf("the log holds %d events, over Max %d", n, l.Max)
 	}
 	sort.Slice(admitted, func(i, j int) bool { return admitted[i].Before(admitted[j]) })
@@ -238,8 +238,8 @@ func TestWait(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	full := newKey(t)
-	mustAllowN(t, es[0], full, engine.PerMinute(1), 1)
+	full := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, es[0], full, engine.PerMinute(1), 1)
 	began := time.Now()
 	_, err := es[0].Wait(ctx, full, engine.PerMinute(1))
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, engine.ErrRateLimitExceeded) {

@@ -1,9 +1,10 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -16,52 +17,43 @@ import (
 	"github.com/strictrate/strictrate/scripts"
 )
 
-func mustAllowPolicy(t *testing.T, e *engine.Engine, key string, p engine.Policy, n int) engine.Result {
-	t.Helper()
-	r, err := e.AllowPolicy(context.Background(), key, p, n)
-	if err != nil {
-		t.Fatalf("AllowPolicy(%s, %d): %v", p, n, err)
-	}
-	return r
-}
-
 // "3 per second and 5 per minute": the short window denies while the long one has room, then
 // the long one denies while the short one has room; each RetryAfter names the binding window.
 func TestPolicyStacking(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{{Max: 3, Window: time.Second}, {Max: 5, Window: time.Minute}}
 
 	for i := 0; i < 3; i++ {
-		r := mustAllowPolicy(t, e, key, p, 1)
-		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
-		want(t, fmt.Sprintf("request %d: remaining (the second's)", i+1), r.Remaining, 2-i)
+		r := enginetest.MustAllowPolicy(t, e, key, p, 1)
+		enginetest.Want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		enginetest.Want(t, fmt.Sprintf("request %d: remaining (the second's)", i+1), r.Remaining, 2-i)
 	}
-	r := mustAllowPolicy(t, e, key, p, 1)
-	want(t, "4th in the same second: allowed", r.Allowed, false)
-	want(t, "4th: remaining", r.Remaining, 0)
-	want(t, "4th: retry after (the second ends)", r.RetryAfter, time.Second)
+	r := enginetest.MustAllowPolicy(t, e, key, p, 1)
+	enginetest.Want(t, "4th in the same second: allowed", r.Allowed, false)
+	enginetest.Want(t, "4th: remaining", r.Remaining, 0)
+	enginetest.Want(t, "4th: retry after (the second ends)", r.RetryAfter, time.Second)
 
 	clock.Set(enginetest.T0.Add(time.Second))
-	r = mustAllowPolicy(t, e, key, p, 1)
-	want(t, "next second: allowed", r.Allowed, true)
-	want(t, "next second: remaining (the minute's: 5-3-1)", r.Remaining, 1)
-	want(t, "next second, 2nd: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, true)
-	r = mustAllowPolicy(t, e, key, p, 1)
-	want(t, "the minute is full while the second has room: allowed", r.Allowed, false)
-	want(t, "minute full: remaining", r.Remaining, 0)
-	want(t, "minute full: retry after (the first events leave the minute)", r.RetryAfter, 59*time.Second)
-	want(t, "minute full: reset after", r.ResetAfter, time.Minute)
-	want(t, "log size", events(t, c, key), int64(5))
+	r = enginetest.MustAllowPolicy(t, e, key, p, 1)
+	enginetest.Want(t, "next second: allowed", r.Allowed, true)
+	enginetest.Want(t, "next second: remaining (the minute's: 5-3-1)", r.Remaining, 1)
+	enginetest.Want(t, "next second, 2nd: allowed", enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, true)
+	r = enginetest.MustAllowPolicy(t, e, key, p, 1)
+	enginetest.Want(t, "the minute is full while the second has room: allowed", r.Allowed, false)
+	enginetest.Want(t, "minute full: remaining", r.Remaining, 0)
+	enginetest.Want(t, "minute full: retry after (the first events leave the minute)", r.RetryAfter, 59*time.Second)
+	enginetest.Want(t, "minute full: reset after", r.ResetAfter, time.Minute)
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(5))
 
 	clock.Set(enginetest.T0.Add(time.Minute - time.Microsecond))
-	want(t, "1µs before the minute: allowed", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+	enginetest.Want(t, "1µs before the minute: allowed", enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, false)
 	clock.Set(enginetest.T0.Add(time.Minute))
-	r = mustAllowPolicy(t, e, key, p, 3)
-	want(t, "3 when the first three left the minute: allowed", r.Allowed, true)
-	want(t, "remaining", r.Remaining, 0)
-	want(t, "log size (trimmed to the minute)", events(t, c, key), int64(5))
+	r = enginetest.MustAllowPolicy(t, e, key, p, 3)
+	enginetest.Want(t, "3 when the first three left the minute: allowed", r.Allowed, true)
+	enginetest.Want(t, "remaining", r.Remaining, 0)
+	enginetest.Want(t, "log size (trimmed to the minute)", enginetest.StoredEvents(t, c, key), int64(5))
 }
 
 // RetryAfter is exact to the microsecond whichever window binds: denied at t, still denied at
@@ -86,50 +78,50 @@ func TestPolicyRetryAfterExact(t *testing.T) {
 			55 * ms},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e, clock := enginetest.Clocked(t, server.Client(t))
-			key := newKey(t)
+			e, clock := enginetest.Clocked(t, exampleServer.Client(t))
+			key := enginetest.NewKey(t)
 			for _, at := range tc.events {
 				clock.Set(enginetest.T0.Add(at))
-				want(t, fmt.Sprintf("event at %s", at), mustAllowPolicy(t, e, key, p, 1).Allowed, true)
+				enginetest.Want(t, fmt.Sprintf("event at %s", at), enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, true)
 			}
 			if tc.burst > 0 {
 				clock.Set(enginetest.T0.Add(tc.burst))
-				want(t, "burst of 2", mustAllowPolicy(t, e, key, p, 2).Allowed, true)
+				enginetest.Want(t, "burst of 2", enginetest.MustAllowPolicy(t, e, key, p, 2).Allowed, true)
 			}
 			deniedAt := enginetest.T0.Add(tc.at)
 			clock.Set(deniedAt)
-			r := mustAllowPolicy(t, e, key, p, tc.n)
-			want(t, "at the denial: allowed", r.Allowed, false)
-			want(t, "retry after", r.RetryAfter, tc.retry)
+			r := enginetest.MustAllowPolicy(t, e, key, p, tc.n)
+			enginetest.Want(t, "at the denial: allowed", r.Allowed, false)
+			enginetest.Want(t, "retry after", r.RetryAfter, tc.retry)
 			if !r.At.Equal(deniedAt) {
 				t.Fatalf("At = %s, want %s", r.At, deniedAt)
 			}
 			clock.Set(deniedAt.Add(r.RetryAfter - time.Microsecond))
-			want(t, "1µs before RetryAfter: allowed", mustAllowPolicy(t, e, key, p, tc.n).Allowed, false)
+			enginetest.Want(t, "1µs before RetryAfter: allowed", enginetest.MustAllowPolicy(t, e, key, p, tc.n).Allowed, false)
 			clock.Set(deniedAt.Add(r.RetryAfter))
-			want(t, "at RetryAfter: allowed", mustAllowPolicy(t, e, key, p, tc.n).Allowed, true)
+			enginetest.Want(t, "at RetryAfter: allowed", enginetest.MustAllowPolicy(t, e, key, p, tc.n).Allowed, true)
 		})
 	}
 }
 
 // ResetAfter is the newest event plus the longest window, and the key expires then.
 func TestPolicyResetAfter(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 10, Window: 10 * time.Second}}
 
-	want(t, "first: reset after", mustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
-	if ttl := pttl(t, c, key); ttl <= 9_000 || ttl > 10_000 {
+	enginetest.Want(t, "first: reset after", enginetest.MustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
+	if ttl := enginetest.PTTL(t, c, enginetest.Prefix+key); ttl <= 9_000 || ttl > 10_000 {
 		t.Fatalf("PTTL %d ms, want close to the longest window", ttl)
 	}
 	clock.Set(enginetest.T0.Add(300 * time.Millisecond))
-	want(t, "second: reset after", mustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
+	enginetest.Want(t, "second: reset after", enginetest.MustAllowPolicy(t, e, key, p, 1).ResetAfter, 10*time.Second)
 	clock.Set(enginetest.T0.Add(700 * time.Millisecond))
-	r := mustAllowPolicy(t, e, key, p, 1)
-	want(t, "denied by the second: allowed", r.Allowed, false)
-	want(t, "denied: reset after (the 300ms event leaves the longest window)", r.ResetAfter, 9600*time.Millisecond)
-	want(t, "denied: retry after (the first event leaves the second)", r.RetryAfter, 300*time.Millisecond)
+	r := enginetest.MustAllowPolicy(t, e, key, p, 1)
+	enginetest.Want(t, "denied by the second: allowed", r.Allowed, false)
+	enginetest.Want(t, "denied: reset after (the 300ms event leaves the longest window)", r.ResetAfter, 9600*time.Millisecond)
+	enginetest.Want(t, "denied: retry after (the first event leaves the second)", r.RetryAfter, 300*time.Millisecond)
 }
 
 // 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
@@ -140,9 +132,9 @@ func TestPolicyExactUnderConcurrency(t *testing.T) {
 		{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}},
 	} {
 		t.Run(p.String(), func(t *testing.T) {
-			es, c := engines(t, 4)
-			key, binding := newKey(t), 100
-			results := runConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
+			es, c := enginetest.Engines(t, exampleServer, 4)
+			key, binding := enginetest.NewKey(t), 100
+			results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
 				return e.AllowPolicy(context.Background(), key, p, 1)
 			})
 			var admitted []int
@@ -153,9 +145,9 @@ func TestPolicyExactUnderConcurrency(t *testing.T) {
 					t.Fatalf("denied result %+v: want Remaining 0 and 0 < RetryAfter <= longest window", r)
 				}
 			}
-			want(t, "requests answered", len(results), 800)
-			want(t, "admitted", len(admitted), binding)
-			want(t, "log size", events(t, c, key), int64(binding))
+			enginetest.Want(t, "requests answered", len(results), 800)
+			enginetest.Want(t, "admitted", len(admitted), binding)
+			enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(binding))
 			sort.Ints(admitted)
 			for i, rem := range admitted {
 				if rem != i {
@@ -210,9 +202,9 @@ func (m *policyModel) decide(now int64, p engine.Policy, n int) engine.Result {
 // The windows are seconds long so that the key's real expiry (its TTL runs on the server's
 // clock, not the test's) never lapses between two requests of a slow run.
 func TestPolicyMatchesModel(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{{Max: 4, Window: time.Second}, {Max: 20, Window: 20 * time.Second}, {Max: 9, Window: 5 * time.Second}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var m policyModel
@@ -222,7 +214,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 		now = now.Add(time.Duration(rng.IntN(400_000)) * time.Microsecond)
 		clock.Set(now)
 		n := 1 + rng.IntN(4)
-		got := mustAllowPolicy(t, e, key, p, n)
+		got := enginetest.MustAllowPolicy(t, e, key, p, n)
 		wantR := m.decide(now.UnixMicro(), p, n)
 		if got.Allowed != wantR.Allowed || got.Remaining != wantR.Remaining || got.RetryAfter != wantR.RetryAfter ||
 			got.ResetAfter != wantR.ResetAfter || !got.At.Equal(wantR.At) || got.Window != wantR.Window {
@@ -231,7 +223,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 		if !got.Allowed {
 			denied++
 		}
-		if size := events(t, c, key); size > 20 || size != int64(len(m.events)) {
+		if size := enginetest.StoredEvents(t, c, key); size > 20 || size != int64(len(m.events)) {
 			t.Fatalf("request %d: log size %d, model %d, bound 20", i, size, len(m.events))
 		}
 	}
@@ -242,25 +234,25 @@ func TestPolicyMatchesModel(t *testing.T) {
 
 // The server's clock: the limits hold and the decision is taken at the server's time.
 func TestPolicyServerClock(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{{Max: 3, Window: time.Hour}, {Max: 10, Window: 24 * time.Hour}}
 	start := time.Now()
 	for i := 0; i < 3; i++ {
-		r := mustAllowPolicy(t, e, key, p, 1)
-		want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
-		want(t, fmt.Sprintf("request %d: reset after", i+1), r.ResetAfter, 24*time.Hour)
+		r := enginetest.MustAllowPolicy(t, e, key, p, 1)
+		enginetest.Want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
+		enginetest.Want(t, fmt.Sprintf("request %d: reset after", i+1), r.ResetAfter, 24*time.Hour)
 	}
-	r := mustAllowPolicy(t, e, key, p, 1)
-	want(t, "4th: allowed", r.Allowed, false)
+	r := enginetest.MustAllowPolicy(t, e, key, p, 1)
+	enginetest.Want(t, "4th: allowed", r.Allowed, false)
 	if r.RetryAfter <= 59*time.Minute || r.RetryAfter > time.Hour {
 		t.Fatalf("RetryAfter %s, want just under an hour", r.RetryAfter)
 	}
 	if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
 		t.Fatalf("At %s is far from the local clock %s", r.At, start)
 	}
-	if ttl := pttl(t, c, key); ttl <= 24*3600_000-60_000 || ttl > 24*3600_000 {
+	if ttl := enginetest.PTTL(t, c, enginetest.Prefix+key); ttl <= 24*3600_000-60_000 || ttl > 24*3600_000 {
 		t.Fatalf("PTTL %d ms, want about a day", ttl)
 	}
 }
@@ -269,54 +261,66 @@ func TestPolicyServerClock(t *testing.T) {
 // a burst of 1200 events among them as one entry; nothing is lost to a collision.
 func TestPolicySameMicrosecond(t *testing.T) {
 	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithClock(func() time.Time { return at }))
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{{Max: 1500, Window: time.Second}, {Max: 2000, Window: time.Minute}}
 	var seqs []int
 	for i := 0; i < 5; i++ {
-		seqs = append(seqs, mustAllowPolicy(t, e, key, p, 1).Entry.Seq)
+		seqs = append(seqs, enginetest.MustAllowPolicy(t, e, key, p, 1).Entry.Seq)
 	}
-	r := mustAllowPolicy(t, e, key, p, 1200)
-	want(t, "burst of 1200: allowed", r.Allowed, true)
+	r := enginetest.MustAllowPolicy(t, e, key, p, 1200)
+	enginetest.Want(t, "burst of 1200: allowed", r.Allowed, true)
 	seqs = append(seqs, r.Entry.Seq)
-	want(t, "entry seqs", fmt.Sprint(seqs), "[1 2 3 4 5 6]")
-	want(t, "log size", events(t, c, key), int64(1205))
-	log := entries(t, c, key)
-	want(t, "entries", len(log), 6)
+	enginetest.Want(t, "entry seqs", fmt.Sprint(seqs), "[1 2 3 4 5 6]")
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(1205))
+	log := enginetest.StoredEntries(t, c, key)
+	enginetest.Want(t, "entries", len(log), 6)
 	for i, le := range log {
 		if cost := []int{1, 1, 1, 1, 1, 1200}[i]; !le.At.Equal(at) || le.Cost != cost {
 			t.Fatalf("entry %d: %+v, want cost %d at %s", i, le, cost, at)
 		}
 	}
-	r = mustAllowPolicy(t, e, key, p, 295)
-	want(t, "up to the short Max", r.Allowed, true)
-	want(t, "remaining", r.Remaining, 0)
-	want(t, "one more", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+	r = enginetest.MustAllowPolicy(t, e, key, p, 295)
+	enginetest.Want(t, "up to the short Max", r.Allowed, true)
+	enginetest.Want(t, "remaining", r.Remaining, 0)
+	enginetest.Want(t, "one more", enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, false)
 }
 
-// A Policy of one limit decides exactly as AllowN, in both modes; several limits on an engine
-// in Pipelined mode run the atomic script.
+// A Policy of one limit decides exactly as AllowN, in both modes (the entry aside: each names
+// its own key); several limits run the atomic script, and are ErrUnsupported in Pipelined mode,
+// which sends nothing.
 func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
 	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
 		t.Run(mode.String(), func(t *testing.T) {
-			c := server.Client(t)
+			c := exampleServer.Client(t)
 			e, clock := enginetest.Clocked(t, c, engine.WithMode(mode))
-			k1, k2 := newKey(t), newKey(t)+"2"
+			k1, k2 := enginetest.NewKey(t), enginetest.NewKey(t)+"2"
 			l := engine.Limit{Max: 3, Window: time.Second}
 			for i := 0; i < 5; i++ {
 				clock.Set(enginetest.T0.Add(time.Duration(i) * 100 * time.Millisecond))
-				a, b := mustAllowN(t, e, k1, l, 1), mustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
+				a, b := enginetest.MustAllowN(t, e, k1, l, 1), enginetest.MustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
+				if mode == engine.Atomic && a.Allowed && (a.Entry.Key != enginetest.Prefix+k1 || b.Entry.Key != enginetest.Prefix+k2) {
+					t.Fatalf("request %d: entries %+v and %+v do not name their keys", i, a.Entry, b.Entry)
+				}
+				a.Entry.Key, b.Entry.Key = "", ""
 				if a != b {
 					t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
 				}
 			}
-			key := newKey(t) + "3"
+			key := enginetest.NewKey(t) + "3"
 			p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 3, Window: time.Minute}}
-			for i, wantAllowed := range []bool{true, true, false} {
-				want(t, fmt.Sprintf("policy request %d", i+1), mustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
+			if mode == engine.Pipelined {
+				if _, err := e.AllowPolicy(context.Background(), key, p, 1); !errors.Is(err, engine.ErrUnsupported) {
+					t.Fatalf("a policy of two limits in Pipelined mode: %v, want ErrUnsupported", err)
+				}
+				enginetest.Want(t, "events after it", enginetest.StoredEvents(t, c, key), int64(0))
+				return
 			}
-			want(t, "policy log size (no rejected attempt kept)", events(t, c, key), int64(2))
+			for i, wantAllowed := range []bool{true, true, false} {
+				enginetest.Want(t, fmt.Sprintf("policy request %d", i+1), enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
+			}
+			enginetest.Want(t, "policy log size (no rejected attempt kept)", enginetest.StoredEvents(t, c, key), int64(2))
 		})
 	}
 }
@@ -324,7 +328,7 @@ func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
 // Every invalid policy or request is refused with ErrInvalidArgument before anything is sent:
 // an absent key stays absent, an existing key keeps its events and its expiry.
 func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e := enginetest.New(t, c)
 	zero := enginetest.New(t, c, engine.WithClock(func() time.Time { return time.Time{} }))
@@ -358,7 +362,7 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 	} {
 		for _, existing := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/existing=%v", tc.name, existing), func(t *testing.T) {
-				wantRefused(t, c, existing, func(key string) { mustAllowPolicy(t, e, key, good, 2) }, func(key string) error {
+				enginetest.WantRefused(t, c, existing, func(key string) { enginetest.MustAllowPolicy(t, e, key, good, 2) }, func(key string) error {
 					if tc.key == "" {
 						key = ""
 					}
@@ -376,7 +380,7 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 // New preloads the policy script with the others, and after SCRIPT FLUSH AllowPolicy still
 // decides (EVALSHA answers NOSCRIPT and the source goes with EVAL).
 func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	ctx := context.Background()
 	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
 		t.Fatal(err)
@@ -387,12 +391,12 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 	if err != nil || len(loaded) != 1 || loaded[0] != 1 {
 		t.Fatalf("SCRIPT EXISTS after New: %v, %v; want the policy script loaded", loaded, err)
 	}
-	key := newKey(t)
+	key := enginetest.NewKey(t)
 	p := engine.Policy{engine.PerMinute(3), engine.PerHour(5)}
-	mustAllowPolicy(t, e, key, p, 1)
+	enginetest.MustAllowPolicy(t, e, key, p, 1)
 	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "after flush: remaining", mustAllowPolicy(t, e, key, p, 1).Remaining, 1)
-	want(t, "log size", events(t, c, key), int64(2))
+	enginetest.Want(t, "after flush: remaining", enginetest.MustAllowPolicy(t, e, key, p, 1).Remaining, 1)
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(2))
 }

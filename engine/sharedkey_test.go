@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"cmp"
@@ -101,8 +101,8 @@ func auditShared(t *testing.T, ds []sharedDecision) map[engine.Limit]int {
 func TestLimitsSharingAKeyEachHold(t *testing.T) {
 	for _, batching := range []bool{false, true} {
 		t.Run(fmt.Sprint("batching ", batching), func(t *testing.T) {
-			e := enginetest.New(t, server.Client(t), engine.WithBatching(batching))
-			key := newKey(t)
+			e := enginetest.New(t, exampleServer.Client(t), engine.WithBatching(batching))
+			key := enginetest.NewKey(t)
 			hour, short := engine.PerHour(5), engine.Limit{Max: 100, Window: 10 * time.Millisecond}
 			var ds []sharedDecision
 			for i := 0; i < 20; i++ {
@@ -111,7 +111,7 @@ func TestLimitsSharingAKeyEachHold(t *testing.T) {
 					l = short
 					time.Sleep(15 * time.Millisecond) // past the short window: it trims all it can
 				}
-				r := mustAllowN(t, e, key, l, 1)
+				r := enginetest.MustAllowN(t, e, key, l, 1)
 				ds = append(ds, sharedDecision{at: r.At.UnixMicro(), seq: r.Entry.Seq, cost: 1, limits: []engine.Limit{l}, allowed: r.Allowed})
 			}
 			admitted := auditShared(t, ds)
@@ -120,11 +120,11 @@ func TestLimitsSharingAKeyEachHold(t *testing.T) {
 			if admitted[hour] != 3 || admitted[short] != 10 {
 				t.Fatalf("admitted %d by the hour limit and %d by the short one; want 3 and 10", admitted[hour], admitted[short])
 			}
-			if r := mustPeek(t, e, key, hour); r.Remaining != 0 || r.Allowed {
+			if r := enginetest.MustPeek(t, e, key, hour); r.Remaining != 0 || r.Allowed {
 				t.Fatalf("the hour limit after 13 events: %+v; want full", r)
 			}
 			// The key lives as long as the longest window counted on it needs.
-			if ms := pttl(t, server.Client(t), key); ms < (time.Hour - time.Minute).Milliseconds() {
+			if ms := enginetest.PTTL(t, exampleServer.Client(t), enginetest.Prefix+key); ms < (time.Hour - time.Minute).Milliseconds() {
 				t.Fatalf("PTTL %d ms: the key would go before the hour limit's window ends", ms)
 			}
 		})
@@ -134,17 +134,17 @@ func TestLimitsSharingAKeyEachHold(t *testing.T) {
 // A long limit's first decision on a key a short one wrote is a denial: the key's expiry must
 // still move out to the long window, or the events that denied it go with the short expiry.
 func TestLongerLimitDeniedStillKeepsTheKey(t *testing.T) {
-	e := enginetest.New(t, server.Client(t), engine.WithBatching(false))
-	key := newKey(t)
+	e := enginetest.New(t, exampleServer.Client(t), engine.WithBatching(false))
+	key := enginetest.NewKey(t)
 	short, long := engine.Limit{Max: 3, Window: 50 * time.Millisecond}, engine.Limit{Max: 2, Window: time.Hour}
 	for i := 0; i < 3; i++ {
-		mustAllowN(t, e, key, short, 1)
+		enginetest.MustAllowN(t, e, key, short, 1)
 	}
-	if r := mustAllowN(t, e, key, long, 1); r.Allowed {
+	if r := enginetest.MustAllowN(t, e, key, long, 1); r.Allowed {
 		t.Fatalf("the hour limit of 2 admitted a request with 3 events in its window: %+v", r)
 	}
 	time.Sleep(120 * time.Millisecond) // past the short window and its expiry
-	if r := mustAllowN(t, e, key, long, 1); r.Allowed {
+	if r := enginetest.MustAllowN(t, e, key, long, 1); r.Allowed {
 		t.Fatalf("the hour limit of 2 admitted once the short window's expiry passed: %+v", r)
 	}
 }
@@ -160,8 +160,8 @@ func TestLimitsSharingAKeyUnderConcurrency(t *testing.T) {
 	choices := [][]engine.Limit{{a}, {b}, {c}, {a, c}}
 	for _, batching := range []bool{false, true} {
 		t.Run(fmt.Sprint("batching ", batching), func(t *testing.T) {
-			es, _ := engines(t, 4, engine.WithBatching(batching))
-			key := newKey(t)
+			es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithBatching(batching))
+			key := enginetest.NewKey(t)
 			var mu sync.Mutex
 			// The key's first decision counts every window the test asks: from then on the
 			// key keeps what each of them counts (a limit first asked of a key later counts

@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"cmp"
@@ -28,7 +28,7 @@ func scriptUsecPerCall(t *testing.T, c valkey.Client, e *engine.Engine, l engine
 		t.Fatal(err)
 	}
 	for i := 0; i < calls; i++ {
-		if r := mustAllowN(t, e, newKey(t), l, n); !r.Allowed {
+		if r := enginetest.MustAllowN(t, e, enginetest.NewKey(t), l, n); !r.Allowed {
 			t.Fatalf("AllowN(%d) on a fresh key with %s: denied", n, l)
 		}
 	}
@@ -51,14 +51,14 @@ func TestHugeCostIsOneEntry(t *testing.T) {
 	e := enginetest.New(t, c)
 	l := engine.Limit{Max: 10_000_000, Window: time.Hour}
 
-	key := newKey(t)
-	r := mustAllowN(t, e, key, l, 1_000_000)
-	want(t, "AllowN(1e6): allowed", r.Allowed, true)
-	want(t, "AllowN(1e6): remaining", r.Remaining, 9_000_000)
-	log := enginetest.Log(t, c, prefix, key)
-	want(t, "entries", log.Count, 1)
-	want(t, "events", log.Events, 1_000_000)
-	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(prefix+key).Samples(0).Build()).AsInt64()
+	key := enginetest.NewKey(t)
+	r := enginetest.MustAllowN(t, e, key, l, 1_000_000)
+	enginetest.Want(t, "AllowN(1e6): allowed", r.Allowed, true)
+	enginetest.Want(t, "AllowN(1e6): remaining", r.Remaining, 9_000_000)
+	log := enginetest.Log(t, c, enginetest.Prefix, key)
+	enginetest.Want(t, "entries", log.Count, 1)
+	enginetest.Want(t, "events", log.Events, 1_000_000)
+	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(enginetest.Prefix+key).Samples(0).Build()).AsInt64()
 	if err != nil || size >= 1024 {
 		t.Fatalf("MEMORY USAGE %d (%v), want under 1 KB", size, err)
 	}
@@ -174,8 +174,8 @@ func TestWeightedExactUnderConcurrency(t *testing.T) {
 		max, maxCost int
 	}{{1000, 50}, {60, 8}} {
 		t.Run(fmt.Sprintf("Max %d, costs 1 to %d", tc.max, tc.maxCost), func(t *testing.T) {
-			es, _ := engines(t, 4)
-			key, l := newKey(t), engine.Limit{Max: tc.max, Window: 200 * time.Millisecond}
+			es, _ := enginetest.Engines(t, exampleServer, 4)
+			key, l := enginetest.NewKey(t), engine.Limit{Max: tc.max, Window: 200 * time.Millisecond}
 			ds, _ := hammer(t, es, 64, 5*l.Window, func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
 				n := 1 + rng.IntN(tc.maxCost)
 				r, err := e.AllowN(context.Background(), key, l, n)
@@ -193,78 +193,78 @@ func TestWeightedExactUnderConcurrency(t *testing.T) {
 // Refund gives a request's room back at once, Settle the part it did not use; both are
 // idempotent, and work on a policy's entry in every window.
 func TestRefundAndSettle(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	ctx := context.Background()
-	key, l := newKey(t), engine.PerHour(10)
+	key, l := enginetest.NewKey(t), engine.PerHour(10)
 
-	first := mustAllowN(t, e, key, l, 4)
-	second := mustAllowN(t, e, key, l, 6)
-	want(t, "full: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
+	first := enginetest.MustAllowN(t, e, key, l, 4)
+	second := enginetest.MustAllowN(t, e, key, l, 6)
+	enginetest.Want(t, "full: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
 	if err := e.Refund(ctx, key, first); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "after refunding 4: remaining", mustPeek(t, e, key, l).Remaining, 4)
+	enginetest.Want(t, "after refunding 4: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 4)
 	if err := e.Refund(ctx, key, first); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "after refunding it again: remaining", mustPeek(t, e, key, l).Remaining, 4)
+	enginetest.Want(t, "after refunding it again: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 4)
 	copied := second // a Result is a plain value
 	if err := e.Settle(ctx, key, copied, 2); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "after settling 6 to 2: remaining", mustPeek(t, e, key, l).Remaining, 8)
+	enginetest.Want(t, "after settling 6 to 2: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 8)
 	if err := e.Settle(ctx, key, second, 5); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "settling up again changes nothing: remaining", mustPeek(t, e, key, l).Remaining, 8)
-	want(t, "8 more: allowed", mustAllowN(t, e, key, l, 8).Allowed, true)
-	want(t, "one more: allowed", mustAllowN(t, e, key, l, 1).Allowed, false)
-	want(t, "log events", events(t, c, key), int64(10))
+	enginetest.Want(t, "settling up again changes nothing: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 8)
+	enginetest.Want(t, "8 more: allowed", enginetest.MustAllowN(t, e, key, l, 8).Allowed, true)
+	enginetest.Want(t, "one more: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
+	enginetest.Want(t, "log events", enginetest.StoredEvents(t, c, key), int64(10))
 
 	// Same microsecond: refunding the first request, twice, never touches the second.
-	key = newKey(t)
-	a := mustAllowN(t, e, key, l, 3)
-	b := mustAllowN(t, e, key, l, 3)
-	want(t, "same microsecond: distinct seqs", a.Entry.Seq != b.Entry.Seq, true)
+	key = enginetest.NewKey(t)
+	a := enginetest.MustAllowN(t, e, key, l, 3)
+	b := enginetest.MustAllowN(t, e, key, l, 3)
+	enginetest.Want(t, "same microsecond: distinct seqs", a.Entry.Seq != b.Entry.Seq, true)
 	for i := 0; i < 2; i++ {
 		if err := e.Refund(ctx, key, a); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want(t, "after refunding the first twice: events", events(t, c, key), int64(3))
+	enginetest.Want(t, "after refunding the first twice: events", enginetest.StoredEvents(t, c, key), int64(3))
 
 	// A policy's entry counts in every window; its refund frees every window.
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	p := engine.Policy{engine.PerSecond(5), engine.PerMinute(8)}
-	r := mustAllowPolicy(t, e, key, p, 5)
+	r := enginetest.MustAllowPolicy(t, e, key, p, 5)
 	clock.Set(enginetest.T0.Add(2 * time.Second))
-	want(t, "the minute has 3 left", mustAllowPolicy(t, e, key, p, 3).Allowed, true)
-	want(t, "the minute is full", mustAllowPolicy(t, e, key, p, 1).Allowed, false)
+	enginetest.Want(t, "the minute has 3 left", enginetest.MustAllowPolicy(t, e, key, p, 3).Allowed, true)
+	enginetest.Want(t, "the minute is full", enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, false)
 	if err := e.Refund(ctx, key, r); err != nil {
 		t.Fatal(err)
 	}
-	r = mustAllowPolicy(t, e, key, p, 2)
-	want(t, "after the refund: allowed", r.Allowed, true)
-	want(t, "after the refund: remaining (the second's)", r.Remaining, 0)
+	r = enginetest.MustAllowPolicy(t, e, key, p, 2)
+	enginetest.Want(t, "after the refund: allowed", r.Allowed, true)
+	enginetest.Want(t, "after the refund: remaining (the second's)", r.Remaining, 0)
 
 	// Once the entry left the window, a refund is a no-op and gives nothing back.
-	key = newKey(t)
+	key = enginetest.NewKey(t)
 	clock.Set(enginetest.T0)
-	old := mustAllowN(t, e, key, engine.PerSecond(2), 2)
+	old := enginetest.MustAllowN(t, e, key, engine.PerSecond(2), 2)
 	clock.Set(enginetest.T0.Add(time.Second))
-	mustAllowN(t, e, key, engine.PerSecond(2), 2) // trims the old entry, fills the window
+	enginetest.MustAllowN(t, e, key, engine.PerSecond(2), 2) // trims the old entry, fills the window
 	if err := e.Refund(ctx, key, old); err != nil {
 		t.Fatal(err)
 	}
-	want(t, "refund of an entry that left: allowed", mustAllowN(t, e, key, engine.PerSecond(2), 1).Allowed, false)
+	enginetest.Want(t, "refund of an entry that left: allowed", enginetest.MustAllowN(t, e, key, engine.PerSecond(2), 1).Allowed, false)
 }
 
 // Refunds race with admissions from many goroutines: the log never holds more than Max, and
 // at the end holds exactly what was admitted and not refunded.
 func TestRefundRacingAdmissions(t *testing.T) {
-	es, c := engines(t, 4)
-	key, l := newKey(t), engine.PerHour(50)
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	key, l := enginetest.NewKey(t), engine.PerHour(50)
 	var net atomic.Int64 // events admitted minus events refunded, as callers saw them
 	stop := make(chan struct{})
 	sampled := make(chan int64, 1)
@@ -277,7 +277,7 @@ func TestRefundRacingAdmissions(t *testing.T) {
 				return
 			default:
 			}
-			largest = max(largest, events(t, c, key))
+			largest = max(largest, enginetest.StoredEvents(t, c, key))
 		}
 	}()
 	var wg sync.WaitGroup
@@ -322,7 +322,7 @@ func TestRefundRacingAdmissions(t *testing.T) {
 	if most := <-sampled; most > int64(l.Max) {
 		t.Fatalf("the log held %d events, over Max %d", most, l.Max)
 	}
-	want(t, "events left", events(t, c, key), net.Load())
+	enginetest.Want(t, "events left", enginetest.StoredEvents(t, c, key), net.Load())
 	if net.Load() > int64(l.Max) {
 		t.Fatalf("net admitted %d, over Max %d", net.Load(), l.Max)
 	}
@@ -330,13 +330,13 @@ func TestRefundRacingAdmissions(t *testing.T) {
 
 // Refund and Settle refuse, before sending anything, what names no entry or an impossible cost.
 func TestSettleInvalidArguments(t *testing.T) {
-	c := server.Client(t)
+	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c)
 	ctx, l := context.Background(), engine.PerMinute(2)
-	key := newKey(t)
-	admitted := mustAllowN(t, e, key, l, 2)
-	denied := mustAllowN(t, e, key, l, 1)
-	peeked := mustPeek(t, e, key, l)
+	key := enginetest.NewKey(t)
+	admitted := enginetest.MustAllowN(t, e, key, l, 2)
+	denied := enginetest.MustAllowN(t, e, key, l, 1)
+	peeked := enginetest.MustPeek(t, e, key, l)
 	for name, call := range map[string]func() error{
 		"empty key":          func() error { return e.Refund(ctx, "", admitted) },
 		"zero Result":        func() error { return e.Refund(ctx, key, engine.Result{}) },
@@ -351,39 +351,13 @@ func TestSettleInvalidArguments(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	want(t, "log events after refused calls", events(t, c, key), int64(2))
+	enginetest.Want(t, "log events after refused calls", enginetest.StoredEvents(t, c, key), int64(2))
 }
 
 func pipelinedResult(t *testing.T, c valkey.Client) engine.Result {
 	t.Helper()
 	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
-	return mustAllowN(t, p, newKey(t), engine.PerMinute(1), 1)
+	return enginetest.MustAllowN(t, p, enginetest.NewKey(t), engine.PerMinute(1), 1)
 }
 
-// A log of the first releases' layout (a sorted set, one member per event) is converted in
 // place by the first decision: its events still count, and its expiry stays.
-func TestFirstLayoutConverted(t *testing.T) {
-	c := server.Client(t)
-	e, clock := enginetest.Clocked(t, c)
-	ctx := context.Background()
-	key := newKey(t)
-	t0 := enginetest.T0.UnixMicro()
-	add := c.B().Zadd().Key(prefix + key).ScoreMember()
-	for i, at := range []int64{t0 - 3_000_000, t0 - 2_000_000, t0 - 2_000_000, t0 - 1_000} {
-		add = add.ScoreMember(float64(at), fmt.Sprint("m", i))
-	}
-	if err := c.Do(ctx, add.Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Do(ctx, c.B().Pexpire().Key(prefix+key).Milliseconds(60_000).Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	r := mustAllowN(t, e, key, engine.PerMinute(6), 1)
-	want(t, "first decision: allowed", r.Allowed, true)
-	want(t, "first decision: remaining (4 old events and this one)", r.Remaining, 1)
-	log := entries(t, c, key)
-	want(t, "entries (one per microsecond)", len(log), 4)
-	want(t, "the shared microsecond's cost", log[1].Cost, 2)
-	clock.Set(enginetest.T0.Add(57500 * time.Millisecond))
-	want(t, "after the oldest left: remaining", mustPeek(t, e, key, engine.PerMinute(6)).Remaining, 2)
-}

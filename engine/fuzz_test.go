@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"context"
@@ -6,13 +6,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
 // FuzzAllowN throws arbitrary keys (any bytes, any length), limits, windows and costs (up to
 // MaxEvents) at the engine: it must never panic, must answer bad input with
 // ErrInvalidArgument and write nothing, and otherwise must admit exactly while the limit has
-// room, give back exactly a refunded request's cost, and never let the log exceed Max. CI runs it for a bounded time: go test -run='^$' -fuzz=FuzzAllowN -fuzztime=20s .
+// room, give back exactly a refunded request's cost, and never let the log exceed Max. CI runs
+// it for a bounded number of inputs: go test -run='^$' -fuzz=FuzzAllowN -fuzztime=8000x ./engine/
 func FuzzAllowN(f *testing.F) {
 	for _, seed := range []struct {
 		key    string
@@ -34,7 +38,7 @@ func FuzzAllowN(f *testing.F) {
 	} {
 		f.Add(seed.key, seed.max, seed.window, seed.n)
 	}
-	c := server.Client(f)
+	c := exampleServer.Client(f)
 	// A frozen caller's clock: the window cannot slide while one input is checked, so the
 	// admitted count must be exact even for a 1ms window (and every event shares one
 	// microsecond, which exercises the members' collision path).
@@ -52,6 +56,9 @@ func FuzzAllowN(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key string, max int, windowMicros int64, n int) {
 		l := engine.Limit{Max: max, Window: time.Duration(windowMicros) * time.Microsecond}
 		if key != "" {
+			// The fuzzer runs inputs in several processes at once, and many inputs share a
+			// key ("k"): each input gets a key of its own, ending in the fuzzed bytes.
+			key = uuid.NewString() + ":" + key
 			if err := e.Reset(ctx, key); err != nil {
 				t.Fatalf("Reset: %v", err)
 			}
@@ -62,7 +69,7 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("AllowN(%q, %+v, %d): %v, want nil or ErrInvalidArgument", key, l, n, err)
 			}
 			if key != "" {
-				if got := events(t, c, key); got != 0 {
+				if got := enginetest.StoredEvents(t, c, key); got != 0 {
 					t.Fatalf("refused call left %d events", got)
 				}
 			}
@@ -91,7 +98,7 @@ func FuzzAllowN(f *testing.F) {
 				admitted++
 			}
 		}
-		if got := events(t, c, key); exact && got != int64(admitted) || got > int64(max) {
+		if got := enginetest.StoredEvents(t, c, key); exact && got != int64(admitted) || got > int64(max) {
 			t.Fatalf("log holds %d, admitted %d, Max %d", got, admitted, max)
 		}
 		// Refunding the first request gives back its n events, once.
@@ -100,7 +107,7 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("Refund: %v", err)
 			}
 		}
-		if got := events(t, c, key); exact && got != int64(admitted-n) || got > int64(max) {
+		if got := enginetest.StoredEvents(t, c, key); exact && got != int64(admitted-n) || got > int64(max) {
 			t.Fatalf("after refunding %d of %d admitted: log holds %d", n, admitted, got)
 		}
 		// The server's clock moves, so only the bound holds: the log never exceeds Max.
@@ -109,7 +116,7 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("AllowN on the server's clock: %v", err)
 			}
 		}
-		if got := events(t, c, key); got > int64(max) {
+		if got := enginetest.StoredEvents(t, c, key); got > int64(max) {
 			t.Fatalf("log holds %d, Max %d", got, max)
 		}
 		if err := e.Reset(ctx, key); err != nil {

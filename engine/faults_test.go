@@ -1,4 +1,4 @@
-package strictrate_test
+package engine_test
 
 import (
 	"bytes"
@@ -23,10 +23,10 @@ func TestFailOpenAndFailClosed(t *testing.T) {
 	c := own.Client(t)
 	closed := enginetest.New(t, c)
 	open := enginetest.New(t, c, engine.WithFailOpen(true))
-	key, l := newKey(t), engine.PerMinute(3)
+	key, l := enginetest.NewKey(t), engine.PerMinute(3)
 	ctx := context.Background()
 
-	r := mustAllowN(t, open, key, l, 1)
+	r := enginetest.MustAllowN(t, open, key, l, 1)
 	if !r.Allowed || r.BackendErr != nil || r.Remaining != 2 {
 		t.Fatalf("fail-open engine with the server up: %+v", r)
 	}
@@ -69,7 +69,7 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	admin := valkeytest.NewClient(t, own.Addr)
 	e := enginetest.New(t, c)
 	open := enginetest.New(t, c, engine.WithFailOpen(true))
-	key, l := newKey(t), engine.PerMinute(5)
+	key, l := enginetest.NewKey(t), engine.PerMinute(5)
 	ctx := context.Background()
 
 	// CLIENT PAUSE answers once the pause is in force.
@@ -111,20 +111,20 @@ func TestTimeoutOnAPausedServer(t *testing.T) {
 	}
 
 	// The two abandoned requests ran after the pause, or not: never more than once each.
-	phantom := events(t, c, key)
+	phantom := enginetest.StoredEvents(t, c, key)
 	if phantom > 2 {
 		t.Fatalf("log holds %d events after two abandoned requests", phantom)
 	}
 	told := 0
 	for {
-		r := mustAllowN(t, e, key, l, 1)
+		r := enginetest.MustAllowN(t, e, key, l, 1)
 		if !r.Allowed {
 			break
 		}
 		told++
 	}
-	want(t, "told yes plus abandoned", int64(told)+phantom, int64(l.Max))
-	want(t, "log size", events(t, c, key), int64(l.Max))
+	enginetest.Want(t, "told yes plus abandoned", int64(told)+phantom, int64(l.Max))
+	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(l.Max))
 
 	// A server that runs no command at all (CLIENT PAUSE ALL, in force once it answers) times
 	// out a read just the same.

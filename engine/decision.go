@@ -1,0 +1,315 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// The path of one scripted decision, top-down:
+//
+//  1. An exported method (Allow, AllowN, AllowPolicy, Peek, PeekPolicy, Check, Record, Wait)
+//     validates its arguments, makes a request (newRequest) and calls runDecision.
+//  2. runDecision asks the deny cache, then hands the request to a committer (batch.go), which
+//     sends it alone or with others in one call of the batch script, through execAcked
+//     (ack.go: the script and the acknowledgements asked for, in one round trip).
+//  3. readDecisions, the one decoder of the scripts' decision replies (lib_reply.lua encodes
+//     them), fills each request's outcome with a decision; decision.result makes the Result.
+//  4. runDecision applies the acknowledgement check and the fail-open policy, and stores a
+//     denial in the deny cache; finish applies shadow mode and counts the decision.
+//
+// Pipelined mode (pipelined.go) takes its decisions apart from all this.
+
+// request is one decision (or peek) to take: the scripts' arguments for it.
+type request struct {
+	key    string    // with the engine's prefix
+	now    string    // integer microseconds, or "" for the server's clock
+	nowUS  int64     // now as a number; 0 for the server's clock
+	record int       // the cost recorded when admitted; 0 for a peek, which records nothing
+	cost   string    // the request's cost as the scripts read it (a peek's too)
+	set    *limitSet // the limits
+}
+
+// limitSet is limits with windows ascending, and their windows and maxes as the scripts read
+// them, formatted once.
+type limitSet struct {
+	limits []Limit
+	nums   []string
+}
+
+func newLimitSet(limits []Limit) *limitSet {
+	nums := make([]string, 0, 2*len(limits))
+	for _, l := range limits {
+		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
+	}
+	return &limitSet{limits: limits, nums: nums}
+}
+
+// sameLimits reports whether two sets count the same limits.
+func (s *limitSet) sameLimits(o *limitSet) bool {
+	return s == o || slices.Equal(s.nums, o.nums)
+}
+
+// maxCachedLimits bounds the engine's cache of formatted single limits: a program that makes
+// limits without end (a Max per tenant, say) formats the rest each time.
+const maxCachedLimits = 1024
+
+// oneLimit returns the limit set of l alone, formatted once per engine.
+func (e *Engine) oneLimit(l Limit) *limitSet {
+	if s, ok := e.limitSets.Load(l); ok {
+		return s.(*limitSet)
+	}
+	s := newLimitSet([]Limit{l})
+	if e.limitSetCount.Load() < maxCachedLimits {
+		if _, loaded := e.limitSets.LoadOrStore(l, s); !loaded {
+			e.limitSetCount.Add(1)
+		}
+	}
+	return s
+}
+
+// newRequest is a request for n events of key at at against set: recorded when admitted
+// with record, else judged only (a peek).
+func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
+	now, err := at.arg()
+	if err != nil {
+		return request{}, err
+	}
+	var nowUS int64
+	if at.set {
+		nowUS = at.t.UnixMicro()
+	}
+	req := request{key: key, now: now, nowUS: nowUS, cost: strconv.Itoa(n), set: set}
+	if record {
+		req.record = n
+	}
+	return req, nil
+}
+
+// singleArgs are decide.lua's (and peek.lua's) arguments for r.
+func (r *request) singleArgs() []string {
+	return append(append(make([]string, 0, 2+len(r.set.nums)), r.now, r.cost), r.set.nums...)
+}
+
+// size is what r adds to a batch call, in bytes of keys and arguments.
+func (r *request) size() int {
+	return len(r.key) + len(r.now) + len(r.cost) + 8
+}
+
+// runDecision takes one decision (or peek) through c and turns the server's answer into a
+// Result. Every scripted decision goes through here, batched or not, so the acknowledgement
+// (WithReplicaAck, WithDurableAck) and fail-open policies apply to all of them. A denial
+// ignores what its call's WAIT answered (a call that only denied sends no WAITAOF): only an
+// admission is refused for it.
+func (e *Engine) runDecision(ctx context.Context, c *committer, op string, req request) (Result, error) {
+	// Built only on failure: a successful decision allocates nothing for its error context.
+	what := func() string {
+		return "strictrate: " + op + " " + quoteKey(strings.TrimPrefix(req.key, e.prefix))
+	}
+	cached := e.denials != nil && c == e.decides
+	var sent time.Time
+	if cached {
+		sent = e.localNow()
+		if r, ok := e.denials.lookup(req.key, req.set, req.record, sent); ok {
+			return r, nil
+		}
+	}
+	out := c.do(ctx, req)
+	if out.err != nil {
+		return e.backendFailure(ctx, classify(ctx, what(), out.err))
+	}
+	if out.replyErr != nil {
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), out.replyErr))
+	}
+	r, err := out.d.result(&req)
+	if err != nil {
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
+	}
+	if c.ack && r.Allowed {
+		if err := e.ackPolicy.check(ctx, out.ack); err != nil {
+			return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
+		}
+	}
+	if cached && !r.Allowed {
+		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow())
+	}
+	return r, nil
+}
+
+// decision is one decision as a script replied it (lib_reply.lua), its defaults filled in:
+// times in microseconds, tightest the 1-based position of the limit remaining speaks for.
+type decision struct {
+	remaining  int64
+	now        int64
+	retryAfter int64
+	quotaAfter int64
+	resetAfter int64
+	tightest   int64
+	seq        int64
+}
+
+// outcome is what the server answered for one request.
+type outcome struct {
+	d        decision
+	err      error      // the request failed: its call, or this request alone (an error reply)
+	replyErr error      // the reply was not one the scripts give
+	ack      ackReplies // with acknowledgement: what the WAIT and WAITAOF with its call answered
+}
+
+// admits reports whether o holds a decision that admitted.
+func (o *outcome) admits() bool {
+	return o.err == nil && o.replyErr == nil && o.d.retryAfter == 0
+}
+
+// readDecisions reads a decision script's reply into the outcomes of calls, in KEYS order:
+// the server's now (0 when unread), then per request an error reply, or a count c and c
+// values with trailing defaults left out (lib_reply.lua). A single script's reply is that of
+// a batch of one.
+func readDecisions(reply valkey.ValkeyResult, calls []*call) {
+	fail := func(err error, reply bool) {
+		for _, cl := range calls {
+			if reply {
+				cl.out.replyErr = err
+			} else {
+				cl.out.err = err
+			}
+		}
+	}
+	if err := reply.Error(); err != nil {
+		fail(err, false)
+		return
+	}
+	vals, err := reply.ToArray()
+	if err != nil {
+		fail(err, true)
+		return
+	}
+	if len(vals) == 0 {
+		fail(errors.New("script reply is empty"), true)
+		return
+	}
+	serverNow, err := vals[0].AsInt64()
+	if err != nil {
+		fail(fmt.Errorf("script reply: the server's now: %w", err), true)
+		return
+	}
+	pos := 1
+	for _, cl := range calls {
+		if pos, err = cl.out.read(vals, pos, serverNow, &cl.req); err != nil {
+			fail(err, true)
+			return
+		}
+	}
+	if pos != len(vals) {
+		fail(fmt.Errorf("script reply has %d values, %d read", len(vals), pos), true)
+	}
+}
+
+// read reads req's part of a decision reply, from vals[pos], into o: an error reply, or a
+// count c and c values. It returns the position after it.
+func (o *outcome) read(vals []valkey.ValkeyMessage, pos int, serverNow int64, req *request) (int, error) {
+	if pos >= len(vals) {
+		return 0, fmt.Errorf("script reply has %d values, too few", len(vals))
+	}
+	if err := vals[pos].Error(); err != nil {
+		o.err = err
+		return pos + 1, nil
+	}
+	c, err := vals[pos].AsInt64()
+	if err != nil || c < 1 || c > 6 || pos+int(c) >= len(vals) {
+		return 0, fmt.Errorf("script reply: bad value count at %d (%v)", pos, err)
+	}
+	var v [6]int64
+	for i := range int(c) {
+		if v[i], err = vals[pos+1+i].AsInt64(); err != nil {
+			return 0, fmt.Errorf("script reply value %d: %w", pos+1+i, err)
+		}
+	}
+	o.d = decision{remaining: v[0], now: serverNow, retryAfter: 0, quotaAfter: -1, resetAfter: req.set.longest(), tightest: 1, seq: 1}
+	if req.now != "" {
+		o.d.now = req.nowUS
+	} else if serverNow == 0 {
+		return 0, errors.New("script reply: the server's now is missing")
+	}
+	for i, field := range []*int64{&o.d.retryAfter, &o.d.quotaAfter, &o.d.resetAfter, &o.d.tightest, &o.d.seq}[:c-1] {
+		*field = v[i+1]
+	}
+	if o.d.quotaAfter == -1 && o.d.tightest >= 1 && o.d.tightest <= int64(len(req.set.limits)) {
+		o.d.quotaAfter = req.set.limits[o.d.tightest-1].windowMicros()
+	}
+	return pos + 1 + int(c), nil
+}
+
+// longest is the longest window of s in microseconds: the default reset_after of a decision.
+func (s *limitSet) longest() int64 { return s.limits[len(s.limits)-1].windowMicros() }
+
+// result turns d, decided for req, into a Result, and refuses values no script gives. A
+// denial always has retry_after > 0.
+func (d decision) result(req *request) (Result, error) {
+	limits := req.set.limits
+	switch {
+	case d.remaining < 0:
+		return Result{}, fmt.Errorf("script reply: remaining %d is negative", d.remaining)
+	case d.retryAfter < 0 || d.resetAfter < 0:
+		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", d.retryAfter, d.resetAfter)
+	case d.tightest < 1 || d.tightest > int64(len(limits)):
+		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", d.tightest, len(limits))
+	case d.seq < 1:
+		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", d.seq)
+	case d.quotaAfter < 0 || d.quotaAfter > d.resetAfter:
+		// The tightest window's first event is no newer than the log's newest entry, and that
+		// window no longer than the key's horizon.
+		return Result{}, fmt.Errorf("script reply: quota_after %d is outside 0 to reset_after %d", d.quotaAfter, d.resetAfter)
+	}
+	r := Result{
+		Allowed:    d.retryAfter == 0,
+		Remaining:  int(d.remaining),
+		RetryAfter: time.Duration(d.retryAfter) * time.Microsecond,
+		ResetAfter: time.Duration(d.resetAfter) * time.Microsecond,
+		QuotaAfter: time.Duration(d.quotaAfter) * time.Microsecond,
+		At:         time.UnixMicro(d.now),
+		Window:     limits[d.tightest-1].Window,
+	}
+	if r.Allowed && req.record > 0 {
+		r.Entry = EntryID{Key: req.key, At: r.At, Seq: int(d.seq), Cost: req.record}
+	}
+	return r, nil
+}
+
+// finish applies shadow mode to a decision taken through op since started, and counts it.
+func (e *Engine) finish(ctx context.Context, op operation, started time.Time, r Result, err error) (Result, error) {
+	oc := outcomeAllowed
+	switch {
+	case err != nil:
+		oc = outcomeError
+	case r.BackendErr != nil:
+		oc = outcomeFailOpen
+	case r.Allowed:
+	case e.shadow:
+		r.Allowed, r.ShadowDenied = true, true
+		oc = outcomeShadowDenied
+	case r.FromCache:
+		oc = outcomeCacheDenied
+	default:
+		oc = outcomeDenied
+	}
+	e.metrics.record(ctx, op, oc, time.Since(started))
+	return r, err
+}
+
+// backendFailure applies the fail-open policy to a decision the server could not take. Closed
+// (the default): a denying Result and the error. Open: an admitting Result that carries the
+// error, and no error; except when the caller cancelled, which is returned as it is, and for
+// a key the engine cannot read (ErrUnknownLayout), which no policy admits on.
+func (e *Engine) backendFailure(ctx context.Context, err error) (Result, error) {
+	if !e.failOpen || errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrUnknownLayout) {
+		return Result{}, err
+	}
+	return Result{Allowed: true, BackendErr: err, At: e.localNow()}, nil
+}

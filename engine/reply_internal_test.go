@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// The one contract between the scripts' replies (lib_reply.lua's encode_decision) and the one
+// decoder (readDecisions): the same decisions, taken through the single script and through
+// the batch script, decode to the same values, which are the ones the log's history implies;
+// first with every value at its default (the reply leaves them all out), then with every
+// value an admission can set away from its default, then a denial.
+func TestReplyContractSingleAndBatch(t *testing.T) {
+	server := valkeytest.New(t)
+	client := server.Client(t)
+	ctx := context.Background()
+	t0 := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+	now := t0
+	e, err := New(client, WithClock(func() time.Time { return now }), WithBatching(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	us := func(d time.Duration) int64 { return d.Microseconds() }
+	long := e.policySet(Policy{{Max: 10, Window: time.Second}, {Max: 100, Window: 2 * time.Hour}})
+	tight := e.policySet(Policy{{Max: 10, Window: time.Second}, {Max: 4, Window: time.Hour}})
+	one := e.oneLimit(Limit{Max: 3, Window: time.Second})
+
+	// decideBoth takes a decision of n events against set on each key of pair: alone through
+	// the single script on pair[0], and second of two in one call of the batch script on
+	// pair[1] (the first of those two is a peek of another key, which changes nothing).
+	decideBoth := func(pair [2]string, set *limitSet, n int) [2]decision {
+		t.Helper()
+		var got [2]decision
+		at := clockReading{t: now, set: true}
+		req, err := newRequest(pair[0], at, n, true, set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		single := &call{ctx: ctx, req: req}
+		e.decides.sendOne(ctx, single)
+		req.key = pair[1]
+		other, _ := newRequest("contract:other:"+uuid.NewString(), at, 1, true, one)
+		batch := []*call{{ctx: ctx, req: other}, {ctx: ctx, req: req}}
+		e.decides.sendBatch(ctx, batch)
+		for i, cl := range []*call{single, batch[1]} {
+			if cl.out.err != nil || cl.out.replyErr != nil {
+				t.Fatalf("decision %d: %v %v", i, cl.out.err, cl.out.replyErr)
+			}
+			got[i] = cl.out.d
+		}
+		return got
+	}
+	wantBoth := func(what string, got [2]decision, want decision) {
+		t.Helper()
+		for i, via := range []string{"single script", "batch script"} {
+			if got[i] != want {
+				t.Errorf("%s, through the %s: %+v, want %+v", what, via, got[i], want)
+			}
+		}
+	}
+	key := func() [2]string {
+		id := uuid.NewString()
+		return [2]string{"contract:single:" + id, "contract:batch:" + id}
+	}
+
+	// Every default: a key's first event.
+	wantBoth("a first event", decideBoth(key(), one, 1),
+		decision{remaining: 2, now: now.UnixMicro(), quotaAfter: us(time.Second), resetAfter: us(time.Second), tightest: 1, seq: 1})
+
+	// Every value an admission sets: a horizon of two hours from an earlier decision, ten
+	// minutes ago; then two events in one microsecond against a policy whose hour is tightest.
+	pair := key()
+	decideBoth(pair, long, 1)
+	now = t0.Add(10 * time.Minute)
+	decideBoth(pair, tight, 1)
+	wantBoth("the second event of a microsecond", decideBoth(pair, tight, 1), decision{
+		remaining:  1, // the hour: 4 - 3
+		now:        now.UnixMicro(),
+		quotaAfter: us(50 * time.Minute), // the first event, t0, leaves the hour at t0 + 1h
+		resetAfter: us(2 * time.Hour),    // the newest event plus the key's horizon
+		tightest:   2,
+		seq:        2,
+	})
+	// And a denial: 3 more need 2 events out of the hour, the second of which is now's first.
+	wantBoth("a denial", decideBoth(pair, tight, 3), decision{
+		remaining:  1,
+		now:        now.UnixMicro(),
+		retryAfter: us(time.Hour),
+		quotaAfter: us(50 * time.Minute),
+		resetAfter: us(2 * time.Hour),
+		tightest:   2,
+		seq:        1,
+	})
+}
+
+// A reply the scripts never give is a reply error, not a decision; an error reply for one
+// request is that request's error; a transport error is every request's. The replies are
+// made by the server, echoing the values given.
+func TestReadDecisionsRefusesOtherReplies(t *testing.T) {
+	server := valkeytest.New(t)
+	client := server.Client(t)
+	ctx := context.Background()
+	const echo = `local r = {}
+for i, v in ipairs(ARGV) do
+  if string.sub(v, 1, 4) == 'err:' then r[i] = {err = string.sub(v, 5)} else r[i] = tonumber(v) end
+end
+return r`
+	reply := func(vals ...string) valkey.ValkeyResult {
+		return client.Do(ctx, client.B().Eval().Script(echo).Numkeys(0).Arg(vals...).Build())
+	}
+	set := newLimitSet([]Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}})
+	read := func(r valkey.ValkeyResult, n int) []*call {
+		calls := make([]*call, n)
+		for i := range calls {
+			calls[i] = &call{req: request{set: set, record: 1}}
+		}
+		readDecisions(r, calls)
+		return calls
+	}
+	// Defaults filled in, and the Result they make.
+	cl := read(reply("1000000", "1", "4"), 1)[0]
+	r, err := cl.out.d.result(&cl.req)
+	at := time.UnixMicro(1_000_000)
+	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, QuotaAfter: time.Second, At: at, Window: time.Second,
+		Entry: EntryID{At: at, Seq: 1, Cost: 1}}
+	if err != nil || r != want {
+		t.Fatalf("a short reply: %+v, %v; want %+v", r, err, want)
+	}
+	// One request's error reply is its own; the next request is read after it.
+	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", "2", "0", "250"), 2)
+	if calls[0].out.err == nil || !strings.HasPrefix(calls[0].out.err.Error(), "BADLAYOUT") || calls[1].out.err != nil ||
+		calls[1].out.replyErr != nil || calls[1].out.d.retryAfter != 250 {
+		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0].out, calls[1].out)
+	}
+	for name, vals := range map[string][]string{
+		"empty":                 {},
+		"no count":              {"1000000"},
+		"count 0":               {"1000000", "0"},
+		"count 7":               {"1000000", "7", "1", "0", "1", "1", "1", "1", "1"},
+		"count past the end":    {"1000000", "3", "1", "0"},
+		"a value left over":     {"1000000", "1", "4", "9"},
+		"no server now":         {"0", "1", "4"},
+		"a string for a number": {"1000000", "1", "err:x"},
+	} {
+		cl := read(reply(vals...), 1)[0]
+		if cl.out.replyErr == nil {
+			t.Errorf("%s: read as %+v, want a reply error", name, cl.out)
+		}
+	}
+	for name, vals := range map[string][]string{
+		"seq 0":              {"7", "6", "1", "0", "3", "3", "1", "0"},
+		"negative remaining": {"7", "1", "-1"},
+		"negative retry":     {"7", "2", "0", "-5"},
+		"negative quota":     {"7", "3", "0", "5", "-2"},
+		"quota after reset":  {"7", "4", "0", "5", "11", "10"},
+		"negative reset":     {"7", "4", "0", "5", "1", "-1"},
+		"limit position 0":   {"7", "5", "0", "5", "10", "10", "0"},
+		"limit position 3":   {"7", "5", "0", "5", "10", "10", "3"},
+	} {
+		cl := read(reply(vals...), 1)[0]
+		if cl.out.replyErr != nil {
+			t.Errorf("%s: %v", name, cl.out.replyErr)
+			continue
+		}
+		if r, err := cl.out.d.result(&cl.req); err == nil {
+			t.Errorf("%s: made %+v, want an error", name, r)
+		}
+	}
+	// A transport error is every request's.
+	for _, cl := range read(valkey.NewErrorResult(fmt.Errorf("connection reset")), 2) {
+		if cl.out.err == nil || cl.out.replyErr != nil {
+			t.Errorf("transport error: %+v, want the call's error", cl.out)
+		}
+	}
+}
