@@ -116,3 +116,83 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	rank = min(max(rank, 1), len(sorted))
 	return sorted[rank-1]
 }
+
+// TrailPoint is one step of the admitted events per trailing window over a run on one key:
+// from Seconds after the run's first decision on, until the next point, Admitted events lay
+// in the trailing window (T - window, T].
+type TrailPoint struct {
+	Seconds  float64
+	Admitted int
+}
+
+// trailing returns the admitted events per trailing window over a run on one key, as a step
+// function: a point wherever the count changes (an admitted event counts from its time until
+// a window later), from the first decision (0 s) to the last, which ends the series. Decisions
+// may come in any order. Past maxPoints points it keeps, for each of maxPoints equal slices of
+// the run, the largest count in the slice, so that thinning never hides an overshoot.
+func trailing(decisions []Decision, window time.Duration, maxPoints int) []TrailPoint {
+	if len(decisions) == 0 {
+		return nil
+	}
+	w := window.Microseconds()
+	first, last := decisions[0].AtMicros, decisions[0].AtMicros
+	var admitted []int64
+	for _, d := range decisions {
+		first, last = min(first, d.AtMicros), max(last, d.AtMicros)
+		if d.Allowed {
+			admitted = append(admitted, d.AtMicros)
+		}
+	}
+	slices.Sort(admitted)
+	sec := func(t int64) float64 { return float64(t-first) / 1e6 }
+
+	// Merge the events' entries (admitted[i]) and exits (admitted[i] + w), both sorted.
+	points := []TrailPoint{{0, 0}}
+	count, in, out := 0, 0, 0
+	for in < len(admitted) || out < len(admitted) {
+		t := admitted[out] + w
+		if in < len(admitted) {
+			t = min(t, admitted[in])
+		}
+		if t > last {
+			break
+		}
+		for in < len(admitted) && admitted[in] == t {
+			count++
+			in++
+		}
+		for out < len(admitted) && admitted[out]+w == t {
+			count--
+			out++
+		}
+		switch p := &points[len(points)-1]; {
+		case p.Admitted == count: // the count did not change: no step
+		case p.Seconds == sec(t):
+			p.Admitted = count
+		default:
+			points = append(points, TrailPoint{sec(t), count})
+		}
+	}
+	if end := sec(last); points[len(points)-1].Seconds < end {
+		points = append(points, TrailPoint{end, count})
+	}
+	if maxPoints < 2 || len(points) <= maxPoints {
+		return points
+	}
+
+	// Thin: one point per slice, at the largest count in effect during it.
+	span := sec(last)
+	thin := make([]TrailPoint, 0, maxPoints+1)
+	p, current := 0, 0
+	for k := 0; k < maxPoints; k++ {
+		from, to := span*float64(k)/float64(maxPoints), span*float64(k+1)/float64(maxPoints)
+		largest := current
+		for p < len(points) && (points[p].Seconds < to || k == maxPoints-1) {
+			current = points[p].Admitted
+			largest = max(largest, current)
+			p++
+		}
+		thin = append(thin, TrailPoint{from, largest})
+	}
+	return append(thin, TrailPoint{span, current})
+}

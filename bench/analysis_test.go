@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -100,5 +101,56 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := percentile([]time.Duration{7}, 99.9); got != 7 {
 		t.Errorf("p99.9 of one sample = %s", got)
+	}
+}
+
+func TestTrailingSteps(t *testing.T) {
+	// Limit 3 per 100ms: a burst of 3 at 0-2ms, the next at 100-102ms as the first leave, a
+	// fourth admitted at 150ms (an overshoot), a denial at 250ms ending the run.
+	d := append(admittedAt(2, 0, 1, 100, 101, 102, 150), deniedAt(50, 250)...)
+	got := trailing(d, 100*time.Millisecond, 100)
+	want := []TrailPoint{{0, 1}, {0.001, 2}, {0.002, 3}, {0.150, 4}, {0.200, 3}, {0.201, 2}, {0.202, 1}, {0.25, 0}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("trailing =\n%v\nwant\n%v", got, want)
+	}
+	if got := trailing(nil, time.Second, 100); got != nil {
+		t.Errorf("trailing(nil) = %v, want nil", got)
+	}
+	// Only denials: zero throughout, from the first to the last.
+	if got, want := trailing(deniedAt(10, 30), 100*time.Millisecond, 100), []TrailPoint{{0, 0}, {0.02, 0}}; !slices.Equal(got, want) {
+		t.Errorf("trailing(denials) = %v, want %v", got, want)
+	}
+}
+
+func TestTrailingThinKeepsThePeak(t *testing.T) {
+	// One admitted event every ms for 10s against a 100ms window: 100 in the window, but one
+	// brief spike of 5 more at 7.5s.
+	var d []Decision
+	for ms := int64(0); ms < 10_000; ms++ {
+		d = append(d, admittedAt(ms)...)
+	}
+	for i := 0; i < 5; i++ {
+		d = append(d, Decision{AtMicros: 7_500_000 + int64(i) + 1, Allowed: true})
+	}
+	full := trailing(d, 100*time.Millisecond, 1<<30)
+	thin := trailing(d, 100*time.Millisecond, 50)
+	if len(thin) > 51 || len(full) <= 51 {
+		t.Fatalf("%d points thinned to %d, want at most 51", len(full), len(thin))
+	}
+	peak := func(ps []TrailPoint) int {
+		m := 0
+		for _, p := range ps {
+			m = max(m, p.Admitted)
+		}
+		return m
+	}
+	if peak(full) != 105 || peak(thin) != 105 {
+		t.Errorf("peak: %d full, %d thinned, want 105", peak(full), peak(thin))
+	}
+	if end := thin[len(thin)-1].Seconds; end != 9.999 {
+		t.Errorf("thinned trail ends at %vs, want 9.999", end)
+	}
+	if ex := analyze(d, 100, 100*time.Millisecond); ex.MaxInAnyWindow != peak(full) {
+		t.Errorf("analyze finds %d in a window, the trail %d", ex.MaxInAnyWindow, peak(full))
 	}
 }

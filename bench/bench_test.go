@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -129,11 +130,13 @@ func BenchmarkBareEvalsha(b *testing.B) {
 		b.Fatal(err)
 	}
 	sha := decideSHA1()
+	// The arguments as the engine sends them (scripts/decide.lua): now ("" for the server's
+	// clock), n, then the limit's window in µs and max.
 	keys := manyKeys("strictrate-gobench:" + uuid.NewString()[:8] + ":bare")
 	window := strconv.FormatInt(time.Second.Microseconds(), 10)
 	runOnRandomKeys(b, keys, func(ctx context.Context, g int, key string) error {
 		c := clients[g%len(clients)]
-		_, err := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg("", window, "100", "1").Build()).ToArray()
+		_, err := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg("", "1", window, "100").Build()).ToArray()
 		return err
 	})
 }
@@ -146,7 +149,8 @@ func manyKeys(prefix string) []string {
 	return keys
 }
 
-// parallelism makes RunParallel start benchGoroutines goroutines in all.
+// parallelism makes RunParallel start benchGoroutines goroutines in all: RunParallel
+// multiplies it by GOMAXPROCS.
 func parallelism() int {
-	return max(1, benchGoroutines/testingProcs())
+	return max(1, benchGoroutines/runtime.GOMAXPROCS(0))
 }

@@ -6,6 +6,7 @@
 //	go run ./bench -scenario memory # one scenario
 //	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
+//	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
 // Without -addr (or VALKEY_ADDR) it provisions a server as the tests do: valkey-server on
 // PATH on a free loopback port, else Docker. Progress goes to stderr, Markdown tables to stdout.
@@ -40,6 +41,7 @@ type config struct {
 	FlushDelay  time.Duration `json:"max_flush_delay_ns"`
 	Scenario    string        `json:"scenario"`
 	JSONPath    string        `json:"-"`
+	ChartsDir   string        `json:"-"`
 }
 
 var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling"}
@@ -57,6 +59,7 @@ func main() {
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
+	fs.StringVar(&cfg.ChartsDir, "charts", "", "also draw SVG charts of the run (exactness, throughput, latency) into this directory")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -97,6 +100,18 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 			return fmt.Errorf("write %s: %w", cfg.JSONPath, err)
 		}
 		fmt.Fprintf(progress, "wrote %s\n", cfg.JSONPath)
+	}
+	if cfg.ChartsDir != "" {
+		files, err := writeCharts(cfg.ChartsDir, report)
+		if err != nil {
+			return err
+		}
+		if len(files) == 0 {
+			fmt.Fprintln(progress, "charts: nothing to draw, the exactness and throughput scenarios did not run")
+		}
+		for _, f := range files {
+			fmt.Fprintf(progress, "wrote %s\n", f)
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,9 @@ import (
 // The whole program, small and short, against a real server: its figures must say what the
 // modes do. Atomic is exact; pipelined logs every attempt.
 func TestRunReportsEveryScenario(t *testing.T) {
-	jsonPath := filepath.Join(t.TempDir(), "bench.json")
+	jsonPath, chartsDir := filepath.Join(t.TempDir(), "bench.json"), filepath.Join(t.TempDir(), "charts")
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
-		Window: 100 * time.Millisecond, Scenario: "all", JSONPath: jsonPath}
+		Window: 100 * time.Millisecond, Scenario: "all", JSONPath: jsonPath, ChartsDir: chartsDir}
 	var out, progress bytes.Buffer
 	if err := run(context.Background(), cfg, &out, &progress); err != nil {
 		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
@@ -30,6 +31,25 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 	if !strings.Contains(progress.String(), "exactness/atomic") {
 		t.Errorf("no progress line for exactness/atomic:\n%s", progress.String())
+	}
+	// -charts: the three charts, the exactness one drawn from both modes' decisions.
+	for _, file := range []string{exactnessChartFile, throughputChartFile, latencyChartFile} {
+		path := filepath.Join(chartsDir, file)
+		_, texts, err := svgTexts(path)
+		if err != nil {
+			t.Errorf("chart %s: %v", file, err)
+			continue
+		}
+		if !strings.Contains(progress.String(), "wrote "+path) {
+			t.Errorf("no progress line for %s:\n%s", path, progress.String())
+		}
+		if file == exactnessChartFile {
+			for _, mode := range exactnessChartModes {
+				if !slices.ContainsFunc(texts, func(s string) bool { return strings.HasPrefix(s, mode+": max in any window") }) {
+					t.Errorf("%s draws no %s series: %q", file, mode, texts)
+				}
+			}
+		}
 	}
 
 	data, err := os.ReadFile(jsonPath)

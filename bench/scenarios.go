@@ -20,8 +20,6 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-var modes = []engine.Mode{engine.Atomic, engine.Pipelined}
-
 // bencher runs the scenarios against one server with one set of clients.
 type bencher struct {
 	cfg     config
@@ -187,7 +185,14 @@ type ExactnessRow struct {
 	// Cached is how many decisions the deny cache took without the server.
 	Cached int `json:"decided_by_deny_cache"`
 	Exactness
+	// Trail is the admitted events per trailing window over the run, for -charts; not in the
+	// JSON report.
+	Trail []TrailPoint `json:"-"`
 }
+
+// maxTrailPoints bounds an exactness row's Trail (see trailing): far more than a chart's width
+// needs, few enough to keep its SVG small.
+const maxTrailPoints = 4000
 
 // exactnessVariants are the rows of scenario 1; "cached" is batched with the deny cache on,
 // which sheds the hot key's overload on the client.
@@ -247,6 +252,7 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n, LogMax: <-sampled,
 		ServerCalls: after.calls(dataCommands(mode)) - before.calls(dataCommands(mode)), Cached: sumInts(cached),
 		Exactness: analyze(decisions, limit.Max, limit.Window),
+		Trail:     trailing(decisions, limit.Window, maxTrailPoints),
 	}
 	b.logf("exactness/%s: %s, %d requests, %d admitted, overshoot %d, false denials %d",
 		v.name, elapsed.Round(time.Millisecond), row.Requests, row.Admitted, row.Overshoot, row.FalseDenials)
