@@ -33,11 +33,12 @@ const (
 
 // call is a request in a committer's hands.
 type call struct {
-	ctx  context.Context
-	req  request
-	out  outcome
-	sent bool          // taken into a batch; under committer.mu
-	done chan struct{} // closed when out is set; for a call that waits in a queue
+	ctx   context.Context
+	req   request
+	out   outcome
+	sent  bool          // taken into a batch; under committer.mu
+	done  chan struct{} // closed when out is set; for a call that waits in a queue
+	alone [1]*call      // the call itself, when sent alone (sendOne)
 }
 
 // committer batches the requests bound for one script's destinations.
@@ -213,7 +214,8 @@ func (c *committer) sendTaken(q *queue, calls []*call) {
 
 // sendOne sends one request as a call of the single script.
 func (c *committer) sendOne(ctx context.Context, cl *call) {
-	c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), []*call{cl})
+	cl.alone[0] = cl // a batch of one, without allocating its slice
+	c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), cl.alone[:])
 }
 
 // exec runs s with keys and args and the acknowledgements asked for (execAcked: one WAIT per
