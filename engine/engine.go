@@ -310,32 +310,31 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // Check reports whether one more event for key would be admitted at now, recording nothing:
 // nil when it would, a *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
-	if err := checkContext(ctx); err != nil {
-		return err
-	}
-	l := Limit{Max: limit, Window: window}
-	if err := validate(key, l, 1); err != nil {
-		return err
-	}
-	started := time.Now()
-	r, err := e.peekAt(ctx, key, l, 1, clockReading{t: now, set: true})
-	r, err = e.finish(ctx, opPeek, started, r, err)
-	return deniedOrErr(key, r, err)
+	return e.classic(ctx, opPeek, key, Limit{Max: limit, Window: window}, now)
 }
 
 // Record records one event for key at now if the limit admits it: nil when admitted, a
 // *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
+	return e.classic(ctx, opAllow, key, Limit{Max: limit, Window: window}, now)
+}
+
+// classic takes the article's Check (op peek) or Record (op allow) of one event for key at
+// now, and returns its verdict as the article's interface does.
+func (e *Engine) classic(ctx context.Context, op operation, key string, l Limit, now time.Time) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
-	l := Limit{Max: limit, Window: window}
 	if err := validate(key, l, 1); err != nil {
 		return err
 	}
 	started := time.Now()
-	r, err := e.allowAt(ctx, key, l, 1, clockReading{t: now, set: true})
-	r, err = e.finish(ctx, opAllow, started, r, err)
+	decide := e.allowAt
+	if op == opPeek {
+		decide = e.peekAt
+	}
+	r, err := decide(ctx, key, l, 1, clockReading{t: now, set: true})
+	r, err = e.finish(ctx, op, started, r, err)
 	return deniedOrErr(key, r, err)
 }
 

@@ -104,17 +104,8 @@ func (p Policy) Longest() Limit {
 // The admitted request is one entry of the key's log, whatever the number of limits: Refund
 // and Settle give its cost back to every window at once.
 func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := checkContext(ctx); err != nil {
+	if err := e.checkPolicyCall(ctx, "allow_policy", key, p, n); err != nil {
 		return Result{}, err
-	}
-	if err := validateKey(key); err != nil {
-		return Result{}, err
-	}
-	if err := p.validate(n); err != nil {
-		return Result{}, err
-	}
-	if e.mode == Pipelined && len(p) > 1 {
-		return Result{}, unsupported("allow_policy " + quoteKey(key) + " of several limits")
 	}
 	started := time.Now()
 	r, err := e.allowPolicyAt(ctx, key, p, n, e.decisionClock())
@@ -139,30 +130,38 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 // may be served where only reads are allowed. It validates as AllowPolicy does, and, as
 // AllowPolicy, offers a Policy of several limits only in Atomic mode.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := checkContext(ctx); err != nil {
+	if err := e.checkPolicyCall(ctx, "peek_policy", key, p, n); err != nil {
 		return Result{}, err
 	}
-	if err := validateKey(key); err != nil {
-		return Result{}, err
-	}
-	if err := p.validate(n); err != nil {
-		return Result{}, err
-	}
+	started := time.Now()
 	if len(p) == 1 {
-		started := time.Now()
 		r, err := e.peekAt(ctx, key, p[0], n, e.decisionClock())
 		return e.finish(ctx, opPeek, started, r, err)
 	}
-	if e.mode == Pipelined {
-		return Result{}, unsupported("peek_policy " + quoteKey(key) + " of several limits")
-	}
-	started := time.Now()
 	req, err := newRequest(e.prefix+key, e.decisionClock(), n, false, e.policySet(p))
 	if err != nil {
 		return Result{}, err
 	}
 	r, err := e.runDecision(ctx, e.peeks, "peek_policy", req)
 	return e.finish(ctx, opPeek, started, r, err)
+}
+
+// checkPolicyCall checks a call of op for n events of key against p before anything is sent:
+// its arguments, and that the engine's mode offers it (several limits need the atomic log).
+func (e *Engine) checkPolicyCall(ctx context.Context, op, key string, p Policy, n int) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	if err := p.validate(n); err != nil {
+		return err
+	}
+	if e.mode == Pipelined && len(p) > 1 {
+		return unsupported(op + " " + quoteKey(key) + " of several limits")
+	}
+	return nil
 }
 
 // policySet is p's limits as the scripts want them, windows ascending (the last is the

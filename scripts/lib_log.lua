@@ -101,18 +101,18 @@ local function read_entry(s, pos)
   local b = string.byte(s, pos + 7)
   if b < 254 then
     return t, b, pos + 8
-  elseif b == 254 then
-    local v = struct.unpack('>I2', s, pos + 8)
-    if v < 254 then
-      return t, 0, pos + 10, v
-    end
-    return t, v, pos + 10
   end
-  local v = struct.unpack('>I4', s, pos + 8)
-  if v < 65536 then
-    return t, 0, pos + 12, v
+  -- 254: the value in 2 bytes; 255: in 4. Below the least cost make_entry writes that way, the
+  -- value is a refunded run's span.
+  local format, size, least = '>I2', 2, 254
+  if b == 255 then
+    format, size, least = '>I4', 4, 65536
   end
-  return t, v, pos + 12
+  local v = struct.unpack(format, s, pos + 8)
+  if v < least then
+    return t, 0, pos + 8 + size, v
+  end
+  return t, v, pos + 8 + size
 end
 
 -- make_run encodes a refunded run: span refunded entries of one microsecond (1 to 65535), as
