@@ -1,10 +1,12 @@
 // Command bench compares strictrate's Atomic and Pipelined modes side by side on one Valkey
 // server, measures how close the engine gets to the server's own ceiling, and what in-flight
-// limits (leases) cost and whether they hold.
+// limits (leases) cost and whether they hold, and where the server's time per decision goes
+// (the floor scenario: the engine's scripts against bare scripts doing the same calls).
 //
 //	go run ./bench                  # every scenario, both modes, a throwaway server
 //	go run ./bench -scenario memory # one scenario
 //	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
+//	go run ./bench -scenario floor  # server µs per call: bare scripts, the textbook one, the engine's
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
@@ -44,7 +46,7 @@ type config struct {
 	ChartsDir   string        `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor"}
 
 func main() {
 	var cfg config

@@ -141,6 +141,8 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		}
 	}
 
+	checkFloor(t, r.Floor, out.String())
+
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
 		if len(r.Ceiling) != 3 {
 			t.Fatalf("ceiling rows: %d, want 3", len(r.Ceiling))

@@ -102,6 +102,9 @@ func writeMarkdown(w io.Writer, r *Report) {
 				f1(d.ServerCPUPerOp), f1(d.ClientCPUPerOp), pct(d.AdmittedShare))
 		}
 	}
+	if len(r.Floor) > 0 {
+		writeFloor(w, r.Floor)
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "\n%s\n", n)
 	}

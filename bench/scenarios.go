@@ -90,6 +90,7 @@ type Report struct {
 	Ceiling    []CeilingRow    `json:"ceiling,omitempty"`
 	Leases     []LeaseRow      `json:"leases,omitempty"`
 	Durability []DurabilityRow `json:"durability,omitempty"`
+	Floor      []FloorRow      `json:"floor,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
 
@@ -161,6 +162,17 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("durability: %w", err)
 		}
 		r.Durability = rows
+		if note != "" {
+			r.Notes = append(r.Notes, note)
+		}
+	}
+	// Last: it resets the server's statistics (CONFIG RESETSTAT) before each of its rows.
+	if b.wants("floor") {
+		rows, note, err := b.floor(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("floor: %w", err)
+		}
+		r.Floor = rows
 		if note != "" {
 			r.Notes = append(r.Notes, note)
 		}

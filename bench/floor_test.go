@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The floor scenario alone, briefly, against a test server: every row is there, in order, with
+// positive figures, and the table and decide.lua's line against the target are printed.
+func TestFloorScenarioReportsEveryRow(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "floor.json")
+	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
+		Window: 100 * time.Millisecond, Scenario: "floor", JSONPath: jsonPath}
+	var out, progress bytes.Buffer
+	if err := run(context.Background(), cfg, &out, &progress); err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	if len(r.Exactness)+len(r.Throughput)+len(r.Memory)+len(r.Ceiling) > 0 {
+		t.Errorf("-scenario floor ran other scenarios too")
+	}
+	checkFloor(t, r.Floor, out.String())
+}
+
+// checkFloor checks a run's floor rows (one per floorCase, in order, every figure positive, the
+// floor row 1× itself) and its Markdown.
+func checkFloor(t *testing.T, rows []FloorRow, markdown string) {
+	t.Helper()
+	if len(rows) != len(floorCases) {
+		t.Fatalf("floor rows: %d, want %d", len(rows), len(floorCases))
+	}
+	for i, r := range rows {
+		fc := floorCases[i]
+		if r.Row != fc.row || r.Command != fc.command || r.Calls <= 0 || r.CallsPerSec <= 0 || r.USPerCall <= 0 ||
+			r.USPerDecision <= 0 || r.FloorUS <= 0 || r.OverFloor <= 0 || r.DecisionsPerCall != fc.decisionsPerCall ||
+			fc.live != nil && r.LiveEntries <= 0 {
+			t.Errorf("floor row %+v", r)
+		}
+		if r.Row == floorFloorRow && r.OverFloor != 1 {
+			t.Errorf("the floor row is %.3f× itself", r.OverFloor)
+		}
+		if !strings.Contains(markdown, "| "+r.Row+" | "+r.Command+" | ") {
+			t.Errorf("Markdown lacks the row %q", r.Row)
+		}
+	}
+	for _, want := range []string{"### Where the server's time goes", "decide.lua: ", "the target of 1.3×"} {
+		if !strings.Contains(markdown, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, markdown)
+		}
+	}
+}
