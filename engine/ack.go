@@ -105,15 +105,26 @@ func (a ackPolicy) check(ctx context.Context, got ackReplies) error {
 // set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
 // call, WAITAOF right after the reply when read reports that the call admitted something.
 func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, read func(valkey.ValkeyResult) (admits bool)) ackReplies {
+	return e.execAckedTo(ctx, s, ack, keys, args, readFunc(read))
+}
+
+// readFunc is a function as a replyReader.
+type readFunc func(valkey.ValkeyResult) (admits bool)
+
+func (f readFunc) readReply(reply valkey.ValkeyResult) bool { return f(reply) }
+
+// execAckedTo is execAcked with the reply read by r: a committer's call or batch, already on
+// the heap, where a closure over them would be allocated for each call.
+func (e *Engine) execAckedTo(ctx context.Context, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
 	if !ack {
-		read(s.Exec(ctx, e.client, keys, args))
+		r.readReply(s.Exec(ctx, e.client, keys, args))
 		return ackReplies{}
 	}
 	if !e.ackPolicy.waitAOF() {
 		reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
 			return e.ackPolicy.inline(e.client.B(), cmds)
 		})
-		read(reply)
+		r.readReply(reply)
 		return e.ackPolicy.readInline(after)
 	}
 	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
@@ -124,7 +135,7 @@ func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys
 			return e.ackPolicy.inline(dc.B(), cmds)
 		})
 		got = e.ackPolicy.readInline(after)
-		if read(reply) && reply.Error() == nil {
+		if r.readReply(reply) && reply.Error() == nil {
 			got = e.ackPolicy.readAfter(got, dc.Do(ctx, e.ackPolicy.afterAdmission(dc.B())))
 		}
 		return nil

@@ -20,6 +20,11 @@ import (
 // decision. A destination is the server, or in a cluster a hash slot: every key of one call
 // is in one slot, so the client routes the call, and follows MOVED and ASK, as it does for a
 // single decision.
+//
+// What a decision costs the client is kept small: calls and batches are pooled, with the
+// slices a call is built in, so that a batched decision allocates nothing of its own here;
+// and a committer goroutine that sends a batch sends the next one too, while batches keep
+// coming, instead of starting a goroutine per batch.
 const (
 	// maxBatch is the most decisions one call carries.
 	maxBatch = 128
@@ -31,14 +36,70 @@ const (
 	maxInFlight = 1
 )
 
-// call is a request in a committer's hands.
+// call is a request in a committer's hands. Calls are pooled (newCall, release): a call goes
+// back once its caller has read its outcome, or once it is taken out of its queue unsent; a
+// call whose caller gave up on it after it was taken into a batch is left to the collector,
+// since the batch still writes to it.
 type call struct {
 	ctx   context.Context
 	req   request
 	out   outcome
 	sent  bool          // taken into a batch; under committer.mu
-	done  chan struct{} // closed when out is set; for a call that waits in a queue
+	done  chan struct{} // buffered, 1: receives once when out is set, for a call that waits in a queue
 	alone [1]*call      // the call itself, when sent alone (sendOne)
+	key   [1]string     // its KEYS, when sent alone
+	args  []string      // its ARGV, when sent alone; kept for the next use
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// newCall is a pooled call of req.
+func newCall(ctx context.Context, req request) *call {
+	cl := callPool.Get().(*call)
+	cl.ctx, cl.req = ctx, req
+	return cl
+}
+
+// release returns cl's outcome and puts cl back in the pool: nothing may hold cl any more.
+func (cl *call) release() outcome {
+	out := cl.out
+	cl.ctx, cl.req, cl.out, cl.sent, cl.alone[0], cl.key[0] = nil, request{}, outcome{}, false, nil, ""
+	clear(cl.args)
+	callPool.Put(cl)
+	return out
+}
+
+// readReply reads a reply to cl alone into its outcome; it reports whether it admits.
+func (cl *call) readReply(reply valkey.ValkeyResult) bool {
+	readDecisions(reply, cl.alone[:])
+	return cl.out.admits()
+}
+
+// batch is a call of several requests, with what it is built in: pooled (getBatch), so that
+// the slices of one batch serve the next.
+type batch struct {
+	calls []*call
+	keys  []string
+	args  []string
+	sets  []*limitSet
+	setOf []int
+}
+
+var batchPool = sync.Pool{New: func() any { return new(batch) }}
+
+func getBatch() *batch { return batchPool.Get().(*batch) }
+
+// put clears b, so that the pool holds on to no call or key, and puts it back.
+func (b *batch) put() {
+	clear(b.calls)
+	b.calls = b.calls[:0]
+	batchPool.Put(b)
+}
+
+// readReply reads a reply to b into its calls' outcomes; it reports whether any admits.
+func (b *batch) readReply(reply valkey.ValkeyResult) bool {
+	readDecisions(reply, b.calls)
+	return slices.ContainsFunc(b.calls, func(cl *call) bool { return cl.out.admits() })
 }
 
 // committer batches the requests bound for one script's destinations.
@@ -88,49 +149,49 @@ func (c *committer) queue(req *request) *queue {
 // while req waits takes it out, and it is never sent; once sent, it may still be applied,
 // once.
 func (c *committer) do(ctx context.Context, req request) outcome {
+	cl := newCall(ctx, req)
 	if !c.e.batching {
-		cl := call{ctx: ctx, req: req}
-		c.sendOne(ctx, &cl)
-		return cl.out
+		c.sendOne(ctx, cl)
+		return cl.release()
 	}
 	c.mu.Lock()
-	q := c.queue(&req)
+	q := c.queue(&cl.req)
 	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
 		q.inFlight++
 		c.mu.Unlock()
 		// Counted out however the call ends, a panic included: a call left counted in flight
 		// would hold every later decision of this destination in the queue for good.
-		defer c.sent(ctx, q, 1)
-		cl := call{ctx: ctx, req: req, sent: true}
-		c.sendOne(ctx, &cl)
-		return cl.out
+		defer c.sentAlone(ctx, q)
+		cl.sent = true
+		c.sendOne(ctx, cl)
+		return cl.release()
 	}
-	cl := &call{ctx: ctx, req: req, done: make(chan struct{})}
 	q.waiting = append(q.waiting, cl)
 	c.mu.Unlock()
 	select {
 	case <-cl.done:
-		return cl.out
+		return cl.release()
 	case <-ctx.Done():
 		c.mu.Lock()
-		if !cl.sent {
-			for i, w := range q.waiting {
-				if w == cl {
-					q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
-					break
-				}
+		sent := cl.sent
+		if !sent {
+			if i := slices.Index(q.waiting, cl); i >= 0 {
+				q.waiting = slices.Delete(q.waiting, i, i+1)
 			}
 		}
 		c.mu.Unlock()
+		if !sent {
+			cl.release() // in no queue and no batch: nothing holds it
+		}
 		return outcome{err: ctx.Err()}
 	}
 }
 
-// take removes the next batch from q's waiting requests and counts it in flight; nil when
-// none waits. Under c.mu.
-func (c *committer) take(q *queue) []*call {
+// take moves the next batch from q's waiting requests into b.calls and counts it in flight;
+// false when none waits. Under c.mu.
+func (c *committer) take(q *queue, b *batch) bool {
 	if len(q.waiting) == 0 {
-		return nil
+		return false
 	}
 	n, size := 0, 0
 	for n < len(q.waiting) && n < maxBatch {
@@ -140,92 +201,124 @@ func (c *committer) take(q *queue) []*call {
 		}
 		n++
 	}
-	batch := make([]*call, n)
-	copy(batch, q.waiting)
-	q.waiting = append(q.waiting[:0], q.waiting[n:]...)
-	for _, cl := range batch {
+	b.calls = append(b.calls[:0], q.waiting[:n]...)
+	rest := copy(q.waiting, q.waiting[n:])
+	clear(q.waiting[rest:])
+	q.waiting = q.waiting[:rest]
+	for _, cl := range b.calls {
 		cl.sent = true
 	}
 	q.inFlight++
-	return batch
+	return true
 }
 
-// send runs calls as one call to the server, hands each its outcome, and sends what waits. It
-// runs on a goroutine of the committer's, where a panic would end the process and leave the
-// callers waiting: one is handed to every caller of the batch as its error instead, and the
-// call is counted out all the same.
-func (c *committer) send(ctx context.Context, q *queue, calls []*call) {
-	defer func() {
-		if p := recover(); p != nil {
-			err := fmt.Errorf("strictrate: the batch call failed: panic: %v", p)
-			for _, cl := range calls {
-				cl.out = outcome{err: err}
-			}
-		}
-		for _, cl := range calls {
-			close(cl.done)
-		}
-		c.sent(ctx, q, len(calls))
-	}()
-	if len(calls) == 1 {
-		c.sendOne(ctx, calls[0])
-	} else {
-		c.sendBatch(ctx, calls)
-	}
-}
-
-// sent counts a call of n requests that came back, and sends the next batch, if one waits.
-func (c *committer) sent(ctx context.Context, q *queue, n int) {
-	op := opAllow
-	if c.single.ReadOnly() {
-		op = opPeek
-	}
-	c.e.metrics.batchSize.Record(ctx, int64(n), c.e.metrics.byOp[op]...)
+// sentAlone counts a call of one request, sent by its caller, that came back; and hands the
+// next batch, if one waits, to a committer goroutine (sendTaken).
+func (c *committer) sentAlone(ctx context.Context, q *queue) {
+	c.recordBatch(ctx, 1)
 	c.mu.Lock()
 	q.inFlight--
-	next := c.take(q)
+	var next *batch
+	if len(q.waiting) > 0 {
+		next = getBatch()
+		c.take(q, next)
+	}
 	c.mu.Unlock()
 	if next != nil {
 		go c.sendTaken(q, next)
 	}
 }
 
-// sendTaken sends a batch taken from the queue, under a context that lasts as long as its
-// most patient caller's: none of them may cut the call short for the others.
-func (c *committer) sendTaken(q *queue, calls []*call) {
-	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+// recordBatch counts a call of n requests.
+func (c *committer) recordBatch(ctx context.Context, n int) {
+	op := opAllow
+	if c.single.ReadOnly() {
+		op = opPeek
+	}
+	c.e.metrics.batchSize.Record(ctx, int64(n), c.e.metrics.byOp[op]...)
+}
+
+// sendTaken sends b, a batch taken from q, and then each next batch q holds when the one
+// before comes back, until none waits: one goroutine for as long as batches follow each
+// other, not one per batch.
+func (c *committer) sendTaken(q *queue, b *batch) {
+	defer b.put()
+	for {
+		c.sendCalls(b)
+		c.recordBatch(context.Background(), len(b.calls))
+		c.mu.Lock()
+		q.inFlight--
+		more := c.take(q, b)
+		c.mu.Unlock()
+		if !more {
+			return
+		}
+	}
+}
+
+// sendCalls runs b's calls as one call to the server, under a context that lasts as long as
+// its most patient caller's (none of them may cut the call short for the others), and hands
+// each caller its outcome. It runs on a goroutine of the committer's, where a panic would end
+// the process and leave the callers waiting: one is handed to every caller of the batch as
+// its error instead.
+func (c *committer) sendCalls(b *batch) {
+	ctx, cancel := batchContext(b.calls)
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("strictrate: the batch call failed: panic: %v", p)
+			for _, cl := range b.calls {
+				cl.out = outcome{err: err}
+			}
+		}
+		cancel()
+		// Once signalled, a call is its caller's again (and may be pooled and reused at once):
+		// nothing here reads it after.
+		for _, cl := range b.calls {
+			cl.done <- struct{}{}
+		}
+	}()
+	if len(b.calls) == 1 {
+		c.sendOne(ctx, b.calls[0])
+	} else {
+		c.send(ctx, b)
+	}
+}
+
+// batchContext is the context of a call of calls: it ends at the latest deadline of theirs,
+// and not at all when one of them has none.
+func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, cl := range calls {
 		deadline, ok := cl.ctx.Deadline()
 		if !ok {
-			latest = time.Time{}
-			break
+			return context.Background(), func() {}
 		}
 		if deadline.After(latest) {
 			latest = deadline
 		}
 	}
-	if !latest.IsZero() {
-		ctx, cancel = context.WithDeadline(ctx, latest)
-	}
-	defer cancel()
-	c.send(ctx, q, calls)
+	return context.WithDeadline(context.Background(), latest)
 }
 
 // sendOne sends one request as a call of the single script.
 func (c *committer) sendOne(ctx context.Context, cl *call) {
 	cl.alone[0] = cl // a batch of one, without allocating its slice
-	c.exec(ctx, c.single, []string{cl.req.key}, cl.req.singleArgs(), cl.alone[:])
+	cl.key[0] = cl.req.key
+	cl.args = cl.req.appendSingleArgs(cl.args[:0])
+	c.exec(ctx, c.single, cl.key[:], cl.args, cl.alone[:], cl)
+}
+
+// replyReader reads a decision script's reply into the outcomes of the requests a call
+// carries, and reports whether any of them admits.
+type replyReader interface {
+	readReply(valkey.ValkeyResult) (admits bool)
 }
 
 // exec runs s with keys and args and the acknowledgements asked for (execAcked: one WAIT per
 // call, and one WAITAOF per call that admitted something, whatever the decisions it carries),
-// and reads the reply into the outcomes of calls, the requests it carries in KEYS order.
-func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, calls []*call) {
-	ack := c.e.execAcked(ctx, s, c.ack, keys, args, func(reply valkey.ValkeyResult) bool {
-		readDecisions(reply, calls)
-		return slices.ContainsFunc(calls, func(cl *call) bool { return cl.out.admits() })
-	})
+// and reads the reply with r into the outcomes of calls, the requests it carries in KEYS order.
+func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, calls []*call, r replyReader) {
+	ack := c.e.execAckedTo(ctx, s, c.ack, keys, args, r)
 	for _, cl := range calls {
 		cl.out.ack = ack
 	}
@@ -233,9 +326,17 @@ func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []str
 
 // sendBatch sends several requests as one call of the batch script.
 func (c *committer) sendBatch(ctx context.Context, calls []*call) {
+	b := getBatch()
+	b.calls = append(b.calls[:0], calls...)
+	defer b.put()
+	c.send(ctx, b)
+}
+
+// send sends b's requests, several, as one call of the batch script.
+func (c *committer) send(ctx context.Context, b *batch) {
+	calls := b.calls
 	// The limit sets of the batch, each once; requests name theirs by its position.
-	var sets []*limitSet
-	setOf := make([]int, len(calls))
+	sets, setOf := b.sets[:0], slices.Grow(b.setOf[:0], len(calls))[:len(calls)]
 	for i, cl := range calls {
 		setOf[i] = -1
 		for j, s := range sets {
@@ -253,19 +354,39 @@ func (c *committer) sendBatch(ctx context.Context, calls []*call) {
 	if calls[0].req.now != "" {
 		clock = "each"
 	}
-	keys := make([]string, len(calls))
-	args := make([]string, 0, 2+5*len(sets)+3*len(calls))
-	args = append(args, clock, strconv.Itoa(len(sets)))
+	keys := slices.Grow(b.keys[:0], len(calls))
+	args := slices.Grow(b.args[:0], 2+(1+2*len(sets[0].limits))*len(sets)+3*len(calls))
+	args = append(args, clock, itoa(len(sets)))
 	for _, s := range sets {
-		args = append(args, strconv.Itoa(len(s.limits)))
+		args = append(args, itoa(len(s.limits)))
 		args = append(args, s.nums...)
 	}
 	for i, cl := range calls {
-		keys[i] = cl.req.key
-		args = append(args, cl.req.cost, strconv.Itoa(setOf[i]+1))
+		keys = append(keys, cl.req.key)
+		args = append(args, cl.req.cost, itoa(setOf[i]+1))
 		if clock != "" {
 			args = append(args, cl.req.now)
 		}
 	}
-	c.exec(ctx, c.batch, keys, args, calls)
+	b.keys, b.args, b.sets, b.setOf = keys, args, sets, setOf
+	c.exec(ctx, c.batch, keys, args, calls, b)
+	clear(keys)
+	clear(args)
+	clear(sets)
+}
+
+// smallInts are the numbers a batch's arguments count with (sets, limits, positions), formatted.
+var smallInts = func() (s [maxBatch + 1]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+// itoa formats n, without allocating when it is at most maxBatch.
+func itoa(n int) string {
+	if n >= 0 && n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
 }

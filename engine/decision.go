@@ -17,7 +17,7 @@ import (
 //  1. An exported method (Allow, AllowN, AllowPolicy, Peek, PeekPolicy, Check, Record, Wait)
 //     validates its arguments, makes a request (newRequest) and calls runDecision.
 //  2. runDecision asks the deny cache, then hands the request to a committer (batch.go), which
-//     sends it alone or with others in one call of the batch script, through execAcked
+//     sends it alone or with others in one call of the batch script, through execAckedTo
 //     (ack.go: the script and the acknowledgements asked for, in one round trip).
 //  3. readDecisions, the one decoder of the scripts' decision replies (lib_reply.lua encodes
 //     them), fills each request's outcome with a decision; decision.result makes the Result.
@@ -92,9 +92,9 @@ func newRequest(key string, at clockReading, n int, record bool, set *limitSet) 
 	return req, nil
 }
 
-// singleArgs are decide.lua's (and peek.lua's) arguments for r.
-func (r *request) singleArgs() []string {
-	return append(append(make([]string, 0, 2+len(r.set.nums)), r.now, r.cost), r.set.nums...)
+// appendSingleArgs appends decide.lua's (and peek.lua's) arguments for r to args.
+func (r *request) appendSingleArgs(args []string) []string {
+	return append(append(args, r.now, r.cost), r.set.nums...)
 }
 
 // size is what r adds to a batch call, in bytes of keys and arguments.
