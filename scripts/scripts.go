@@ -120,8 +120,16 @@ var constName = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 // substituteConstants writes every constant's value (constPrefix lines) in place of its name
 // in the lines of src that are code: a line that opens with "--" is a comment, and keeps it.
 func substituteConstants(src string) (string, error) {
+	values, err := constantsOf(src)
+	if err != nil {
+		return "", err
+	}
+	return applyConstants(src, values), nil
+}
+
+// constantsOf returns the constants src defines, by name.
+func constantsOf(src string) (map[string]string, error) {
 	values := map[string]string{}
-	var names []string
 	for _, line := range strings.Split(src, "\n") {
 		def, ok := strings.CutPrefix(line, constPrefix)
 		if !ok {
@@ -130,16 +138,24 @@ func substituteConstants(src string) (string, error) {
 		name, value, _ := strings.Cut(def, " ")
 		value = strings.TrimSpace(value)
 		if !constName.MatchString(name) || value == "" {
-			return "", fmt.Errorf("scripts: constant line %q: want %sNAME value", line, constPrefix)
+			return nil, fmt.Errorf("scripts: constant line %q: want %sNAME value", line, constPrefix)
 		}
 		if old, dup := values[name]; dup && old != value {
-			return "", fmt.Errorf("scripts: constant %s is %s and %s", name, old, value)
+			return nil, fmt.Errorf("scripts: constant %s is %s and %s", name, old, value)
 		}
 		values[name] = value
-		names = append(names, name)
 	}
-	if len(names) == 0 {
-		return src, nil
+	return values, nil
+}
+
+// applyConstants writes values in place of their names in the code lines of src.
+func applyConstants(src string, values map[string]string) string {
+	if len(values) == 0 {
+		return src
+	}
+	names := make([]string, 0, len(values))
+	for name := range values {
+		names = append(names, name)
 	}
 	pattern := regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b`)
 	lines := strings.SplitAfter(src, "\n")
@@ -148,5 +164,5 @@ func substituteConstants(src string) (string, error) {
 			lines[i] = pattern.ReplaceAllStringFunc(line, func(name string) string { return values[name] })
 		}
 	}
-	return strings.Join(lines, ""), nil
+	return strings.Join(lines, "")
 }
