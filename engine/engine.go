@@ -33,6 +33,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/internal/nodes"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
 )
@@ -233,8 +234,18 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 	if p.ReadOnly() {
 		call, writes = "EVALSHA_RO", ""
 	}
-	denied, err := p.Exec(ctx, e.client, nil, []string{e.prefix + "probe", e.prefix + LeaseNamespace + "probe", writes}).AsStrSlice()
+	args := []string{e.prefix + "probe", e.prefix + LeaseNamespace + "probe", writes}
+	denied, err := p.Exec(ctx, e.client, nil, args).AsStrSlice()
 	var verr *valkey.ValkeyError
+	if err != nil && !errors.As(err, &verr) && ctx.Err() == nil {
+		// A keyless call goes to any node the client knows, which in a cluster during a
+		// failover may be one that is gone: ask the nodes the preload reached, in turn.
+		for _, n := range nodes.Sorted(e.client) {
+			if denied, err = p.Exec(ctx, n.Client, nil, args).AsStrSlice(); err == nil || errors.As(err, &verr) {
+				break
+			}
+		}
+	}
 	switch {
 	case errors.As(err, &verr) && strings.HasPrefix(verr.Error(), "NOPERM"):
 		return fmt.Errorf("%w: the client's user may not run %s, which every decision needs: %w", ErrPreload, call, err)
