@@ -54,15 +54,16 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 		b.Zcard().Key(full).Build(),
 		b.Pexpire().Key(full).Milliseconds(pttl).Build(),
 	)
-	what := "strictrate: allow " + quoteKey(key)
+	// The error context is built only on failure: a decision that succeeds allocates nothing for
+	// it, as in Atomic mode, so that the comparison measures the designs and not this.
 	for _, r := range replies {
 		if err := r.Error(); err != nil {
-			return e.backendFailure(ctx, e.pipelinedError(ctx, what, full, err))
+			return e.backendFailure(ctx, e.pipelinedError(ctx, "strictrate: allow "+quoteKey(key), full, err))
 		}
 	}
 	count, err := replies[2].AsInt64()
 	if err != nil {
-		return e.backendFailure(ctx, fmt.Errorf("%s: ZCARD reply: %w", what, err))
+		return e.backendFailure(ctx, fmt.Errorf("strictrate: allow %s: ZCARD reply: %w", quoteKey(key), err))
 	}
 	res := Result{Allowed: count <= int64(l.Max), ResetAfter: l.Window, QuotaAfter: l.Window, At: time.UnixMicro(now), Window: l.Window}
 	if remaining := int64(l.Max) - count; remaining > 0 {
