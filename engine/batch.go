@@ -324,14 +324,6 @@ func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []str
 	}
 }
 
-// sendBatch sends several requests as one call of the batch script.
-func (c *committer) sendBatch(ctx context.Context, calls []*call) {
-	b := getBatch()
-	b.calls = append(b.calls[:0], calls...)
-	defer b.put()
-	c.send(ctx, b)
-}
-
 // send sends b's requests, several, as one call of the batch script.
 func (c *committer) send(ctx context.Context, b *batch) {
 	calls := b.calls

@@ -225,22 +225,22 @@ func (o *outcome) read(vals []valkey.ValkeyMessage, pos int, serverNow int64, re
 	if err != nil || c < 1 || c > 6 || pos+int(c) >= len(vals) {
 		return 0, fmt.Errorf("script reply: bad value count at %d (%v)", pos, err)
 	}
-	var v [6]int64
+	// The values in reply order, each left out one at its default: remaining (never left out),
+	// retry_after 0, quota_after (below: it depends on tightest), reset_after the longest
+	// window, tightest 1, seq 1.
+	v := [6]int64{3: req.set.longest(), 4: 1, 5: 1}
 	for i := range int(c) {
 		if v[i], err = vals[pos+1+i].AsInt64(); err != nil {
 			return 0, fmt.Errorf("script reply value %d: %w", pos+1+i, err)
 		}
 	}
-	o.d = decision{remaining: v[0], now: serverNow, retryAfter: 0, quotaAfter: -1, resetAfter: req.set.longest(), tightest: 1, seq: 1}
+	o.d = decision{remaining: v[0], now: serverNow, retryAfter: v[1], quotaAfter: v[2], resetAfter: v[3], tightest: v[4], seq: v[5]}
 	if req.now != "" {
 		o.d.now = req.nowUS
 	} else if serverNow == 0 {
 		return 0, errors.New("script reply: the server's now is missing")
 	}
-	for i, field := range []*int64{&o.d.retryAfter, &o.d.quotaAfter, &o.d.resetAfter, &o.d.tightest, &o.d.seq}[:c-1] {
-		*field = v[i+1]
-	}
-	if o.d.quotaAfter == -1 && o.d.tightest >= 1 && o.d.tightest <= int64(len(req.set.limits)) {
+	if c < 3 && o.d.tightest >= 1 && o.d.tightest <= int64(len(req.set.limits)) {
 		o.d.quotaAfter = req.set.limits[o.d.tightest-1].windowMicros()
 	}
 	return pos + 1 + int(c), nil

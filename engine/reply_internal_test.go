@@ -48,9 +48,9 @@ func TestReplyContractSingleAndBatch(t *testing.T) {
 		e.decides.sendOne(ctx, single)
 		req.key = pair[1]
 		other, _ := newRequest("contract:other:"+uuid.NewString(), at, 1, true, one)
-		batch := []*call{{ctx: ctx, req: other}, {ctx: ctx, req: req}}
-		e.decides.sendBatch(ctx, batch)
-		for i, cl := range []*call{single, batch[1]} {
+		batch := &batch{calls: []*call{{ctx: ctx, req: other}, {ctx: ctx, req: req}}}
+		e.decides.send(ctx, batch)
+		for i, cl := range []*call{single, batch.calls[1]} {
 			if cl.out.err != nil || cl.out.replyErr != nil {
 				t.Fatalf("decision %d: %v %v", i, cl.out.err, cl.out.replyErr)
 			}
