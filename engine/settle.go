@@ -41,13 +41,13 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	if e.mode == Pipelined {
 		return unsupported(what)
 	}
-	id := r.Entry
+	id, full := r.Entry, e.prefix+key
 	switch {
 	case id.IsZero():
 		return fmt.Errorf("%s: %w: the Result recorded no entry (a denial, a Peek or fail-open)", what, ErrInvalidArgument)
-	case id.Key != e.prefix+key:
+	case id.Key != full:
 		return fmt.Errorf("%s: %w: the Result's entry is in the log %s, and this key's is %s", what, ErrUnknownEntry,
-			quoteKey(id.Key), quoteKey(e.prefix+key))
+			quoteKey(id.Key), quoteKey(full))
 	case id.Seq < 0 || id.Cost < 1 || id.Cost > MaxEvents:
 		return fmt.Errorf("%w: entry %+v is not one this engine made", ErrInvalidArgument, id)
 	case actual < 0 || actual > id.Cost:
@@ -58,8 +58,8 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 		return err
 	}
 	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
-	e.forgetDenials(e.prefix + key)
-	back, err := e.settle.Exec(ctx, e.client, []string{e.prefix + key}, args).AsInt64()
+	e.forgetDenials(full)
+	back, err := e.settle.Exec(ctx, e.client, []string{full}, args).AsInt64()
 	switch {
 	case err != nil:
 		return classify(ctx, what, err)
