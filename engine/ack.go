@@ -100,21 +100,17 @@ func (a ackPolicy) check(ctx context.Context, got ackReplies) error {
 	return nil
 }
 
-// execAcked runs s with keys and args, hands the script's reply to read (once, error replies
-// included), and returns what the acknowledgements the engine asks for answered, when ack is
-// set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
-// call, WAITAOF right after the reply when read reports that the call admitted something.
-func (e *Engine) execAcked(ctx context.Context, s *loader.Script, ack bool, keys, args []string, read func(valkey.ValkeyResult) (admits bool)) ackReplies {
-	return e.execAckedTo(ctx, s, ack, keys, args, readFunc(read))
-}
-
-// readFunc is a function as a replyReader.
+// readFunc is a function as a replyReader, for a caller off the hot path (leases).
 type readFunc func(valkey.ValkeyResult) (admits bool)
 
 func (f readFunc) readReply(reply valkey.ValkeyResult) bool { return f(reply) }
 
-// execAckedTo is execAcked with the reply read by r: a committer's call or batch, already on
-// the heap, where a closure over them would be allocated for each call.
+// execAckedTo runs s with keys and args, hands the script's reply to r (once, error replies
+// included), and returns what the acknowledgements the engine asks for answered, when ack is
+// set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
+// call, WAITAOF right after the reply when r reports that the call admitted something. A
+// committer's call or batch is its own replyReader, already on the heap, where a closure over
+// it would be allocated for each call.
 func (e *Engine) execAckedTo(ctx context.Context, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
 	if !ack {
 		r.readReply(s.Exec(ctx, e.client, keys, args))

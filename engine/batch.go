@@ -314,7 +314,7 @@ type replyReader interface {
 	readReply(valkey.ValkeyResult) (admits bool)
 }
 
-// exec runs s with keys and args and the acknowledgements asked for (execAcked: one WAIT per
+// exec runs s with keys and args and the acknowledgements asked for (execAckedTo: one WAIT per
 // call, and one WAITAOF per call that admitted something, whatever the decisions it carries),
 // and reads the reply with r into the outcomes of calls, the requests it carries in KEYS order.
 func (c *committer) exec(ctx context.Context, s *loader.Script, keys, args []string, calls []*call, r replyReader) {

@@ -307,13 +307,13 @@ func (e *Engine) runLease(ctx context.Context, s *loader.Script, what func() str
 	ack := e.ackPolicy.on()
 	var d leaseReply
 	var replyErr, readErr error
-	got := e.execAcked(ctx, s, ack, []string{fullKey}, args, func(reply valkey.ValkeyResult) bool {
+	got := e.execAckedTo(ctx, s, ack, []string{fullKey}, args, readFunc(func(reply valkey.ValkeyResult) bool {
 		if replyErr = reply.Error(); replyErr != nil {
 			return false
 		}
 		d, readErr = readLeaseReply(reply)
 		return d.granted && readErr == nil
-	})
+	}))
 	switch {
 	case replyErr != nil:
 		return leaseReply{}, classify(ctx, what(), replyErr)
