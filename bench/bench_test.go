@@ -130,13 +130,13 @@ func BenchmarkBareEvalsha(b *testing.B) {
 		b.Fatal(err)
 	}
 	sha := decideSHA1()
-	// The arguments as the engine sends them (scripts/decide.lua): now ("" for the server's
-	// clock), n, then the limit's window in µs and max.
+	// The argument as the engine sends it (scripts/decide.lua): one string of 8-byte integers,
+	// the server's clock, n, then the limit's window in µs and max.
 	keys := manyKeys("strictrate-gobench:" + uuid.NewString()[:8] + ":bare")
-	window := strconv.FormatInt(time.Second.Microseconds(), 10)
+	arg := singleArg(time.Second.Microseconds(), 100)
 	runOnRandomKeys(b, keys, func(ctx context.Context, g int, key string) error {
 		c := clients[g%len(clients)]
-		_, err := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg("", "1", window, "100").Build()).ToArray()
+		_, err := c.Do(ctx, c.B().Evalsha().Sha1(sha).Numkeys(1).Key(key).Arg(arg).Build()).ToString()
 		return err
 	})
 }

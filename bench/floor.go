@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -160,19 +161,21 @@ var floorCases = []floorCase{
 			return f.single(c, rng, cmds, "decide", "decide", f.decideArgs)
 		},
 		live: liveInLog},
+	{row: "decide.lua, layout 3", script: "decide.lua", command: "evalsha", decisionsPerCall: 1, keys: "decide3",
+		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
+			return f.single(c, rng, cmds, "decide3", "decide3", f.decideArgs)
+		},
+		live: liveInLog},
 	{row: fmt.Sprintf("decide_batch.lua (%d keys)", floorBatch), script: "decide_batch.lua", command: "evalsha",
 		decisionsPerCall: floorBatch, keys: "batch",
 		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
-			keys := f.keys["batch"]
-			for i := 0; i < floorPipeline; i++ {
-				ks := make([]string, floorBatch)
-				for j := range ks {
-					ks[j] = keys[rng.IntN(len(keys))]
-				}
-				args := append(append([]string(nil), f.batchArgs...), f.batchPerRequest...)
-				cmds = append(cmds, c.B().Evalsha().Sha1(f.sha["batch"]).Numkeys(floorBatch).Key(ks...).Arg(args...).Build())
-			}
-			return cmds
+			return f.batch(c, rng, cmds, "batch", "batch")
+		},
+		live: liveInLog},
+	{row: fmt.Sprintf("decide_batch.lua (%d keys), layout 3", floorBatch), script: "decide_batch.lua", command: "evalsha",
+		decisionsPerCall: floorBatch, keys: "batch3",
+		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
+			return f.batch(c, rng, cmds, "batch3", "batch3")
 		},
 		live: liveInLog},
 	{row: fmt.Sprintf("peek.lua (1 per %d decide.lua)", floorPeekEvery), script: "peek.lua", command: "evalsha_ro",
@@ -188,6 +191,21 @@ var floorCases = []floorCase{
 			return cmds // paced by decide.lua's calls, which keep the logs
 		},
 		live: liveInLog},
+}
+
+// batch appends floorPipeline calls of the named batch script, floorBatch random keys of the
+// set each.
+func (f *floorRun) batch(c valkey.Client, rng *rand.Rand, cmds valkey.Commands, set, script string) valkey.Commands {
+	keys := f.keys[set]
+	for i := 0; i < floorPipeline; i++ {
+		ks := make([]string, floorBatch)
+		for j := range ks {
+			ks[j] = keys[rng.IntN(len(keys))]
+		}
+		args := append(append([]string(nil), f.batchArgs...), f.batchPerRequest...)
+		cmds = append(cmds, c.B().Evalsha().Sha1(f.sha[script]).Numkeys(floorBatch).Key(ks...).Arg(args...).Build())
+	}
+	return cmds
 }
 
 // single appends floorPipeline calls of the named script, one random key of the set each.
@@ -339,14 +357,15 @@ func median(xs []float64) float64 {
 func (b *bencher) newFloorRun(ctx context.Context) (*floorRun, error) {
 	f := &floorRun{b: b, sha: map[string]string{}, keys: map[string][]string{}, windowDur: b.cfg.Window,
 		window: strconv.FormatInt(b.cfg.Window.Microseconds(), 10), max: strconv.Itoa(b.cfg.Limit)}
-	f.decideArgs = []string{"", "1", f.window, f.max}
+	f.decideArgs = []string{singleArg(b.cfg.Window.Microseconds(), b.cfg.Limit)}
 	f.batchArgs = []string{"", "1", "1", f.window, f.max}
 	for i := 0; i < floorBatch; i++ {
 		f.batchPerRequest = append(f.batchPerRequest, "1", "1")
 	}
 	c := b.clients[0]
 	for name, src := range map[string]string{"return": bareReturnScript, "write": bareWriteScript, "timewrite": bareTimeWriteScript,
-		"textbook": textbookScript, "decide": scripts.Decide(), "batch": scripts.DecideBatch(), "peek": scripts.Peek()} {
+		"textbook": textbookScript, "decide": scripts.Decide(), "batch": scripts.DecideBatch(), "peek": scripts.Peek(),
+		"decide3": scripts.DecideWriting(3), "batch3": scripts.DecideBatchWriting(3)} {
 		sha, err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString()
 		if err != nil {
 			return nil, fmt.Errorf("SCRIPT LOAD %s: %w", name, err)
@@ -473,4 +492,15 @@ func writeFloor(w io.Writer, rows []FloorRow) {
 			fmt.Fprintf(w, "\ndecide.lua: %.2f× the floor, %s the target of %.1f×\n", r.OverFloor, verdict, floorTarget)
 		}
 	}
+}
+
+// singleArg is decide.lua's (and peek.lua's) one argument for a request of one event on the
+// server's clock against max per window µs: 8-byte big-endian integers, the server's clock
+// (2^60), n, window, max.
+func singleArg(window int64, max int) string {
+	var b []byte
+	for _, v := range []int64{1 << 60, 1, window, int64(max)} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return string(b)
 }

@@ -41,6 +41,7 @@ type config struct {
 	Limit       int           `json:"limit_max"`
 	Window      time.Duration `json:"window_ns"`
 	FlushDelay  time.Duration `json:"max_flush_delay_ns"`
+	WriteLayout int           `json:"write_layout"`
 	Scenario    string        `json:"scenario"`
 	JSONPath    string        `json:"-"`
 	ChartsDir   string        `json:"-"`
@@ -59,6 +60,7 @@ func main() {
 	fs.IntVar(&cfg.Limit, "limit", 100, "the limit's Max")
 	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
+	fs.IntVar(&cfg.WriteLayout, "write-layout", 2, "the layout version the engines write (engine.WithWriteLayout): 2 or 3")
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
 	fs.StringVar(&cfg.ChartsDir, "charts", "", "also draw SVG charts of the run (exactness, throughput, latency) into this directory")

@@ -62,14 +62,18 @@ func (b *bencher) logf(format string, args ...any) {
 	fmt.Fprintf(b.progress, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// engines returns one engine per client, all in the given mode and under the run's prefix. The
+// engines returns one engine per client, all in the given mode, under the run's prefix and
+// writing its layout (-write-layout). The
 // bench's servers run without persistence on purpose (but for the durability scenario's): the
 // persistence check is off.
 func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range b.clients {
-		e, err := engine.New(c, append([]engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix),
-			engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
+		base := []engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}
+		if b.cfg.WriteLayout != 0 { // 0: a config made in a test, the engine's default
+			base = append(base, engine.WithWriteLayout(b.cfg.WriteLayout))
+		}
+		e, err := engine.New(c, append(base, opts...)...)
 		if err != nil {
 			return nil, err
 		}

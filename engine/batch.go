@@ -304,7 +304,7 @@ func batchContext(calls []*call) (context.Context, context.CancelFunc) {
 func (c *committer) sendOne(ctx context.Context, cl *call) {
 	cl.alone[0] = cl // a batch of one, without allocating its slice
 	cl.key[0] = cl.req.key
-	cl.args = cl.req.appendSingleArgs(cl.args[:0])
+	cl.args = append(cl.args[:0], cl.req.singleArg())
 	c.exec(ctx, c.single, cl.key[:], cl.args, cl.alone[:], cl)
 }
 

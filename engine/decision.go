@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -32,15 +33,18 @@ type request struct {
 	now    string    // integer microseconds, or "" for the server's clock
 	nowUS  int64     // now as a number; 0 for the server's clock
 	record int       // the cost recorded when admitted; 0 for a peek, which records nothing
-	cost   string    // the request's cost as the scripts read it (a peek's too)
+	n      int       // the request's cost (a peek's too)
+	cost   string    // n as the batch scripts read it
 	set    *limitSet // the limits
 }
 
 // limitSet is limits with windows ascending, and their windows and maxes as the scripts read
-// them, formatted once.
+// them, formatted once: as decimal strings (the batch scripts' arguments), and as the single
+// scripts' one argument for a request of one event on the server's clock, the most common.
 type limitSet struct {
 	limits []Limit
 	nums   []string
+	oneNow string // singleArg of a request of n = 1 on the server's clock
 }
 
 func newLimitSet(limits []Limit) *limitSet {
@@ -48,7 +52,26 @@ func newLimitSet(limits []Limit) *limitSet {
 	for _, l := range limits {
 		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
 	}
-	return &limitSet{limits: limits, nums: nums}
+	s := &limitSet{limits: limits, nums: nums}
+	s.oneNow = string(s.appendSingleArg(nil, serverClock, 1))
+	return s
+}
+
+// serverClock stands for "the server's clock" in place of now in the single scripts' argument
+// (decide.lua's SERVER_CLOCK): outside the years any caller's time may name.
+const serverClock = 1 << 60
+
+// appendSingleArg appends decide.lua's (and peek.lua's) one argument for a request of n events
+// at now (or serverClock) against s to b: 8-byte big-endian integers, now, n, then each limit's
+// window in microseconds and max.
+func (s *limitSet) appendSingleArg(b []byte, now int64, n int) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(now))
+	b = binary.BigEndian.AppendUint64(b, uint64(n))
+	for _, l := range s.limits {
+		b = binary.BigEndian.AppendUint64(b, uint64(l.windowMicros()))
+		b = binary.BigEndian.AppendUint64(b, uint64(l.Max))
+	}
+	return b
 }
 
 // sameLimits reports whether two sets count the same limits.
@@ -85,16 +108,23 @@ func newRequest(key string, at clockReading, n int, record bool, set *limitSet) 
 	if at.set {
 		nowUS = at.t.UnixMicro()
 	}
-	req := request{key: key, now: now, nowUS: nowUS, cost: strconv.Itoa(n), set: set}
+	req := request{key: key, now: now, nowUS: nowUS, n: n, cost: itoa(n), set: set}
 	if record {
 		req.record = n
 	}
 	return req, nil
 }
 
-// appendSingleArgs appends decide.lua's (and peek.lua's) arguments for r to args.
-func (r *request) appendSingleArgs(args []string) []string {
-	return append(append(args, r.now, r.cost), r.set.nums...)
+// singleArg is decide.lua's (and peek.lua's) one argument for r: made once per limit set for
+// the common request, else here.
+func (r *request) singleArg() string {
+	if r.now == "" {
+		if r.n == 1 {
+			return r.set.oneNow
+		}
+		return string(r.set.appendSingleArg(make([]byte, 0, 16+16*len(r.set.limits)), serverClock, r.n))
+	}
+	return string(r.set.appendSingleArg(make([]byte, 0, 16+16*len(r.set.limits)), r.nowUS, r.n))
 }
 
 // size is what r adds to a batch call, in bytes of keys and arguments.
@@ -167,10 +197,10 @@ func (o *outcome) admits() bool {
 	return o.err == nil && o.replyErr == nil && o.d.retryAfter == 0
 }
 
-// readDecisions reads a decision script's reply into the outcomes of calls, in KEYS order:
-// the server's now (0 when unread), then per request an error reply, or a count c and c
-// values with trailing defaults left out (lib_reply.lua). A single script's reply is that of
-// a batch of one.
+// readDecisions reads a decision script's reply into the outcomes of calls, in KEYS order
+// (lib_reply.lua): a single script's string, the server's now (0 when unread) then one
+// decision; or a batch script's array, the server's now, then per request its decision or an
+// error reply. A decision is a count c and c values, with trailing defaults left out.
 func readDecisions(reply valkey.ValkeyResult, calls []*call) {
 	fail := func(err error, reply bool) {
 		for _, cl := range calls {
@@ -185,13 +215,29 @@ func readDecisions(reply valkey.ValkeyResult, calls []*call) {
 		fail(err, false)
 		return
 	}
-	vals, err := reply.ToArray()
+	msg, err := reply.ToMessage()
 	if err != nil {
 		fail(err, true)
 		return
 	}
-	if len(vals) == 0 {
-		fail(errors.New("script reply is empty"), true)
+	if msg.IsString() {
+		s, _ := msg.ToString()
+		if len(calls) != 1 || len(s) < 8 {
+			fail(fmt.Errorf("script reply: a string of %d bytes for %d requests", len(s), len(calls)), true)
+			return
+		}
+		if err := calls[0].out.read(s[8:], int64At(s, 0), &calls[0].req); err != nil {
+			fail(err, true)
+		}
+		return
+	}
+	vals, err := msg.ToArray()
+	if err != nil {
+		fail(err, true)
+		return
+	}
+	if len(vals) != 1+len(calls) {
+		fail(fmt.Errorf("script reply has %d values for %d requests", len(vals), len(calls)), true)
 		return
 	}
 	serverNow, err := vals[0].AsInt64()
@@ -199,51 +245,55 @@ func readDecisions(reply valkey.ValkeyResult, calls []*call) {
 		fail(fmt.Errorf("script reply: the server's now: %w", err), true)
 		return
 	}
-	pos := 1
-	for _, cl := range calls {
-		if pos, err = cl.out.read(vals, pos, serverNow, &cl.req); err != nil {
-			fail(err, true)
+	for i, cl := range calls {
+		v := &vals[1+i]
+		if err := v.Error(); err != nil {
+			cl.out.err = err
+			continue
+		}
+		s, err := v.ToString()
+		if err == nil {
+			err = cl.out.read(s, serverNow, &cl.req)
+		}
+		if err != nil {
+			fail(fmt.Errorf("script reply value %d: %w", 1+i, err), true)
 			return
 		}
 	}
-	if pos != len(vals) {
-		fail(fmt.Errorf("script reply has %d values, %d read", len(vals), pos), true)
-	}
 }
 
-// read reads req's part of a decision reply, from vals[pos], into o: an error reply, or a
-// count c and c values. It returns the position after it.
-func (o *outcome) read(vals []valkey.ValkeyMessage, pos int, serverNow int64, req *request) (int, error) {
-	if pos >= len(vals) {
-		return 0, fmt.Errorf("script reply has %d values, too few", len(vals))
+// int64At reads the 8-byte big-endian two's complement integer at s[i:].
+func int64At(s string, i int) int64 {
+	var v uint64
+	for _, b := range []byte(s[i : i+8]) {
+		v = v<<8 | uint64(b)
 	}
-	if err := vals[pos].Error(); err != nil {
-		o.err = err
-		return pos + 1, nil
+	return int64(v)
+}
+
+// read reads req's decision, s (lib_reply.lua: a count c, then c values of 8 bytes), into o.
+func (o *outcome) read(s string, serverNow int64, req *request) error {
+	if len(s) == 0 || s[0] < 1 || s[0] > 6 || len(s) != 1+8*int(s[0]) {
+		return fmt.Errorf("script reply: a decision of %d bytes is none the scripts give", len(s))
 	}
-	c, err := vals[pos].AsInt64()
-	if err != nil || c < 1 || c > 6 || pos+int(c) >= len(vals) {
-		return 0, fmt.Errorf("script reply: bad value count at %d (%v)", pos, err)
-	}
+	c := int(s[0])
 	// The values in reply order, each left out one at its default: remaining (never left out),
 	// retry_after 0, quota_after (below: it depends on tightest), reset_after the longest
 	// window, tightest 1, seq 1.
 	v := [6]int64{3: req.set.longest(), 4: 1, 5: 1}
-	for i := range int(c) {
-		if v[i], err = vals[pos+1+i].AsInt64(); err != nil {
-			return 0, fmt.Errorf("script reply value %d: %w", pos+1+i, err)
-		}
+	for i := range c {
+		v[i] = int64At(s, 1+8*i)
 	}
 	o.d = decision{remaining: v[0], now: serverNow, retryAfter: v[1], quotaAfter: v[2], resetAfter: v[3], tightest: v[4], seq: v[5]}
 	if req.now != "" {
 		o.d.now = req.nowUS
 	} else if serverNow == 0 {
-		return 0, errors.New("script reply: the server's now is missing")
+		return errors.New("script reply: the server's now is missing")
 	}
 	if c < 3 && o.d.tightest >= 1 && o.d.tightest <= int64(len(req.set.limits)) {
 		o.d.quotaAfter = req.set.limits[o.d.tightest-1].windowMicros()
 	}
-	return pos + 1 + int(c), nil
+	return nil
 }
 
 // longest is the longest window of s in microseconds: the default reset_after of a decision.

@@ -169,6 +169,9 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if err := o.validateDurableAck(); err != nil {
 		return nil, err
 	}
+	if o.writeLayout != 2 && o.writeLayout != 3 {
+		return nil, fmt.Errorf("%w: WithWriteLayout(%d): this release writes layout 2 or 3", ErrInvalidArgument, o.writeLayout)
+	}
 	e := &Engine{
 		client:   client,
 		mode:     o.mode,
@@ -194,7 +197,8 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("%w: deny cache: %w", ErrInvalidArgument, err)
 		}
 	}
-	e.decides = newCommitter(e, loader.New("decide", scripts.Decide()), loader.New("decide_batch", scripts.DecideBatch()))
+	e.decides = newCommitter(e, loader.New("decide", scripts.DecideWriting(o.writeLayout)),
+		loader.New("decide_batch", scripts.DecideBatchWriting(o.writeLayout)))
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])

@@ -50,8 +50,9 @@ func TestNewChecksTheUsersPermissions(t *testing.T) {
 	}
 }
 
-// A decision the server refuses midway (the user lost PEXPIRE after New) records nothing and
-// leaves no key without an expiry: on a new key and on one that holds entries.
+// A decision the server refuses midway (the user lost PEXPIRE and PEXPIREAT after New)
+// records nothing and leaves no key without an expiry: on a new key and on one that holds
+// entries.
 func TestRefusedDecisionLeavesNoTrace(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	admin := own.Client(t)
@@ -63,8 +64,8 @@ func TestRefusedDecisionLeavesNoTrace(t *testing.T) {
 		enginetest.MustAllowN(t, e, old, l, 1) // one limit, then a second: the general path too
 	}
 	before := enginetest.Log(t, admin, enginetest.Prefix, old)
-	// Take PEXPIRE away: every later decision must fail without writing.
-	if err := admin.Do(ctx, admin.B().AclSetuser().Username("loses").Rule("-pexpire").Build()).Error(); err != nil {
+	// Take the expiry away: every later decision must fail without writing.
+	if err := admin.Do(ctx, admin.B().AclSetuser().Username("loses").Rule("-pexpire", "-pexpireat").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -15,8 +15,9 @@ type Log struct {
 	// Count is the number of entries in the log.
 	Count int
 	// Layout is the version of the layout the log is stored in (docs/design.md): 2 for what
-	// this release writes, 1 for a log an earlier release wrote and no decision has rewritten
-	// yet; 0 for a key that does not exist. Operators read it during an upgrade that changes
+	// this release writes by default, 3 for a log written under WithWriteLayout(3), 1 for a
+	// log an earlier release wrote and no decision has rewritten yet; 0 for a key that does
+	// not exist. Operators read it during an upgrade that changes
 	// the layout (docs/operating.md).
 	Layout int
 	// Cursors is how many shorter windows the log keeps a count for (policies): the strictrate

@@ -32,7 +32,7 @@ func TestUnknownLayoutIsRefused(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	// A header of a kind no release so far writes, as a later layout version's would be.
-	later := "V" + strings.Repeat("\x00", 48)
+	later := "W" + strings.Repeat("\x00", 48)
 	contents := map[string]struct {
 		fill  func(full string) valkey.Completed
 		found string // what the error must say the key holds
@@ -41,7 +41,7 @@ func TestUnknownLayoutIsRefused(t *testing.T) {
 		"a hash":                 {func(k string) valkey.Completed { return c.B().Hset().Key(k).FieldValue().FieldValue("f", "v").Build() }, "a hash"},
 		"another program's zset": {func(k string) valkey.Completed { return c.B().Zadd().Key(k).ScoreMember().ScoreMember(1, "m").Build() }, "a zset"},
 		"another program's list": {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element("hello", "world").Build() }, "0x68"},
-		"a later release's log":  {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element(later).Build() }, "0x56"},
+		"a later release's log":  {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element(later).Build() }, "0x57"},
 	}
 	l := engine.PerMinute(5)
 	policy := engine.Policy{engine.PerSecond(2), l}

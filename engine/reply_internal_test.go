@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -108,14 +109,34 @@ func TestReadDecisionsRefusesOtherReplies(t *testing.T) {
 	server := valkeytest.New(t)
 	client := server.Client(t)
 	ctx := context.Background()
-	const echo = `local r = {}
-for i, v in ipairs(ARGV) do
-  if string.sub(v, 1, 4) == 'err:' then r[i] = {err = string.sub(v, 5)} else r[i] = tonumber(v) end
+	// echo replies with ARGV[1] alone when it is the only value (a single script's reply), else
+	// with an array: the number ARGV[1], then each further value as given, or as an error reply
+	// when it starts with "err:" (a batch script's reply).
+	const echo = `if #ARGV == 1 then return ARGV[1] end
+local r = {tonumber(ARGV[1])}
+for i = 2, #ARGV do
+  local v = ARGV[i]
+  if string.sub(v, 1, 4) == 'err:' then r[i] = {err = string.sub(v, 5)} else r[i] = v end
 end
 return r`
 	reply := func(vals ...string) valkey.ValkeyResult {
 		return client.Do(ctx, client.B().Eval().Script(echo).Numkeys(0).Arg(vals...).Build())
 	}
+	// be8 is v as 8 bytes, big-endian; dec is a decision of the values given (lib_reply.lua),
+	// single a single script's reply of it.
+	be8 := func(v int64) string {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(v))
+		return string(b[:])
+	}
+	dec := func(vals ...int64) string {
+		s := string(rune(len(vals)))
+		for _, v := range vals {
+			s += be8(v)
+		}
+		return s
+	}
+	single := func(now int64, vals ...int64) string { return be8(now) + dec(vals...) }
 	set := newLimitSet([]Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}})
 	read := func(r valkey.ValkeyResult, n int) []*call {
 		calls := make([]*call, n)
@@ -125,47 +146,54 @@ return r`
 		readDecisions(r, calls)
 		return calls
 	}
-	// Defaults filled in, and the Result they make.
-	cl := read(reply("1000000", "1", "4"), 1)[0]
-	r, err := cl.out.d.result(&cl.req)
+	// Defaults filled in, and the Result they make: the same through either form.
 	at := time.UnixMicro(1_000_000)
 	want := Result{Allowed: true, Remaining: 4, ResetAfter: time.Hour, QuotaAfter: time.Second, At: at, Window: time.Second,
 		Entry: EntryID{At: at, Seq: 1, Cost: 1}}
-	if err != nil || r != want {
-		t.Fatalf("a short reply: %+v, %v; want %+v", r, err, want)
+	for form, rep := range map[string]valkey.ValkeyResult{
+		"single": reply(single(1_000_000, 4)), "batch": reply("1000000", dec(4)),
+	} {
+		cl := read(rep, 1)[0]
+		r, err := cl.out.d.result(&cl.req)
+		if err != nil || r != want {
+			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, err, want)
+		}
 	}
 	// One request's error reply is its own; the next request is read after it.
-	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", "2", "0", "250"), 2)
+	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", dec(2, 250)), 2)
 	if calls[0].out.err == nil || !strings.HasPrefix(calls[0].out.err.Error(), "BADLAYOUT") || calls[1].out.err != nil ||
 		calls[1].out.replyErr != nil || calls[1].out.d.retryAfter != 250 {
 		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0].out, calls[1].out)
 	}
 	for name, vals := range map[string][]string{
-		"empty":                 {},
-		"no count":              {"1000000"},
-		"count 0":               {"1000000", "0"},
-		"count 7":               {"1000000", "7", "1", "0", "1", "1", "1", "1", "1"},
-		"count past the end":    {"1000000", "3", "1", "0"},
-		"a value left over":     {"1000000", "1", "4", "9"},
-		"no server now":         {"0", "1", "4"},
-		"a string for a number": {"1000000", "1", "err:x"},
+		"empty string":            {""},
+		"no decision":             {be8(1_000_000)},
+		"count 0":                 {single(1_000_000)},
+		"count 7":                 {single(1_000_000, 1, 0, 1, 1, 1, 1, 1)},
+		"count past the end":      {single(1_000_000, 1, 0, 1)[:8+1+8*3-1]},
+		"a byte left over":        {single(1_000_000, 4) + "x"},
+		"no server now":           {single(0, 4)},
+		"batch: too few values":   {"1000000"},
+		"batch: a value too many": {"1000000", dec(4), dec(4)},
+		"batch: a number":         {"1000000", "1000000"},
+		"batch: no now":           {"0", dec(4)},
 	} {
 		cl := read(reply(vals...), 1)[0]
 		if cl.out.replyErr == nil {
 			t.Errorf("%s: read as %+v, want a reply error", name, cl.out)
 		}
 	}
-	for name, vals := range map[string][]string{
-		"seq 0":              {"7", "6", "1", "0", "3", "3", "1", "0"},
-		"negative remaining": {"7", "1", "-1"},
-		"negative retry":     {"7", "2", "0", "-5"},
-		"negative quota":     {"7", "3", "0", "5", "-2"},
-		"quota after reset":  {"7", "4", "0", "5", "11", "10"},
-		"negative reset":     {"7", "4", "0", "5", "1", "-1"},
-		"limit position 0":   {"7", "5", "0", "5", "10", "10", "0"},
-		"limit position 3":   {"7", "5", "0", "5", "10", "10", "3"},
+	for name, vals := range map[string][]int64{
+		"seq 0":              {6, 1, 0, 3, 3, 1, 0},
+		"negative remaining": {1, -1},
+		"negative retry":     {2, 0, -5},
+		"negative quota":     {3, 0, 5, -2},
+		"quota after reset":  {4, 0, 5, 11, 10},
+		"negative reset":     {4, 0, 5, 1, -1},
+		"limit position 0":   {5, 0, 5, 10, 10, 0},
+		"limit position 3":   {5, 0, 5, 10, 10, 3},
 	} {
-		cl := read(reply(vals...), 1)[0]
+		cl := read(reply(single(7, vals[1:]...)), 1)[0]
 		if cl.out.replyErr != nil {
 			t.Errorf("%s: %v", name, cl.out.replyErr)
 			continue

@@ -12,12 +12,13 @@
 --          "each", its now in integer microseconds, or "" for the server's clock
 --
 -- Reply: the decisions, as lib_reply.lua encodes them: {server's now or 0, then per request
--- c and c values, or an error reply for a request that failed (its key holds something else:
--- BADLAYOUT, say)}. A failed request changes nothing of the others.
+-- its decision (a string), or an error reply for a request that failed (its key holds
+-- something else: BADLAYOUT, say)}. A failed request changes nothing of the others.
 
 -- include: lib_request.lua
 -- include: lib_reply.lua
 -- include: lib_batch.lua
+-- include: lib_small.lua
 -- include: lib_log.lua
 -- include: lib_decide.lua
 

@@ -13,8 +13,8 @@
 
 -- include: lib_log.lua
 
--- layout_version is the layout version of a header read_log accepted (lib_log.lua): 2 or 1;
--- 0 for none.
+-- layout_version is the layout version of a header read_log accepted (lib_log.lua): 1, 2 or
+-- 3; 0 for none.
 local function layout_version(h)
   if not h then
     return 0
@@ -22,6 +22,8 @@ local function layout_version(h)
   local kind = string.byte(h, 1)
   if kind == KIND_S or kind == KIND_F then
     return 1
+  elseif kind == KIND_V then
+    return 3
   end
   return 2
 end

@@ -1,20 +1,13 @@
 -- lib_batch.lua: a part included by the batch scripts (not a script of its own).
 --
--- run_batch runs decide for every request of a batch script's call, in KEYS order, and
--- returns the reply lib_reply.lua encodes, one decision per request. ARGV (decide_batch.lua
--- documents it): "" when every request uses the server's clock (read once, shared), else
--- "each"; the number of limit sets; each set (its number of limits, then the (window, max)
--- pairs); then per request its cost n, the 1-based index of its set, and, with "each", its
--- now. A failed request is caught on its own: the others are taken as if it were not there.
+-- run_batch runs decide (key, now, n, limits, and whether now is the server's clock) for every
+-- request of a batch script's call, in KEYS order, and returns the reply lib_reply.lua
+-- encodes, one decision per request. ARGV (decide_batch.lua documents it): "" when every
+-- request uses the server's clock (read once, shared), else "each"; the number of limit sets;
+-- each set (its number of limits, then the (window, max) pairs); then per request its cost n,
+-- the 1-based index of its set, and, with "each", its now. A failed request is caught on its
+-- own: the others are taken as if it were not there.
 local function run_batch(decide)
-  -- append adds the values given to the end of reply.
-  local function append(reply, ...)
-    local r = #reply
-    for i = 1, select('#', ...) do
-      reply[r + i] = (select(i, ...))
-    end
-  end
-
   local sets, a = {}, 3
   for s = 1, tonumber(ARGV[2]) do
     local count, limits = tonumber(ARGV[a]), {}
@@ -30,21 +23,21 @@ local function run_batch(decide)
   end
   local reply = {server_now}
   for i = 1, #KEYS do
-    local n, limits, now = tonumber(ARGV[a]), sets[tonumber(ARGV[a + 1])], server_now
+    local n, limits, now, from_server = tonumber(ARGV[a]), sets[tonumber(ARGV[a + 1])], server_now, not each
     a = a + 2
     if each then
-      now = read_clock(ARGV[a])
+      now, from_server = read_clock(ARGV[a])
       a = a + 1
     end
-    local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide, KEYS[i], now, n, limits)
+    local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide, KEYS[i], now, n, limits, from_server)
     if ok then
-      append(reply, encode_decision(limits, remaining, retry, quota, reset, tightest, seq))
+      reply[i + 1] = encode_decision(limits, remaining, retry, quota, reset, tightest, seq)
     else
       -- A failed request's error reply: what error() raised, a table carrying err or a message.
       if type(remaining) == 'table' and remaining.err ~= nil then
         remaining = remaining.err
       end
-      reply[#reply + 1] = {err = tostring(remaining)}
+      reply[i + 1] = {err = tostring(remaining)}
     end
   end
   return reply

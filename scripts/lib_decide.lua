@@ -2,41 +2,42 @@
 --
 -- decide_request takes one decision: key's log, at now, a request of n events against limits
 -- (flat (window, max) pairs, windows ascending), recorded when admitted, and the key's expiry
--- set. It returns the six values of a decision, in lib_reply.lua's order.
-local function decide_request(key, now, n, limits)
-  -- reach: the longest window ever counted on the key (its horizon), this call's included.
-  local reach = limits[#limits - 1]
-  local h = read_header(key)
-  local remaining, tightest, retry_after, newest, seq, quota_after
+-- set. server_clock says whether now is the server's clock; h is the key's header when the
+-- caller has read it (read_header), nil else. It returns
+-- the six values of a decision, in lib_reply.lua's order: decide_small's when it takes the
+-- request, else the general path's.
+local function decide_request(key, now, n, limits, server_clock, h)
+  if h == nil then
+    h = read_header(key)
+  end
   if #limits == 2 then
-    remaining, tightest, retry_after, newest, seq, quota_after = decide_small(key, h, now, n, limits[1], limits[2])
+    local remaining, retry_after, quota_after, reset_after, tightest, seq = decide_small(key, h, now, n, limits[1], limits[2], server_clock)
+    if remaining ~= nil then
+      return remaining, retry_after, quota_after, reset_after, tightest, seq
+    end
   end
-  local grew, expiry_set = false, h ~= false and type(h) ~= 'table'
-  if remaining == nil then
-    local g = general()
-    local log = g.read_log(key, h)
-    local count
-    remaining, tightest, retry_after, count, seq, quota_after = g.decide(log, now, n, limits, true)
-    g.save(log)
-    newest, reach, grew, expiry_set = log.newest, log.horizon, log.horizon_grew, log.expiry_set
-  end
+  local g = general()
+  local log = g.read_log(key, h)
+  log.server_clock = server_clock
+  local remaining, tightest, retry_after, _, seq, quota_after = g.decide(log, now, n, limits, true)
+  g.save(log)
+  -- reach: the longest window ever counted on the key (its horizon), this call's included.
+  local reach = log.horizon
+  local reset_after = log.newest + reach - now
   if retry_after > 0 then
-    local reset_after = newest + reach - now
-    if grew and reset_after > 0 then
+    if log.horizon_grew and reset_after > 0 then
       -- A longer window now counts on the key: its entries must outlive the expiry a
       -- shorter one set.
-      redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
+      keep_log_until(key, now, now + reset_after, server_clock)
     end
     return remaining, retry_after, quota_after, reset_after, tightest, 1
   end
   -- The log empties one horizon after its newest entry: the one added now, unless a caller's
-  -- clock lags an entry another caller recorded. PEXPIRE takes whole milliseconds: round up so
-  -- the key never goes before its newest entry.
-  local reset_after = newest + reach - now
-  if not expiry_set then
+  -- clock lags an entry another caller recorded (keep_log_until, lib_log.lua).
+  if not log.expiry_set then
     -- A key this call made: without its expiry it would outlive every window. Refused, the
     -- key goes again, and the call records nothing.
-    local ok, err = pcall(redis.call, 'PEXPIRE', key, math.ceil(reset_after / 1000))
+    local ok, err = pcall(keep_log_until, key, now, now + reset_after, server_clock)
     if not ok then
       redis.call('DEL', key)
       error(err)

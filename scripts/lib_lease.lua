@@ -11,9 +11,11 @@
 -- ever lengthens the key's life, so a shorter lease never cuts a longer one's. On the
 -- server's clock the expiry is absolute (PEXPIREAT): the key then goes with its last lease,
 -- within the millisecond. On a caller's clock it is relative to now (PEXPIRE), as the
--- caller's clock may be far from the server's.
+-- caller's clock may be far from the server's, and 2 ms longer: the server counts a relative
+-- expiry from its time at the call's start, in whole milliseconds, which may lie up to one
+-- millisecond (and one more across a boundary) before now.
 local function keep_until(key, now, expires, fresh, server_clock)
-  local cmd, at = 'PEXPIRE', math.ceil((expires - now) / 1000)
+  local cmd, at = 'PEXPIRE', math.ceil((expires - now) / 1000) + 2
   if server_clock then
     cmd, at = 'PEXPIREAT', math.ceil(expires / 1000)
   end

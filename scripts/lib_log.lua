@@ -32,14 +32,24 @@
 -- another entry moves.
 --
 -- The header opens with its kind, one byte, which says the layout's version and the header's
--- shape. Version 2 (this release writes it): 'T' small (five fields, then the open chunk) or
--- 'G' full (ten fields, then cursors, then the open chunk); 'U' and 'H' are the same when the
--- last entry is a refunded run. Version 1 (earlier releases): 'S' and 'F', the same without
--- the horizon; still read, and rewritten as version 2 by the next write. A later version takes
--- other kinds. A key whose value is anything else (another type, a list whose first element is
--- no header of these versions: a later release's, or another program's) is refused with an
--- error reply BADLAYOUT that says what was found; it is never read as a log, never converted,
--- and nothing is written to it.
+-- shape. Version 2 (this release writes it, unless told to write version 3): 'T' small (five
+-- fields, then the open chunk) or 'G' full (ten fields, then cursors, then the open chunk);
+-- 'U' and 'H' are the same when the last entry is a refunded run. Version 3 adds 'V': a small
+-- header as 'T' with a sixth field, expires (see below); only decide_small (lib_small.lua)
+-- writes it, and only when the script is composed with WRITE_LAYOUT 3 (the engine's
+-- WithWriteLayout); every other write of a 'V' log writes version 2. Version 1 (earlier
+-- releases): 'S' and 'F', the same without the horizon. Versions 1 to 3 are read; a write
+-- replaces version 1 by version 2. A later version takes other kinds. A key whose value is
+-- anything else (another type, a list whose first element is no header of these versions: a
+-- later release's, or another program's) is refused with an error reply BADLAYOUT that says
+-- what was found; it is never read as a log, never converted, and nothing is written to it.
+--
+-- expires ('V' only) is a time, in the server's milliseconds, at or before which the key's
+-- expiry lies: whoever writes a 'V' header has set the key to expire then or later, and a
+-- write that sets the expiry without knowing it writes version 2. So a decision whose entry
+-- needs the key until no later than expires sets no expiry at all; one that needs it longer
+-- sets it with slack (lib_small.lua), and most decisions of a busy key make three server
+-- calls, not four.
 --
 -- The fields, 7 bytes big-endian each: total (the live entries' cost), count (live entries),
 -- newest (the newest entry's time), seq (its position in its microsecond), horizon (the
@@ -60,8 +70,8 @@
 -- Speed: EVALSHA makes every function of a script anew on each call, and a function costs
 -- more to make the more of the script's locals it captures; every redis.call, every element
 -- of its reply and every table cost more than most Lua. So the common decision (one limit, a
--- small log) is decide_small, which works on the header string and locals alone; everything
--- else goes through general(), whose functions are made only by the calls that need them.
+-- small log) is decide_small (lib_small.lua), which works on the header string and locals alone;
+-- everything else goes through general(), whose functions are made only by the calls that need them.
 -- The layout's constants are named by the --const lines below: the composer (scripts.go)
 -- writes each one's value in its place in the code, so a constant costs a call nothing (as a
 -- local it would be an upvalue of every function that uses it: measured on callgrind, 6 %
@@ -74,6 +84,7 @@
 --const KIND_H 72
 --const KIND_S 83
 --const KIND_F 70
+--const KIND_V 86
 -- OPEN_CHUNK_MAX is the most entries the header's open chunk holds.
 --const OPEN_CHUNK_MAX 32
 -- MAX_CURSORS is the most windows a policy counts at once: the engine's MaxPolicyLimits, which
@@ -127,6 +138,22 @@ local function make_run(t, span)
   return struct.pack('>i7BI4', t, 255, span)
 end
 
+-- keep_log_until makes key last at least until until_us, its newest entry's time plus the key's
+-- horizon: on the server's clock (server_clock) by PEXPIREAT at that time in milliseconds,
+-- rounded up, so that the key goes within a millisecond after its last entry leaves every
+-- window; on a caller's clock by PEXPIRE, relative to now, as the caller's clock may be far
+-- from the server's, with RELATIVE_EXPIRY_SLACK_MS more: the server counts a relative expiry
+-- from its time at the call's start, in whole milliseconds, which may lie up to one
+-- millisecond (and one more across a boundary) before now.
+--const RELATIVE_EXPIRY_SLACK_MS 2
+local function keep_log_until(key, now, until_us, server_clock)
+  if server_clock then
+    redis.call('PEXPIREAT', key, math.ceil(until_us / 1000))
+  else
+    redis.call('PEXPIRE', key, math.ceil((until_us - now) / 1000) + RELATIVE_EXPIRY_SLACK_MS)
+  end
+end
+
 -- read_header reads key's header: the string, false when the key does not exist, or the
 -- server's error as a table (the key holds something else).
 local function read_header(key)
@@ -164,7 +191,7 @@ local function general()
       found = 'a ' .. redis.call('TYPE', key).ok
     else
       found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
-        .. 'header of layout 1 or 2', #h, string.byte(h, 1) or 0)
+        .. 'header of layout 1, 2 or 3', #h, string.byte(h, 1) or 0)
     end
     error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
   end
@@ -203,13 +230,17 @@ local function general()
     -- A header opens with its kind: the layout's version and the header's shape (see above).
     local kind = string.byte(h, 1)
     local small, full = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H
-    if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
+    if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
       g.refuse_layout(key, h)
     end
     local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
     local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
     if small or full then
       horizon, pos = struct.unpack('>i7', h, pos)
+    elseif kind == KIND_V then
+      -- expires is not kept: this log is written back as version 2, which claims none.
+      horizon, pos = struct.unpack('>i7', h, pos)
+      pos = pos + 7
     end
     if full or kind == KIND_F then
       gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
@@ -807,98 +838,11 @@ local function general()
     if log.exists then
       -- The expiry the key needs once the entry is in, set before it goes in: a server that
       -- refuses it refuses before anything is recorded.
-      redis.call('PEXPIRE', log.key, math.ceil((math.max(log.newest, now) + log.horizon - now) / 1000))
+      keep_log_until(log.key, now, math.max(log.newest, now) + log.horizon, log.server_clock)
       log.expiry_set = true
     end
     return remaining - n, tightest, 0, count, g.insert(log, now, n), quota_after
   end
 
   return g
-end
-
--- decide_small is decide for the common case, without making a log: a write against one
--- limit, on a log whose live entries all sit in the header's open chunk (at most 32, no
--- cursors, nothing gone), by a request at or after its newest entry. It returns nil when the
--- case is not that one, and the caller runs decide; else what decide returns, but the log's
--- newest entry's time in place of the count. Its quota_after comes from the first live entry,
--- which the trim reads anyway.
-local function decide_small(key, h, now, n, window, max)
-  local total, count, newest, seq, horizon, pos = 0, 0, NO_TIME_BEFORE, 0, 0, 1
-  if not h then
-    h = ''
-  elseif type(h) == 'table' then
-    return nil
-  else
-    local kind = string.byte(h, 1)
-    if kind == KIND_T and #h >= 36 then
-      total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
-    elseif kind == KIND_S and #h >= 29 then
-      total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
-    else
-      return nil -- not a small header
-    end
-  end
-  -- A longer window counted on this key keeps entries this one does not count: general().
-  if now < newest or count >= OPEN_CHUNK_MAX or horizon > window then
-    return nil
-  end
-  -- Trim: the entries at or before cutoff leave, from the front of the open chunk. A header
-  -- that does not hold this window as its horizon yet is written, denied or not.
-  local cutoff = now - window
-  local first, changed, lead, lead_cost = pos, horizon < window, now, 0 -- lead: the first live entry
-  if count > 0 and newest <= cutoff then
-    first, total, count, changed = #h + 1, 0, 0, true
-  else
-    while count > 0 do
-      local t, cost, next_pos = read_entry(h, first)
-      if t > cutoff then
-        lead, lead_cost = t, cost
-        break
-      end
-      first, total, count, changed = next_pos, total - cost, count - 1, true
-    end
-  end
-  if total + n > max then
-    -- Denied: the events that must leave, from the oldest on, and the entry that takes them;
-    -- the first entry with events is the first to give quota back.
-    local need, p, t, cost, quota_at = total + n - max, first, 0, 0, nil
-    while need > 0 do
-      t, cost, p = read_entry(h, p)
-      need = need - cost
-      if quota_at == nil and cost > 0 then
-        quota_at = t
-      end
-    end
-    if changed then
-      write_small(key, true, total, count, newest, seq, window, string.sub(h, first), '')
-      if horizon < window then
-        -- The key now keeps this longer window: its entries must outlive the expiry a
-        -- shorter one set.
-        redis.call('PEXPIRE', key, math.ceil((newest + window - now) / 1000))
-      end
-    end
-    return math.max(max - total, 0), 1, t + window - now, newest, 0, quota_at + window - now
-  end
-  -- Admitted: the first live entry with events leaves first (every entry is at or before now);
-  -- without one, the new entry.
-  if total > 0 and lead_cost == 0 then
-    local p = first
-    repeat
-      lead, lead_cost, p = read_entry(h, p)
-    until lead_cost > 0
-  elseif total == 0 then
-    lead = now
-  end
-  if count > 0 and now == newest then
-    seq = seq + 1
-  else
-    seq = 1
-  end
-  if #h > 0 then
-    -- The expiry before the entry: a server that refuses it refuses before anything is
-    -- recorded (a new key's is set after, by decide_request, which undoes it on refusal).
-    redis.call('PEXPIRE', key, math.ceil(window / 1000))
-  end
-  write_small(key, #h > 0, total + n, count + 1, now, seq, window, string.sub(h, first), make_entry(now, n))
-  return max - total - n, 1, 0, now, seq, lead + window - now
 end

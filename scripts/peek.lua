@@ -4,10 +4,12 @@
 -- moves the log's cursors; it counts from them, skipping the entries that have left.
 --
 -- KEYS[1]  the key's log, as in decide.lua
--- ARGV     as decide.lua's: now or "", n, then (window, max) pairs, windows ascending
+-- ARGV     as decide.lua's: now, n, then (window, max) pairs, windows ascending, in one
+--          string of 8-byte integers or in decimal arguments
 --
--- Reply: one decision, as lib_reply.lua encodes it, where remaining is the room now (nothing
--- is recorded) and seq is left at its default; BADLAYOUT as in decide.lua.
+-- Reply: one string, as lib_reply.lua encodes it (the server's now or 0, then the decision),
+-- where remaining is the room now (nothing is recorded) and seq is left at its default;
+-- BADLAYOUT as in decide.lua.
 
 -- include: lib_request.lua
 -- include: lib_reply.lua
@@ -15,4 +17,4 @@
 -- include: lib_peek.lua
 
 local now, n, limits, server_now = read_request()
-return {server_now, encode_decision(limits, peek_request(KEYS[1], now, n, limits))}
+return struct.pack('>i8', server_now) .. encode_decision(limits, peek_request(KEYS[1], now, n, limits))

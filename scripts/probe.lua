@@ -29,6 +29,7 @@ if writes then
     {'LTRIM', log, '0', '0'},
     {'DEL', log},
     {'PEXPIRE', log, '1'},
+    {'PEXPIREAT', log, '1'},
     {'TYPE', lease},
     {'ZREMRANGEBYSCORE', lease, '0', '0'},
     {'ZCARD', lease},

@@ -25,7 +25,9 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 )
 
 //go:embed *.lua
@@ -49,6 +51,28 @@ func Peek() string { return mustCompose("peek.lua") }
 // DecideBatch returns the source of the script that takes several decisions in one call, each
 // as Decide takes it, in order: the engine's group commit.
 func DecideBatch() string { return mustCompose("decide_batch.lua") }
+
+// DecideWriting returns the source of Decide composed to write the given layout version: 2,
+// what Decide writes, or 3, whose small header keeps the key's expiry so that most decisions
+// of a busy key set none (lib_log.lua). Both read every layout this release knows. It panics
+// for another version: the engine checks its option first.
+func DecideWriting(layout int) string { return mustComposeWriting("decide.lua", layout) }
+
+// DecideBatchWriting returns the source of DecideBatch composed to write the given layout
+// version, as DecideWriting.
+func DecideBatchWriting(layout int) string { return mustComposeWriting("decide_batch.lua", layout) }
+
+// writeLayoutConst is the constant (lib_small.lua) that says which layout version a decision
+// writes.
+const writeLayoutConst = "WRITE_LAYOUT"
+
+// mustComposeWriting composes an embedded script with writeLayoutConst set to layout.
+func mustComposeWriting(name string, layout int) string {
+	if layout != 2 && layout != 3 {
+		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2 or 3", layout))
+	}
+	return composedOnce(name, layout)
+}
 
 // PeekBatch returns the source of the read-only script that takes several peeks in one call.
 func PeekBatch() string { return mustCompose("peek_batch.lua") }
@@ -77,20 +101,61 @@ func LeaseRelease() string { return mustCompose("lease_release.lua") }
 // the engine's check in New.
 func Probe() string { return mustCompose("probe.lua") }
 
-// mustCompose composes an embedded script. The files are compiled in, so a missing part is a
-// defect of the build that the package's tests catch; it panics rather than return a script
-// that cannot run.
-func mustCompose(name string) string {
-	src, err := compose(name)
-	if err != nil {
-		panic(err)
+// mustCompose returns an embedded script composed (once per process: composedOnce). The files
+// are compiled in, so a missing part is a defect of the build that the package's tests catch;
+// it panics rather than return a script that cannot run.
+func mustCompose(name string) string { return composedOnce(name, 0) }
+
+// scriptFiles are the scripts the functions above return, each composed once per process on
+// first use (composedOnce): the text depends on the embedded files alone, and composing it
+// takes a few regular expressions, which a program making many engines (or a test) would
+// otherwise pay for each one.
+var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_batch.lua", "settle.lua",
+	"inspect.lua", "lease_acquire.lua", "lease_extend.lua", "lease_release.lua", "probe.lua"}
+
+// composed holds, per script and layout to write (0: as the file says), its composition; it
+// is made at start and only read after.
+var composed = func() map[string]func() string {
+	m := map[string]func() string{}
+	for _, name := range scriptFiles {
+		for _, layout := range []int{0, 2, 3} {
+			m[composedKey(name, layout)] = sync.OnceValue(func() string {
+				var src string
+				var err error
+				if layout == 0 {
+					src, err = compose(name)
+				} else {
+					src, err = composeWith(name, map[string]string{writeLayoutConst: strconv.Itoa(layout)})
+				}
+				if err != nil {
+					panic(err)
+				}
+				return src
+			})
+		}
 	}
-	return src
+	return m
+}()
+
+func composedKey(name string, layout int) string { return name + "@" + strconv.Itoa(layout) }
+
+// composedOnce returns the named script composed to write layout (0: as the file says),
+// composing it on the first call.
+func composedOnce(name string, layout int) string {
+	f, ok := composed[composedKey(name, layout)]
+	if !ok {
+		panic(fmt.Sprintf("scripts: %s is not among scriptFiles", name))
+	}
+	return f()
 }
 
 // compose returns the named file with every include line replaced by the named part. Parts
 // do not include other parts: a script lists everything it uses, in order.
-func compose(name string) (string, error) {
+func compose(name string) (string, error) { return composeWith(name, nil) }
+
+// composeWith is compose with the constants named in values set to those values instead of
+// the ones their lines give (each must be defined; its line is rewritten to say so).
+func composeWith(name string, values map[string]string) (string, error) {
 	src, err := files.ReadFile(name)
 	if err != nil {
 		return "", fmt.Errorf("scripts: %w", err)
@@ -111,7 +176,15 @@ func compose(name string) (string, error) {
 		}
 		b.Write(text)
 	}
-	return substituteConstants(b.String())
+	src = []byte(b.String())
+	for c, v := range values {
+		line := regexp.MustCompile(`(?m)^` + constPrefix + c + ` .*$`)
+		if !line.Match(src) {
+			return "", fmt.Errorf("scripts: %s defines no constant %s to set", name, c)
+		}
+		src = line.ReplaceAll(src, []byte(constPrefix+c+" "+v))
+	}
+	return substituteConstants(string(src))
 }
 
 // constName is the shape of a constant's name: capitals, digits and underscores.

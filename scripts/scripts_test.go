@@ -3,6 +3,7 @@ package scripts
 import (
 	"context"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -129,6 +130,16 @@ func TestComposedScriptsRun(t *testing.T) {
 		return back
 	}
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	// runDecision runs a single decision script; its reply (lib_reply.lua: a string, the
+	// server's now, then the decision), flattened: the now, the count, the values.
+	runDecision := func(name, key string, args ...string) []int64 {
+		t.Helper()
+		s, err := call(name, key, args...).ToString()
+		if err != nil || len(s) < 8 {
+			t.Fatalf("%s: %q, %v", name, s, err)
+		}
+		return append([]int64{int64(binary.BigEndian.Uint64([]byte(s)))}, unpackDecision(t, s[8:])...)
+	}
 	// A decision's reply (lib_reply.lua) on a caller's clock: 0 for the server's now, a count,
 	// then remaining and as many more values as differ from their defaults.
 	decided := func(r []int64) (remaining, retry int64) {
@@ -141,21 +152,28 @@ func TestComposedScriptsRun(t *testing.T) {
 		}
 		return r[2], retry
 	}
-	for name, limits := range map[string][]string{
-		"one limit":  {itoa(window), itoa(max)},
-		"two limits": {itoa(window / 2), itoa(max + 1), itoa(window), itoa(max)},
+	for name, limits := range map[string][]int64{
+		"one limit":  {window, max},
+		"two limits": {window / 2, max + 1, window, max},
 	} {
 		key := "scripts-test:" + name + ":" + uuid.NewString()
-		args := func(at int64, n int) []string { return append([]string{itoa(at), strconv.Itoa(n)}, limits...) }
+		// args is the single scripts' one argument (decide.lua): 8-byte integers, now, n, limits.
+		args := func(at int64, n int) []string {
+			var b []byte
+			for _, v := range append([]int64{at, int64(n)}, limits...) {
+				b = binary.BigEndian.AppendUint64(b, uint64(v))
+			}
+			return []string{string(b)}
+		}
 		for i := int64(0); i < max; i++ {
-			if remaining, retry := decided(run("decide.lua", key, args(now+i, 1)...)); remaining != max-1-i || retry != 0 {
+			if remaining, retry := decided(runDecision("decide.lua", key, args(now+i, 1)...)); remaining != max-1-i || retry != 0 {
 				t.Fatalf("%s: event %d: %d remaining, retry after %d; want admitted with %d remaining", name, i+1, remaining, retry, max-1-i)
 			}
 		}
-		if remaining, retry := decided(run("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
+		if remaining, retry := decided(runDecision("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
 			t.Fatalf("%s: event %d: %d remaining, retry after %d; want denied, 0 remaining, retry after %d", name, max+1, remaining, retry, window-max)
 		}
-		if remaining, retry := decided(run("peek.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
+		if remaining, retry := decided(runDecision("peek.lua", key, args(now+max, 1)...)); remaining != 0 || retry != window-max {
 			t.Fatalf("%s: peek after %d events: %d remaining, retry after %d; want 0 remaining, retry after %d", name, max, remaining, retry, window-max)
 		}
 		// The second event is refunded: its room comes back at once, and its entry, alone in
@@ -172,10 +190,24 @@ func TestComposedScriptsRun(t *testing.T) {
 		if fmt.Sprint(log) != fmt.Sprint(want) {
 			t.Fatalf("%s: inspect: %v, want %v", name, log, want)
 		}
-		if remaining, retry := decided(run("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != 0 {
+		if remaining, retry := decided(runDecision("decide.lua", key, args(now+max, 1)...)); remaining != 0 || retry != 0 {
 			t.Fatalf("%s: after the refund: %d remaining, retry after %d; want admitted with 0 remaining", name, remaining, retry)
 		}
 	}
+}
+
+// unpackDecision reads a decision as lib_reply.lua encodes it (a count c, then c values of
+// 8 bytes, big-endian), flattened: the count, then the values.
+func unpackDecision(t *testing.T, s string) []int64 {
+	t.Helper()
+	if len(s) == 0 || len(s) != 1+8*int(s[0]) {
+		t.Fatalf("decision %q: not a count and that many values", s)
+	}
+	vals := []int64{int64(s[0])}
+	for i := 1; i < len(s); i += 8 {
+		vals = append(vals, int64(binary.BigEndian.Uint64([]byte(s[i:i+8]))))
+	}
+	return vals
 }
 
 // A batch decides in KEYS order, the same key twice in turn, and a decision that fails (its
@@ -213,11 +245,17 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 			flat = append(flat, "BADLAYOUT")
 			continue
 		}
-		v, err := m.AsInt64()
+		if v, err := m.AsInt64(); err == nil {
+			flat = append(flat, strconv.FormatInt(v, 10)) // the now
+			continue
+		}
+		d, err := m.ToString()
 		if err != nil {
 			t.Fatal(err)
 		}
-		flat = append(flat, strconv.FormatInt(v, 10))
+		for _, v := range unpackDecision(t, d) {
+			flat = append(flat, strconv.FormatInt(v, 10))
+		}
 	}
 	// now; a: 1 left; the poisoned key; a: 0 left, the second entry of that microsecond (seq
 	// 2); b: 1 left, the minute binding (position 2); a: denied, until the first entry leaves

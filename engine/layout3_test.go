@@ -1,0 +1,156 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// expiresAtMicros is the time, in the server's microseconds, at which key's log goes: its
+// PEXPIRETIME; it fails tb for a key without an expiry.
+func expiresAtMicros(tb testing.TB, c valkey.Client, key string) int64 {
+	tb.Helper()
+	ms := valkeytest.Must(tb, "PEXPIRETIME", c.Do(context.Background(), c.B().Pexpiretime().Key(enginetest.Prefix+key).Build()),
+		valkey.ValkeyResult.AsInt64)
+	if ms < 0 {
+		tb.Fatalf("PEXPIRETIME of %s = %d: no expiry", key, ms)
+	}
+	return ms * 1000
+}
+
+// Layout 3 keeps the key's expiry in the header: the first admission sets it a window of
+// slack beyond the entry's need, the next ones, which it covers, set none, and every entry
+// is always covered by the key's expiry. Denials, peeks, refunds and policies work on a
+// layout 3 log; an engine that writes layout 2 reads it and writes it back as layout 2, with
+// the exact expiry; and a caller's clock writes layout 2 (the header's expiry is the
+// server's time).
+func TestWriteLayout3(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	e3 := enginetest.New(t, c, engine.WithWriteLayout(3))
+	e2 := enginetest.New(t, c)
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 4, Window: 2 * time.Second}
+	w := l.Window.Microseconds()
+	// covered checks that the key lasts until r's entry leaves the window, and says when it
+	// goes.
+	covered := func(what string, r engine.Result) int64 {
+		t.Helper()
+		at := expiresAtMicros(t, c, key)
+		if need := r.At.UnixMicro() + w; at < need {
+			t.Fatalf("%s: the key goes at %d µs, before its entry of %s leaves the window at %d", what, at, r.At, need)
+		}
+		return at
+	}
+
+	first := enginetest.MustAllowN(t, e3, key, l, 1)
+	set := covered("first admission", first)
+	if slack := set - (first.At.UnixMicro() + w); slack < w-1000 || slack > w+1000 {
+		t.Fatalf("first admission: the key goes %d µs after its entry leaves; want about one window, %d", slack, w)
+	}
+	enginetest.Want(t, "layout after an admission", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 3)
+	second := enginetest.MustAllowN(t, e3, key, l, 2)
+	enginetest.Want(t, "expiry after a second admission inside the slack", covered("second admission", second), set)
+	enginetest.Want(t, "peek: remaining", enginetest.MustPeek(t, e3, key, l).Remaining, 1)
+	denied := enginetest.MustAllowN(t, e3, key, l, 2)
+	enginetest.Want(t, "2 more with 1 left: allowed", denied.Allowed, false)
+	enginetest.Want(t, "expiry after a denial", expiresAtMicros(t, c, key), set)
+	if err := e3.Refund(ctx, key, second); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "after refunding 2: remaining", enginetest.MustPeek(t, e3, key, l).Remaining, 3)
+	enginetest.Want(t, "events after the refund", enginetest.StoredEvents(t, c, key), int64(1))
+
+	// The refunded entry, last in the log, leaves with the next admission, which takes the
+	// general path: it sets the exact expiry and writes layout 2. The one after, on the small
+	// path again, sets an expiry with slack and writes layout 3.
+	third := enginetest.MustAllowN(t, e3, key, l, 1)
+	covered("admission after a refund", third)
+	enginetest.Want(t, "layout after the general path's admission", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 2)
+	enginetest.MustAllowN(t, e3, key, l, 1)
+	enginetest.Want(t, "layout after the small path's admission", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 3)
+
+	// An engine that writes layout 2 reads layout 3 and writes layout 2 with the exact expiry.
+	fourth := enginetest.MustAllowN(t, e2, key, l, 1)
+	enginetest.Want(t, "layout 2 engine: allowed with 4 of 4", fourth.Allowed, true)
+	at := covered("layout 2 admission", fourth)
+	if at > fourth.At.UnixMicro()+w+1000 {
+		t.Fatalf("layout 2 admission: the key goes at %d, %d µs after its entry leaves; want the exact expiry", at, at-fourth.At.UnixMicro()-w)
+	}
+	enginetest.Want(t, "layout after a layout 2 admission", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 2)
+	enginetest.Want(t, "full: allowed", enginetest.MustAllowN(t, e3, key, l, 1).Allowed, false)
+
+	// A policy reads a layout 3 log through the general path.
+	key = enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e3, key, l, 3)
+	enginetest.Want(t, "layout", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 3)
+	p := engine.Policy{{Max: 100, Window: time.Second}, l}
+	r := enginetest.MustAllowPolicy(t, e3, key, p, 1)
+	enginetest.Want(t, "policy on a layout 3 log: remaining", r.Remaining, 0)
+	covered("policy admission", r)
+	enginetest.Want(t, "policy: one more allowed", enginetest.MustAllowPolicy(t, e3, key, p, 1).Allowed, false)
+
+	// On a caller's clock, layout 2.
+	clocked, _ := enginetest.Clocked(t, c, engine.WithWriteLayout(3))
+	key = enginetest.NewKey(t)
+	enginetest.MustAllowN(t, clocked, key, engine.PerHour(3), 1)
+	enginetest.Want(t, "layout on a caller's clock", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 2)
+
+	for _, v := range []int{0, 1, 4} {
+		if _, err := engine.New(c, engine.WithWriteLayout(v)); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("WithWriteLayout(%d): %v, want ErrInvalidArgument", v, err)
+		}
+	}
+}
+
+// Layout 3 stays exact under concurrency, its admissions decided on the server's clock by 64
+// goroutines over 4 clients, batched, for several windows: audited on the decisions' server
+// timestamps, no window over Max and no false denial; and no key ever goes before its newest
+// entry has left the window (a key that went early would forget its entries and admit more:
+// the audit would see it).
+func TestWriteLayout3ExactUnderConcurrency(t *testing.T) {
+	es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithWriteLayout(3))
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 20, Window: 100 * time.Millisecond}
+	ds, _ := hammer(t, es, 64, 8*l.Window, func(_ *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
+		r, err := e.Allow(context.Background(), key, l)
+		return r, 1, err
+	})
+	admitted := auditWeighted(t, ds, l)
+	t.Logf("%d decisions, %d admitted over about 8 windows of Max %d", len(ds), admitted, l.Max)
+	if admitted < 6*l.Max {
+		t.Fatalf("admitted %d over 8 windows of Max %d: the limit was not reached", admitted, l.Max)
+	}
+}
+
+// A log lasts until its newest entry has left the longest window, to the microsecond: on the
+// server's clock its expiry is absolute and rounded up, so a key never goes while an entry
+// still counts (a key that went early would forget that entry, and admit it again). Checked
+// on many keys, each admitted once, through the small path and the general one (a policy), in
+// both layouts.
+func TestEveryLogOutlivesItsNewestEntry(t *testing.T) {
+	c := exampleServer.Client(t)
+	l := engine.Limit{Max: 5, Window: 1500 * time.Millisecond}
+	p := engine.Policy{{Max: 3, Window: 500 * time.Millisecond}, l}
+	for _, layout := range []int{2, 3} {
+		e := enginetest.New(t, c, engine.WithWriteLayout(layout))
+		for i := 0; i < 100; i++ {
+			key := enginetest.NewKey(t)
+			var r engine.Result
+			if i%2 == 0 {
+				r = enginetest.MustAllowN(t, e, key, l, 1)
+			} else {
+				r = enginetest.MustAllowPolicy(t, e, key, p, 1)
+			}
+			if at, need := expiresAtMicros(t, c, key), r.At.UnixMicro()+l.Window.Microseconds(); at < need {
+				t.Fatalf("layout %d, decision %d: the key goes at %d µs, %d µs before its entry leaves the window", layout, i, at, need-at)
+			}
+		}
+	}
+}
