@@ -7,6 +7,7 @@
 //	go run ./bench -scenario memory # one scenario
 //	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
 //	go run ./bench -scenario floor  # server µs per call: bare scripts, the textbook one, the engine's
+//	go run ./bench -scenario cluster # a 3-primary cluster of its own: batched against unbatched
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
@@ -47,7 +48,7 @@ type config struct {
 	ChartsDir   string        `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster"}
 
 func main() {
 	var cfg config

@@ -105,6 +105,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	if len(r.Floor) > 0 {
 		writeFloor(w, r.Floor)
 	}
+	writeCluster(w, r.Cluster)
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "\n%s\n", n)
 	}

@@ -95,6 +95,7 @@ type Report struct {
 	Leases     []LeaseRow      `json:"leases,omitempty"`
 	Durability []DurabilityRow `json:"durability,omitempty"`
 	Floor      []FloorRow      `json:"floor,omitempty"`
+	Cluster    []ClusterRow    `json:"cluster,omitempty"`
 	Notes      []string        `json:"notes,omitempty"`
 }
 
@@ -166,6 +167,17 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("durability: %w", err)
 		}
 		r.Durability = rows
+		if note != "" {
+			r.Notes = append(r.Notes, note)
+		}
+	}
+	// On a cluster of its own (bench/cluster.go), whatever -addr says.
+	if b.wants("cluster") {
+		rows, note, err := b.cluster(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+		r.Cluster = rows
 		if note != "" {
 			r.Notes = append(r.Notes, note)
 		}

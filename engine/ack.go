@@ -112,13 +112,36 @@ func (f readFunc) readReply(reply valkey.ValkeyResult) bool { return f(reply) }
 // committer's call or batch is its own replyReader, already on the heap, where a closure over
 // it would be allocated for each call.
 func (e *Engine) execAckedTo(ctx context.Context, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
+	return e.execAckedVia(ctx, e.client, false, s, ack, keys, args, r)
+}
+
+// execAckedOnNode is execAckedTo on node, a client of one primary of a cluster (from the
+// engine's client's Nodes(), sharing its connections), with keys that may be of several of
+// its slots, undeclared (loader.Script.ExecOnNode): a batch routed to the node that serves
+// its keys. WAIT goes behind the call on its connection, and WAITAOF after it on the same
+// one, as execAckedTo sends them.
+func (e *Engine) execAckedOnNode(ctx context.Context, node valkey.Client, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
+	return e.execAckedVia(ctx, node, true, s, ack, keys, args, r)
+}
+
+// execAckedVia is execAckedTo through client: the engine's, which routes by the declared keys,
+// or, onNode, a node's, with the keys undeclared.
+func (e *Engine) execAckedVia(ctx context.Context, client valkey.Client, onNode bool, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
 	if !ack {
-		r.readReply(s.Exec(ctx, e.client, keys, args))
+		if onNode {
+			r.readReply(s.ExecOnNode(ctx, client, keys, args))
+		} else {
+			r.readReply(s.Exec(ctx, client, keys, args))
+		}
 		return ackReplies{}
 	}
+	execThen := s.ExecThen
+	if onNode {
+		execThen = s.ExecThenOnNode
+	}
 	if !e.ackPolicy.waitAOF() {
-		reply, after := s.ExecThen(ctx, e.client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
-			return e.ackPolicy.inline(e.client.B(), cmds)
+		reply, after := execThen(ctx, client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+			return e.ackPolicy.inline(client.B(), cmds)
 		})
 		r.readReply(reply)
 		return e.ackPolicy.readInline(after)
@@ -126,8 +149,8 @@ func (e *Engine) execAckedTo(ctx context.Context, s *loader.Script, ack bool, ke
 	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
 	// on one connection held for the call.
 	var got ackReplies
-	_ = e.client.Dedicated(func(dc valkey.DedicatedClient) error {
-		reply, after := s.ExecThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
+	_ = client.Dedicated(func(dc valkey.DedicatedClient) error {
+		reply, after := execThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
 			return e.ackPolicy.inline(dc.B(), cmds)
 		})
 		got = e.ackPolicy.readInline(after)

@@ -2,12 +2,19 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -166,4 +173,488 @@ func BenchmarkCommitterBatched(b *testing.B) {
 			i += 7
 		}
 	})
+}
+
+// sendByHand sends reqs as one batch taken from q, on this goroutine, as a committer's
+// goroutine would, and returns their outcomes in order.
+func sendByHand(t *testing.T, c *committer, q *queue, ctx context.Context, reqs []request) []outcome {
+	t.Helper()
+	b := getBatch()
+	for _, r := range reqs {
+		b.calls = append(b.calls, newCall(ctx, r))
+	}
+	c.sendCalls(q, b)
+	outs := make([]outcome, len(b.calls))
+	for i, cl := range b.calls {
+		<-cl.done
+		outs[i] = cl.out
+	}
+	b.put()
+	return outs
+}
+
+// mustRequest is a request for one event of full (a key with the engine's prefix) on the
+// server's clock.
+func mustRequest(t *testing.T, full string, set *limitSet) request {
+	t.Helper()
+	r, err := newRequest(full, clockReading{}, 1, true, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// wantEntries fails t unless key's log (key without the engine's prefix) holds n entries.
+func wantEntries(t *testing.T, e *Engine, key string, n int) {
+	t.Helper()
+	log, err := e.Inspect(context.Background(), key, 1)
+	if err != nil {
+		t.Fatalf("Inspect %s: %v", key, err)
+	}
+	if log.Count != n {
+		t.Fatalf("%s holds %d entries, want %d", key, log.Count, n)
+	}
+}
+
+// serverReply is the error reply a server gives to a script that returns it: a real
+// *valkey.ValkeyError of that text.
+func serverReply(t *testing.T, c valkey.Client, text string) error {
+	t.Helper()
+	err := c.Do(context.Background(), c.B().Eval().Script("return redis.error_reply(ARGV[1])").Numkeys(0).Arg(text).Build()).Error()
+	if _, ok := valkey.IsValkeyErr(err); !ok {
+		t.Fatalf("error reply %q came back as %v", text, err)
+	}
+	return err
+}
+
+// The errors a batch call may end with, sorted into those that say it never ran (each of its
+// decisions is sent again alone) and the others (each caller's, as they are): only a refusal
+// before the script ran, or a connection that was never opened, is sent again. Inside a batch's
+// reply, only a request the node could not serve is.
+func TestBatchRetryRules(t *testing.T) {
+	c := valkeytest.New(t).Client(t)
+	for text, want := range map[string]bool{
+		"MOVED 3999 127.0.0.1:6381":                               true,
+		"ASK 3999 127.0.0.1:6381":                                 true,
+		"TRYAGAIN Multiple keys request during rehashing of slot": true,
+		"CROSSSLOT Keys in request don't hash to the same slot":   true,
+		"CLUSTERDOWN The cluster is down":                         true,
+		"READONLY You can't write against a read only replica.":   true,
+		"OOM command not allowed when used memory > 'maxmemory'.": true,
+		"BUSY Valkey is busy running a script.":                   false,
+		"LOADING Valkey is loading the dataset in memory":         false,
+		"NOSCRIPT No matching script.":                            false,
+		"ERR Error running script":                                false,
+		"MOVEDX not a redirection":                                false,
+		"BADLAYOUT the key holds a string, not a strictrate log":  false,
+	} {
+		if got := refusedBeforeRun(serverReply(t, c, text)); got != want {
+			t.Errorf("refusedBeforeRun(%q) = %v, want %v", text, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{fmt.Errorf("wrapped: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), true},
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, false},
+		{&net.OpError{Op: "write", Net: "tcp", Err: syscall.EPIPE}, false},
+		{io.EOF, false},
+		{context.DeadlineExceeded, false},
+		{valkey.ErrClosing, false},
+	} {
+		if got := refusedBeforeRun(tc.err); got != tc.want {
+			t.Errorf("refusedBeforeRun(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	for text, want := range map[string]bool{
+		"ERR Script attempted to access a non local key in a cluster node script: 1f0e, on @user_script:12.": true,
+		"ERR Script attempted to execute a command while the cluster is down":                                true,
+		"BADLAYOUT the key holds a string, not a strictrate log":                                             false,
+		"MOVED 3999 127.0.0.1:6381": false,
+	} {
+		if got := notTakenOnNode(serverReply(t, c, text)); got != want {
+			t.Errorf("notTakenOnNode(%q) = %v, want %v", text, got, want)
+		}
+	}
+	if notTakenOnNode(errors.New("Script attempted to access a non local key in a cluster node")) {
+		t.Error("notTakenOnNode took a client-side error for a server's reply")
+	}
+}
+
+// skipIfShort skips a test that starts a cluster.
+func skipIfShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a cluster; skipped with -short")
+	}
+}
+
+// clusterEngine returns an engine on a cluster client of c, with batching on, and its
+// committer's slot map loaded.
+func clusterEngine(t *testing.T, c *valkeytest.Cluster, opts ...Option) *Engine {
+	t.Helper()
+	e, err := New(c.Client(t, valkey.ClientOption{}), append([]Option{WithBatching(true)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(context.Background(), 10*time.Second, "the slot map to load", func() (bool, error) {
+		_, ok := e.decides.slots.primary(0)
+		return ok, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// keysOn returns n fresh keys (without the engine's prefix) whose full keys are in slots node
+// serves, each in a slot of its own, none in skip.
+func keysOn(t *testing.T, e *Engine, node *valkeytest.Node, n, skip int) []string {
+	t.Helper()
+	var keys []string
+	slots := map[int]bool{skip: true}
+	for len(keys) < n {
+		k := "split:" + uuid.NewString()
+		if slot := valkeytest.KeySlot(e.prefix + k); node.Owns(e.prefix+k) && !slots[slot] {
+			slots[slot] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// A batch for one node spans several of its slots, one of them migrating: the node takes the
+// decisions whose keys it holds, in one call, and each decision whose key it does not hold
+// (moved to the target, or not yet made: both asked elsewhere with ASK) fails inside the reply
+// and goes again alone, through the cluster client, which follows ASK. Every decision is
+// taken once: each log holds one entry per admission.
+func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
+	skipIfShort(t)
+	cl := valkeytest.NewCluster(t, 3, 0)
+	e := clusterEngine(t, cl)
+	ctx := context.Background()
+	c, from, to := e.decides, cl.Primaries[0], cl.Primaries[1]
+	slot := from.First + 11
+	set := e.oneLimit(Limit{Max: 10, Window: time.Hour})
+	moved := strings.TrimPrefix(valkeytest.KeyInSlot(e.prefix+"split:moved:"+uuid.NewString()+":", slot), e.prefix)
+	kept := strings.TrimPrefix(valkeytest.KeyInSlot(e.prefix+"split:kept:"+uuid.NewString()+":", slot), e.prefix)
+	fresh := strings.TrimPrefix(valkeytest.KeyInSlot(e.prefix+"split:fresh:"+uuid.NewString()+":", slot), e.prefix)
+	others := keysOn(t, e, from, 3, slot)
+	// moved and kept have a log before the migration starts.
+	for _, k := range []string{moved, kept} {
+		if r, err := e.Allow(ctx, k, Limit{Max: 10, Window: time.Hour}); err != nil || !r.Allowed {
+			t.Fatalf("first Allow of %s: %+v, %v", k, r, err)
+		}
+	}
+	m, err := cl.BeginMigration(ctx, slot, from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MoveKey(ctx, e.prefix+moved); err != nil {
+		t.Fatal(err)
+	}
+	keys := append([]string{moved, kept, fresh}, others...)
+	reqs := make([]request, len(keys))
+	for i, k := range keys {
+		reqs[i] = mustRequest(t, e.prefix+k, set)
+	}
+	fromCalls, fromRejected := scriptCallsOn(t, from)
+	outs := sendByHand(t, c, &queue{node: from.Addr}, ctx, reqs)
+	for i, out := range outs {
+		if out.err != nil || out.replyErr != nil || !out.admits() {
+			t.Fatalf("decision %d (%s): %v, %v, %+v; want an admission", i, keys[i], out.err, out.replyErr, out.d)
+		}
+	}
+	if got := c.retried.Load(); got != 2 {
+		t.Fatalf("%d decisions sent again alone, want 2 (the key moved and the key not made yet)", got)
+	}
+	// The source ran the batch, and refused each retry's first try with ASK.
+	if calls, rejected := scriptCallsOn(t, from); calls-fromCalls != 1 || rejected-fromRejected != 2 {
+		t.Fatalf("the source ran %d script calls and refused %d; want the batch, and the two retries it sent on with ASK",
+			calls-fromCalls, rejected-fromRejected)
+	}
+	if asked := commandStatsOn(t, to)["asking"].Calls; asked < 2 {
+		t.Fatalf("the target served %d ASKING, want the two retries", asked)
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{moved, kept} {
+		wantEntries(t, e, k, 2)
+	}
+	for _, k := range append([]string{fresh}, others...) {
+		wantEntries(t, e, k, 1)
+	}
+
+	// The slot is the target's now. A batch still bound for the source by the engine's map
+	// finds none of the slot's keys there: they go again alone (MOVED, followed by the cluster
+	// client), and the map loads again and names the target.
+	loads := c.slots.loads.Load()
+	reqs = []request{mustRequest(t, e.prefix+moved, set), mustRequest(t, e.prefix+kept, set)}
+	for i, out := range sendByHand(t, c, &queue{node: from.Addr}, ctx, reqs) {
+		if out.err != nil || !out.admits() {
+			t.Fatalf("decision %d after the move, sent to the source: %v, %+v", i, out.err, out.d)
+		}
+	}
+	if got := c.retried.Load(); got != 4 {
+		t.Fatalf("%d decisions sent again alone in all, want 4", got)
+	}
+	if err := valkeytest.WaitFor(ctx, 5*time.Second, "the slot map to load again and name the target", func() (bool, error) {
+		addr, ok := c.slots.primary(uint16(slot))
+		return ok && addr == to.Addr && c.slots.loads.Load() > loads, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantEntries(t, e, moved, 3)
+	wantEntries(t, e, kept, 3)
+	// A burst of reloads makes one load, or two: the one it starts, and one for the reloads
+	// asked for while that one ran, slotMapReloadEvery after it.
+	if err := valkeytest.WaitFor(ctx, 5*time.Second, "the loads to settle", func() (bool, error) {
+		return !c.slots.loading.Load(), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	loads = c.slots.loads.Load()
+	began := time.Now()
+	for range 100 {
+		c.slots.reload()
+	}
+	if err := valkeytest.WaitFor(ctx, 5*time.Second, "the reloads to land", func() (bool, error) {
+		return !c.slots.loading.Load() && !c.slots.dirty.Load(), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := c.slots.loads.Load() - loads
+	if got < 1 || got > 2 {
+		t.Fatalf("100 reloads in a row made %d loads, want 1 or 2", got)
+	}
+	if got == 2 && time.Since(began) < slotMapReloadEvery {
+		t.Fatalf("two loads within %s, less than %s apart", time.Since(began), slotMapReloadEvery)
+	}
+}
+
+// A node is named as valkey-go names it: the endpoint CLUSTER SLOTS gives and the port, the
+// asked node's host when the endpoint is empty, nothing when it is unknown.
+func TestNodeAddr(t *testing.T) {
+	for _, tc := range []struct {
+		from, endpoint string
+		port           int64
+		want           string
+	}{
+		{"127.0.0.1:7000", "127.0.0.1", 7001, "127.0.0.1:7001"},
+		{"127.0.0.1:7000", "", 7001, "127.0.0.1:7001"},
+		{"10.0.0.1:7000", "cache-2.internal", 6379, "cache-2.internal:6379"},
+		{"[::1]:7000", "", 7002, "[::1]:7002"},
+		{"127.0.0.1:7000", "?", 7001, ""},
+	} {
+		if got := nodeAddr(tc.from, tc.endpoint, tc.port); got != tc.want {
+			t.Errorf("nodeAddr(%q, %q, %d) = %q, want %q", tc.from, tc.endpoint, tc.port, got, tc.want)
+		}
+	}
+}
+
+// scriptCallsOn reads how many script calls (EVALSHA, EVAL) node ran, and how many it refused
+// before running them (a redirection).
+func scriptCallsOn(t *testing.T, node *valkeytest.Node) (calls, rejected int64) {
+	t.Helper()
+	stats := commandStatsOn(t, node)
+	for _, name := range []string{"evalsha", "eval"} {
+		calls += stats[name].Calls
+		rejected += stats[name].RejectedCalls
+	}
+	return calls, rejected
+}
+
+// commandStatsOn reads node's INFO commandstats.
+func commandStatsOn(t *testing.T, node *valkeytest.Node) map[string]valkeytest.CommandStat {
+	t.Helper()
+	info, err := valkeytest.ReadInfo(context.Background(), node.Client(), "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.CommandStats()
+}
+
+// A batch for a node the engine's client does not know, or whose connection cannot be opened
+// (its process is gone), never left: each of its decisions goes again alone, through the
+// cluster client, and is taken once.
+func TestBatchForAGoneNodeGoesAgainAlone(t *testing.T) {
+	skipIfShort(t)
+	cl := valkeytest.NewCluster(t, 3, 0)
+	e := clusterEngine(t, cl)
+	ctx := context.Background()
+	c := e.decides
+	set := e.oneLimit(Limit{Max: 10, Window: time.Hour})
+	// A client of an address whose server is gone: every connection it opens is refused. (A
+	// connection that was open when its server died answers the first call after with EOF,
+	// which the engine cannot tell from a call cut short once written: that one is the
+	// callers' error.)
+	dead := valkeytest.New(t, valkeytest.OwnServer())
+	deadAddr := dead.Addr
+	if err := dead.Close(); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{deadAddr}, ForceSingleClient: true, DisableRetry: true})
+	if gone == nil {
+		t.Fatalf("a client of a gone server: %v", err)
+	}
+	defer gone.Close()
+	// The dead node's client is one the slot map holds, under an address of its own.
+	nc := c.slots.nodesSince(time.Now())
+	clients := maps.Clone(nc.clients)
+	clients[deadAddr] = gone
+	c.slots.nodes.Store(&nodeClients{at: time.Now().Add(time.Hour), clients: clients})
+
+	for _, addr := range []string{deadAddr, "127.0.0.1:1"} {
+		before := c.retried.Load()
+		keys := keysOn(t, e, cl.Primaries[0], 3, -1)
+		reqs := make([]request, len(keys))
+		for i, k := range keys {
+			reqs[i] = mustRequest(t, e.prefix+k, set)
+		}
+		for i, out := range sendByHand(t, c, &queue{node: addr}, ctx, reqs) {
+			if out.err != nil || out.replyErr != nil || !out.admits() {
+				t.Fatalf("batch for %s: decision %d: %v, %v, %+v; want an admission", addr, i, out.err, out.replyErr, out.d)
+			}
+		}
+		if got := c.retried.Load() - before; got != int64(len(keys)) {
+			t.Fatalf("batch for %s: %d decisions sent again alone, want %d", addr, got, len(keys))
+		}
+		for _, k := range keys {
+			wantEntries(t, e, k, 1)
+		}
+	}
+}
+
+// A batch call that may have run is never sent again: one that times out on a node that is
+// paused (it was written; whether the node runs it is the node's affair) is each caller's
+// error, no decision of it goes again, and no key holds more than one entry for it.
+func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
+	skipIfShort(t)
+	cl := valkeytest.NewCluster(t, 3, 0)
+	e := clusterEngine(t, cl)
+	c, node := e.decides, cl.Primaries[2]
+	set := e.oneLimit(Limit{Max: 10, Window: time.Hour})
+	keys := keysOn(t, e, node, 3, -1)
+	reqs := make([]request, len(keys))
+	for i, k := range keys {
+		reqs[i] = mustRequest(t, e.prefix+k, set)
+	}
+	// Warm the node's connection, so the call below is written at once.
+	for i, out := range sendByHand(t, c, &queue{node: node.Addr}, context.Background(), reqs[:2]) {
+		if !out.admits() {
+			t.Fatalf("warm-up decision %d: %v, %+v", i, out.err, out.d)
+		}
+	}
+	nc := node.Client()
+	const pause = 1500 * time.Millisecond
+	if err := nc.Do(context.Background(), nc.B().ClientPause().Timeout(pause.Milliseconds()).All().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	before := c.retried.Load()
+	for i, out := range sendByHand(t, c, &queue{node: node.Addr}, ctx, reqs) {
+		if !errors.Is(out.err, context.DeadlineExceeded) {
+			t.Fatalf("decision %d on a paused node: %v, %+v; want the deadline's error", i, out.err, out.d)
+		}
+	}
+	if got := c.retried.Load() - before; got != 0 {
+		t.Fatalf("%d decisions of a call that may have run were sent again", got)
+	}
+	time.Sleep(time.Until(paused.Add(pause + 200*time.Millisecond)))
+	for i, k := range keys {
+		log, err := e.Inspect(context.Background(), k, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm := 0
+		if i < 2 {
+			warm = 1
+		}
+		if log.Count < warm || log.Count > warm+1 {
+			t.Fatalf("%s holds %d entries after %d warm-up decisions and one call that timed out", k, log.Count, warm)
+		}
+	}
+}
+
+// On a standalone server over maxmemory, the batch script (whose flags lack allow-oom) is
+// refused before it runs: each decision goes again alone, and decide.lua still decides a key
+// whose log needs no more memory, as it does unbatched.
+func TestBatchOverMaxmemoryGoesAgainAlone(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	client := own.Client(t)
+	e, err := New(client, WithBatching(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l := Limit{Max: 5, Window: time.Minute}
+	keys := []string{"oom:" + uuid.NewString(), "oom:" + uuid.NewString(), "oom:" + uuid.NewString()}
+	for _, k := range keys {
+		if r, err := e.Allow(ctx, k, l); err != nil || !r.Allowed {
+			t.Fatalf("Allow %s: %+v, %v", k, r, err)
+		}
+	}
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := client.Do(ctx, client.B().ConfigSet().ParameterValue().ParameterValue(kv[0], kv[1]).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = client.Do(context.Background(), client.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build()).Error()
+	})
+	c, set := e.decides, e.oneLimit(l)
+	reqs := make([]request, len(keys))
+	for i, k := range keys {
+		reqs[i] = mustRequest(t, e.prefix+k, set)
+	}
+	for i, out := range sendByHand(t, c, &queue{}, ctx, reqs) {
+		if out.err != nil || !out.admits() || out.d.remaining != 3 {
+			t.Fatalf("decision %d over maxmemory: %+v, want an admission with 3 remaining", i, out)
+		}
+	}
+	if got := c.retried.Load(); got != int64(len(keys)) {
+		t.Fatalf("%d decisions sent again alone, want %d", got, len(keys))
+	}
+}
+
+// A batch sent to a node carries its acknowledgement as a call through the cluster client
+// does: WithReplicaAck's WAIT goes behind it on the node's connection, once per call, and
+// every decision of the batch is held by the replica when its caller hears yes.
+func TestBatchOnNodeWaitsForReplicas(t *testing.T) {
+	skipIfShort(t)
+	cl := valkeytest.NewCluster(t, 3, 1)
+	e := clusterEngine(t, cl, WithReplicaAck(1, 2*time.Second))
+	ctx := context.Background()
+	primary, replica := cl.Primaries[0], cl.Replicas[0]
+	set := e.oneLimit(Limit{Max: 10, Window: time.Hour})
+	keys := keysOn(t, e, primary, 4, -1)
+	reqs := make([]request, len(keys))
+	for i, k := range keys {
+		reqs[i] = mustRequest(t, e.prefix+k, set)
+	}
+	pc := primary.Client()
+	if err := pc.Do(ctx, pc.B().ConfigResetstat().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for i, out := range sendByHand(t, e.decides, &queue{node: primary.Addr}, ctx, reqs) {
+		if out.err != nil || !out.admits() || out.ack.err != nil || out.ack.replicas != 1 {
+			t.Fatalf("decision %d: %v, %+v, ack %+v; want an admission one replica acknowledged", i, out.err, out.d, out.ack)
+		}
+	}
+	stats := commandStatsOn(t, primary)
+	if stats["evalsha"].Calls+stats["eval"].Calls != 1 || stats["wait"].Calls != 1 {
+		t.Fatalf("the primary ran %d script calls and %d WAIT; want one of each for the batch",
+			stats["evalsha"].Calls+stats["eval"].Calls, stats["wait"].Calls)
+	}
+	rc := replica.Client()
+	for _, k := range keys {
+		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), rc.B().Exists().Key(e.prefix+k).Build())
+		if n, err := rs[1].AsInt64(); err != nil || n != 1 {
+			t.Fatalf("the replica holds %s: %d, %v; want it, acknowledged", k, n, err)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/valkey-io/valkey-go"
 
@@ -73,24 +74,77 @@ func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []st
 // once it has read the reply. It returns the script's reply, and theirs in the order then
 // appended them.
 func (s *Script) ExecThen(ctx context.Context, client valkey.CoreClient, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
-	b := client.B()
-	var first valkey.Completed
-	if s.readOnly {
-		first = b.EvalshaRo().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-	} else {
-		first = b.Evalsha().Sha1(s.sha1).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	return s.execThen(ctx, client, true, keys, args, then)
+}
+
+// ExecOnNode runs the script on node, a client of one node of a cluster (one of the cluster
+// client's Nodes()), with keys that may be of several slots that node serves: as EVALSHA (or
+// EVALSHA_RO), then EVAL after NOSCRIPT, like Exec.
+//
+// Such keys cannot be declared. The server refuses a call whose declared keys are of several
+// slots (CROSSSLOT) before the script runs, whatever the script's flags (allow-cross-slot-keys
+// lets a script reach keys it did not declare, not declare keys of several slots); and
+// valkey-go's cluster command builder, which the clients of Nodes() share, panics on them. So
+// the call declares none (numkeys 0) and passes, first in ARGV, the number of keys, then the
+// keys, then args: the script must read its keys there (scripts/lib_keys.lua does) and carry
+// the flag. The server then checks each key when the script reaches it: one of a slot the
+// node does not serve fails that command ("Script attempted to access a non local key in a
+// cluster node").
+func (s *Script) ExecOnNode(ctx context.Context, node valkey.CoreClient, keys, args []string) valkey.ValkeyResult {
+	reply := node.Do(ctx, s.command(node.B(), false, false, keys, args))
+	if verr, ok := valkey.IsValkeyErr(reply.Error()); ok && verr.IsNoScript() {
+		reply = node.Do(ctx, s.command(node.B(), true, false, keys, args))
 	}
-	replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), first))...)
+	return reply
+}
+
+// ExecThenOnNode is ExecThen for a call ExecOnNode makes: the keys undeclared, in ARGV, so
+// that they may be of several slots of node; then's commands go behind it on the same
+// connection, to the same node.
+func (s *Script) ExecThenOnNode(ctx context.Context, node valkey.CoreClient, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
+	return s.execThen(ctx, node, false, keys, args, then)
+}
+
+// execThen is ExecThen, with the keys declared (declare) or passed in ARGV (ExecOnNode).
+func (s *Script) execThen(ctx context.Context, client valkey.CoreClient, declare bool, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
+	b := client.B()
+	replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, false, declare, keys, args)))...)
 	if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
 		return replies[0], replies[1:]
 	}
-	if s.readOnly {
-		first = b.EvalRo().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-	} else {
-		first = b.Eval().Script(s.source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
-	}
-	replies = client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), first))...)
+	replies = client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, true, declare, keys, args)))...)
 	return replies[0], replies[1:]
+}
+
+// command builds the script's call: EVALSHA (EVALSHA_RO for a read-only script), or with
+// source EVAL (EVAL_RO) carrying the text. With declare the keys are the call's declared keys;
+// without, the call declares none and ARGV opens with their number and the keys (ExecOnNode),
+// which goes through the builder's Arg and so past its slot check.
+func (s *Script) command(b valkey.Builder, source, declare bool, keys, args []string) valkey.Completed {
+	if declare {
+		n := int64(len(keys))
+		switch {
+		case s.readOnly && source:
+			return b.EvalRo().Script(s.source).Numkeys(n).Key(keys...).Arg(args...).Build()
+		case s.readOnly:
+			return b.EvalshaRo().Sha1(s.sha1).Numkeys(n).Key(keys...).Arg(args...).Build()
+		case source:
+			return b.Eval().Script(s.source).Numkeys(n).Key(keys...).Arg(args...).Build()
+		default:
+			return b.Evalsha().Sha1(s.sha1).Numkeys(n).Key(keys...).Arg(args...).Build()
+		}
+	}
+	count := strconv.Itoa(len(keys))
+	switch {
+	case s.readOnly && source:
+		return b.EvalRo().Script(s.source).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+	case s.readOnly:
+		return b.EvalshaRo().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+	case source:
+		return b.Eval().Script(s.source).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+	default:
+		return b.Evalsha().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+	}
 }
 
 // Preload runs SCRIPT LOAD for every script on every node the client knows (client.Nodes():

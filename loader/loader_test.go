@@ -133,3 +133,75 @@ func TestExecThenReturnsEveryReply(t *testing.T) {
 		t.Fatalf("command calls %v: want eval 1 (after NOSCRIPT), evalsha 2, wait 3", calls)
 	}
 }
+
+// ExecOnNode sends keys of several slots of one cluster node to it, on a client of the
+// cluster client's Nodes() (whose command builder would panic on such keys declared), with
+// the keys first in ARGV: the script reaches every one of them (its flag allow-cross-slot-keys
+// lets it), EVAL follows NOSCRIPT, and ExecThenOnNode's commands go behind on the same node.
+func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster; skipped with -short")
+	}
+	cl := valkeytest.NewCluster(t, 3, 0)
+	ctx := context.Background()
+	client := cl.Client(t, valkey.ClientOption{})
+	primary := cl.Primaries[1]
+	node := client.Nodes()[primary.Addr]
+	if node == nil {
+		t.Fatalf("the cluster client knows no node %s", primary.Addr)
+	}
+	var keys []string
+	slots := map[int]bool{}
+	for i := 0; len(keys) < 4; i++ {
+		k := "loader:onnode:" + strconv.Itoa(i)
+		if s := valkeytest.KeySlot(k); primary.Owns(k) && !slots[s] {
+			slots[s] = true
+			keys = append(keys, k)
+		}
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the node client's builder took declared keys of several slots: ExecOnNode's way around it is not needed")
+			}
+		}()
+		node.B().Evalsha().Sha1("0").Numkeys(int64(len(keys))).Key(keys...).Build()
+	}()
+
+	s := loader.New("incr_all", "#!lua flags=allow-cross-slot-keys\n"+
+		"local k, r = tonumber(ARGV[1]), {}\n"+
+		"for i = 1, k do r[i] = redis.call('INCRBY', ARGV[1 + i], ARGV[k + 2]) end\n"+
+		"return r")
+	for round, want := range []int64{3, 6} { // the first after NOSCRIPT: nothing was preloaded
+		got, err := s.ExecOnNode(ctx, node, keys, []string{"3"}).AsIntSlice()
+		if err != nil || len(got) != len(keys) {
+			t.Fatalf("round %d: ExecOnNode = %v, %v", round, got, err)
+		}
+		for i, v := range got {
+			if v != want {
+				t.Fatalf("round %d: key %s = %d, want %d", round, keys[i], v, want)
+			}
+		}
+	}
+	got, after := s.ExecThenOnNode(ctx, node, keys, []string{"1"}, func(cmds []valkey.Completed) []valkey.Completed {
+		return append(cmds, node.B().Wait().Numreplicas(0).Timeout(1).Build(), node.B().Dbsize().Build())
+	})
+	if vals, err := got.AsIntSlice(); err != nil || len(vals) != len(keys) || vals[0] != 7 {
+		t.Fatalf("ExecThenOnNode: %v, %v; want every key at 7", vals, err)
+	}
+	if len(after) != 2 {
+		t.Fatalf("%d replies behind the script, want 2", len(after))
+	}
+	// DBSIZE behind the call answers on the same node: its keys, these among them.
+	if n, err := after[1].AsInt64(); err != nil || n < int64(len(keys)) {
+		t.Fatalf("DBSIZE behind the script: %d, %v; want at least %d", n, err, len(keys))
+	}
+	stats, err := valkeytest.ReadInfo(ctx, primary.Client(), "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := stats.CommandStats()
+	if calls["eval"].Calls != 1 || calls["evalsha"].Calls != 3 || calls["evalsha"].RejectedCalls != 0 {
+		t.Fatalf("on the node: eval %+v, evalsha %+v; want one EVAL (after NOSCRIPT) and three EVALSHA", calls["eval"], calls["evalsha"])
+	}
+}

@@ -39,6 +39,12 @@ const includePrefix = "-- include: "
 // constPrefix starts a line that names a constant: the name, a space, its value.
 const constPrefix = "--const "
 
+// shebangPrefix starts a script's flags line (Valkey 7 and later), "#!lua flags=...", which the
+// server reads only as the script's very first line: the batch scripts carry one
+// (allow-cross-slot-keys, and no-writes for the read-only one). Composition keeps a file's first
+// line first, and refuses a part that carries one, which would land mid-script.
+const shebangPrefix = "#!"
+
 // Decide returns the source of the atomic decision script: trim the log, count every limit's
 // window, add the request's entry only when every limit has room, and set the key's expiry,
 // all in one call.
@@ -170,6 +176,9 @@ func composeWith(name string, values map[string]string) (string, error) {
 		text, err := files.ReadFile(strings.TrimSpace(part))
 		if err != nil {
 			return "", fmt.Errorf("scripts: %s includes %w", name, err)
+		}
+		if strings.HasPrefix(string(text), shebangPrefix) || strings.Contains(string(text), "\n"+shebangPrefix) {
+			return "", fmt.Errorf("scripts: part %s carries a shebang line; only a script's first line may", part)
 		}
 		if strings.Contains(string(text), "\n"+includePrefix) {
 			return "", fmt.Errorf("scripts: part %s includes another part; list every part in %s", part, name)

@@ -327,3 +327,95 @@ func TestLeaseScriptsRun(t *testing.T) {
 		t.Fatalf("leases left: %v, %v; want [a]", members, err)
 	}
 }
+
+// The batch scripts open with their flags (the server reads a shebang only as the first line):
+// allow-cross-slot-keys, and no-writes for the read-only one; composition keeps that line
+// first, and no other script carries one. Their keys may be passed in ARGV instead of declared
+// (numkeys 0, their number first: lib_keys.lua), which a cluster's batch of several slots of
+// one node needs; the decisions are then the same, and EVALSHA_RO runs the peeks.
+func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
+	flags := map[string]string{
+		"decide_batch.lua": "#!lua flags=allow-cross-slot-keys\n",
+		"peek_batch.lua":   "#!lua flags=allow-cross-slot-keys,no-writes\n",
+	}
+	for name, source := range all {
+		src, want := source(), flags[name]
+		if want == "" {
+			if strings.Contains(src, shebangPrefix) {
+				t.Errorf("%s carries a shebang", name)
+			}
+			continue
+		}
+		if !strings.HasPrefix(src, want) || strings.Count(src, shebangPrefix) != 1 {
+			t.Errorf("%s composed opens with %q, want its flags line %q first and only there", name, src[:min(len(src), 60)], want)
+		}
+	}
+	if src := DecideBatchWriting(3); !strings.HasPrefix(src, flags["decide_batch.lua"]) {
+		t.Errorf("decide_batch.lua composed to write layout 3 lost its flags line: %q", src[:60])
+	}
+
+	c := server.Client(t)
+	ctx := context.Background()
+	sha := func(src string) string {
+		sum := sha1.Sum([]byte(src))
+		return hex.EncodeToString(sum[:])
+	}
+	for _, src := range []string{DecideBatch(), PeekBatch()} {
+		if err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const now = 1_790_000_000_000_000
+	// The caller's clock for each request; one set: 2 per second; four requests, the first key
+	// twice, the last of cost 2.
+	decisions := func(declared bool, script string, keys []string) []string {
+		t.Helper()
+		args := []string{"each", "1", "1", "1000000", "2"}
+		for i := range keys {
+			cost := "1"
+			if i == len(keys)-1 {
+				cost = "2"
+			}
+			args = append(args, cost, "1", strconv.Itoa(now+i))
+		}
+		var cmd valkey.Completed
+		switch {
+		case declared && script == "decide":
+			cmd = c.B().Evalsha().Sha1(sha(DecideBatch())).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		case script == "decide":
+			cmd = c.B().Evalsha().Sha1(sha(DecideBatch())).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+		default:
+			cmd = c.B().EvalshaRo().Sha1(sha(PeekBatch())).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+		}
+		got, err := c.Do(ctx, cmd).ToArray()
+		if err != nil {
+			t.Fatalf("%s (declared %v): %v", script, declared, err)
+		}
+		var flat []string
+		for _, m := range got {
+			s, err := m.ToString()
+			if err != nil {
+				v, _ := m.AsInt64()
+				s = strconv.FormatInt(v, 10)
+			}
+			flat = append(flat, strconv.Quote(s))
+		}
+		return flat
+	}
+	id := uuid.NewString()
+	declared := []string{"scripts-test:argv:a:" + id, "scripts-test:argv:b:" + id, "scripts-test:argv:a:" + id, "scripts-test:argv:c:" + id}
+	inArgv := []string{"scripts-test:argv:x:" + id, "scripts-test:argv:y:" + id, "scripts-test:argv:x:" + id, "scripts-test:argv:z:" + id}
+	want := decisions(true, "decide", declared)
+	if got := decisions(false, "decide", inArgv); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("decisions with the keys in ARGV\n got %v\nwant %v (declared)", got, want)
+	}
+	// The peeks see what the decisions recorded: the same for both sets of keys.
+	if got, want := decisions(false, "peek", inArgv), decisions(false, "peek", declared); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("peeks with the keys in ARGV\n got %v\nwant %v", got, want)
+	}
+	for _, k := range inArgv[:2] {
+		if n, err := c.Do(ctx, c.B().Exists().Key(k).Build()).AsInt64(); err != nil || n != 1 {
+			t.Fatalf("key %s passed in ARGV: EXISTS %d, %v; want the decision recorded", k, n, err)
+		}
+	}
+}

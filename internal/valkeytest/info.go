@@ -46,6 +46,9 @@ type CommandStat struct {
 	Calls int64
 	// Usec is the server time those calls took, in microseconds.
 	Usec float64
+	// RejectedCalls is how many times the server refused the command before running it (a
+	// redirection such as MOVED or ASK, a wrong arity, OOM): not counted in Calls.
+	RejectedCalls int64
 }
 
 // CommandStats reads the fields of an INFO commandstats reply, such as
@@ -66,6 +69,8 @@ func (i Info) CommandStats() map[string]CommandStat {
 				st.Calls, _ = strconv.ParseInt(v, 10, 64)
 			case "usec":
 				st.Usec, _ = strconv.ParseFloat(v, 64)
+			case "rejected_calls":
+				st.RejectedCalls, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
 		stats[command] = st
