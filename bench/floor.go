@@ -489,7 +489,7 @@ func writeFloor(w io.Writer, rows []FloorRow) {
 			if r.OverFloor > floorTarget {
 				verdict = "above"
 			}
-			fmt.Fprintf(w, "\ndecide.lua: %.2f× the floor, %s the target of %.1f×\n", r.OverFloor, verdict, floorTarget)
+			fmt.Fprintf(w, "\n%s: %.2f× the floor, %s the target of %.1f×\n", r.Row, r.OverFloor, verdict, floorTarget)
 		}
 	}
 }
