@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -96,44 +93,13 @@ func (b *bencher) cluster(ctx context.Context) ([]ClusterRow, string, error) {
 
 // clusterRow measures one variant on the cluster c through clients.
 func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients []valkey.Client, v throughputVariant) (ClusterRow, error) {
-	var es []*engine.Engine
-	for _, cl := range clients {
-		e, err := engine.New(cl, append([]engine.Option{engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}, v.opts...)...)
-		if err != nil {
-			return ClusterRow{}, err
-		}
-		es = append(es, e)
-	}
-	keys := make([]string, b.cfg.Keys)
-	for i := range keys {
-		keys[i] = "cluster:" + v.name + ":" + strconv.Itoa(i)
-	}
-	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
-	rngs := make([]*rand.Rand, b.cfg.Concurrency)
-	for g := range rngs {
-		rngs[g] = rand.New(rand.NewPCG(uint64(g), 17))
-	}
-	lat := make([][]time.Duration, b.cfg.Concurrency)
-	admitted := make([]int, b.cfg.Concurrency)
-	op := func(g int, e *engine.Engine) error {
-		t := time.Now()
-		r, err := e.Allow(ctx, keys[rngs[g].IntN(len(keys))], limit)
-		if err != nil {
-			return err
-		}
-		lat[g] = append(lat[g], time.Since(t))
-		if r.Allowed {
-			admitted[g]++
-		}
-		return nil
-	}
-	// Warm up connections, script caches, the engines' slot maps and the keys' first entries.
-	if err := b.drive(ctx, min(b.cfg.Duration/5, time.Second), op, es); err != nil {
+	es, err := b.enginesOn(clients, v.mode, v.opts...)
+	if err != nil {
 		return ClusterRow{}, err
 	}
-	for g := range lat {
-		lat[g] = make([]time.Duration, 0, 1<<16)
-		admitted[g] = 0
+	load, err := b.randomLoad(ctx, es, "cluster:"+v.name, 17)
+	if err != nil {
+		return ClusterRow{}, err
 	}
 	before, err := readClusterStats(ctx, c)
 	if err != nil {
@@ -141,7 +107,7 @@ func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients
 	}
 	cpu0 := processCPU()
 	began := time.Now()
-	if err := b.drive(ctx, b.cfg.Duration, op, es); err != nil {
+	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
 		return ClusterRow{}, err
 	}
 	elapsed := time.Since(began)
@@ -150,16 +116,15 @@ func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients
 	if err != nil {
 		return ClusterRow{}, err
 	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
+	all, admitted := load.measured()
 	n := len(all)
 	if n == 0 {
 		return ClusterRow{}, errors.New("no decision was measured")
 	}
 	scripts := dataCommands(engine.Atomic)
 	row := ClusterRow{
-		Mode: v.name, Primaries: len(c.Primaries), Keys: len(keys), Decisions: n,
-		AdmittedShare:   float64(sumInts(admitted)) / float64(n),
+		Mode: v.name, Primaries: len(c.Primaries), Keys: len(load.keys), Decisions: n,
+		AdmittedShare:   float64(admitted) / float64(n),
 		DecisionsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:           us(percentile(all, 50)),
 		P99us:           us(percentile(all, 99)),

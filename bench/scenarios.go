@@ -62,13 +62,17 @@ func (b *bencher) logf(format string, args ...any) {
 	fmt.Fprintf(b.progress, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// engines returns one engine per client, all in the given mode, under the run's prefix and
-// writing its layout (-write-layout). The
-// bench's servers run without persistence on purpose (but for the durability scenario's): the
-// persistence check is off.
+// engines returns one engine per client of the run's server (enginesOn).
 func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
+	return b.enginesOn(b.clients, mode, opts...)
+}
+
+// enginesOn returns one engine per client, all in the given mode, under the run's prefix and
+// writing its layout (-write-layout). The bench's servers run without persistence on purpose
+// (but for the durability scenario's): the persistence check is off.
+func (b *bencher) enginesOn(clients []valkey.Client, mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
-	for _, c := range b.clients {
+	for _, c := range clients {
 		base := []engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}
 		if b.cfg.WriteLayout != 0 { // 0: a config made in a test, the engine's default
 			base = append(base, engine.WithWriteLayout(b.cfg.WriteLayout))
@@ -373,36 +377,9 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 	if err != nil {
 		return ThroughputRow{}, err
 	}
-	keys := make([]string, b.cfg.Keys)
-	for i := range keys {
-		keys[i] = "tp:" + v.name + ":" + v.clock + ":" + strconv.Itoa(i)
-	}
-	limit := engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window}
-	rngs := make([]*rand.Rand, b.cfg.Concurrency)
-	for g := range rngs {
-		rngs[g] = rand.New(rand.NewPCG(uint64(g), uint64(mode)))
-	}
-	lat := make([][]time.Duration, b.cfg.Concurrency)
-	admitted := make([]int, b.cfg.Concurrency)
-	op := func(g int, e *engine.Engine) error {
-		t := time.Now()
-		r, err := e.Allow(ctx, keys[rngs[g].IntN(len(keys))], limit)
-		if err != nil {
-			return err
-		}
-		lat[g] = append(lat[g], time.Since(t))
-		if r.Allowed {
-			admitted[g]++
-		}
-		return nil
-	}
-	// Warm up connections, script caches and the keys' first entries; then measure.
-	if err := b.drive(ctx, min(b.cfg.Duration/5, time.Second), op, es); err != nil {
+	load, err := b.randomLoad(ctx, es, "tp:"+v.name+":"+v.clock, uint64(mode))
+	if err != nil {
 		return ThroughputRow{}, err
-	}
-	for g := range lat {
-		lat[g] = make([]time.Duration, 0, 1<<16)
-		admitted[g] = 0
 	}
 	before, err := readServerStats(ctx, b.clients[0])
 	if err != nil {
@@ -413,7 +390,7 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 	runtime.ReadMemStats(&m0)
 	cpu0 := processCPU()
 	began := time.Now()
-	if err := b.drive(ctx, b.cfg.Duration, op, es); err != nil {
+	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
 		return ThroughputRow{}, err
 	}
 	elapsed := time.Since(began)
@@ -424,17 +401,12 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 		return ThroughputRow{}, err
 	}
 
-	all := slices.Concat(lat...)
-	slices.Sort(all)
+	all, total := load.measured()
 	n := len(all)
-	total := 0
-	for _, a := range admitted {
-		total += a
-	}
 	serverUS := after.usec(dataCommands(mode)) - before.usec(dataCommands(mode))
 	serverCPU := after.cpuSeconds - before.cpuSeconds
 	row := ThroughputRow{
-		Mode: v.name, Clock: v.clock, Keys: len(keys), Decisions: n,
+		Mode: v.name, Clock: v.clock, Keys: len(load.keys), Decisions: n,
 		AdmittedShare:   float64(total) / float64(n),
 		DecisionsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:           us(percentile(all, 50)),
@@ -476,6 +448,62 @@ func meanBatch(n int, before, after serverStats, mode engine.Mode) float64 {
 		return 0
 	}
 	return float64(n) / float64(calls)
+}
+
+// load is the throughput scenarios' load: every goroutine asks Allow, against the run's
+// limit, for a key drawn at random (a source of its own per goroutine) out of keys, and
+// records how long each decision took and whether it admitted.
+type load struct {
+	ctx      context.Context
+	keys     []string
+	limit    engine.Limit
+	rngs     []*rand.Rand
+	lat      [][]time.Duration
+	admitted []int
+}
+
+// randomLoad makes the load on cfg.Keys keys named prefix:i, the goroutines' sources seeded
+// with seed, and runs it on es briefly, unmeasured (connections, script caches, slot maps and
+// the keys' first entries warm up), before it returns it ready to measure.
+func (b *bencher) randomLoad(ctx context.Context, es []*engine.Engine, prefix string, seed uint64) (*load, error) {
+	l := &load{ctx: ctx, keys: make([]string, b.cfg.Keys), limit: engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window},
+		rngs: make([]*rand.Rand, b.cfg.Concurrency), lat: make([][]time.Duration, b.cfg.Concurrency),
+		admitted: make([]int, b.cfg.Concurrency)}
+	for i := range l.keys {
+		l.keys[i] = prefix + ":" + strconv.Itoa(i)
+	}
+	for g := range l.rngs {
+		l.rngs[g] = rand.New(rand.NewPCG(uint64(g), seed))
+	}
+	if err := b.drive(ctx, min(b.cfg.Duration/5, time.Second), l.op, es); err != nil {
+		return nil, err
+	}
+	for g := range l.lat {
+		l.lat[g] = make([]time.Duration, 0, 1<<16)
+		l.admitted[g] = 0
+	}
+	return l, nil
+}
+
+// op takes goroutine g's next decision on e.
+func (l *load) op(g int, e *engine.Engine) error {
+	t := time.Now()
+	r, err := e.Allow(l.ctx, l.keys[l.rngs[g].IntN(len(l.keys))], l.limit)
+	if err != nil {
+		return err
+	}
+	l.lat[g] = append(l.lat[g], time.Since(t))
+	if r.Allowed {
+		l.admitted[g]++
+	}
+	return nil
+}
+
+// measured returns every decision's latency since the warm-up, sorted, and how many admitted.
+func (l *load) measured() (sorted []time.Duration, admitted int) {
+	sorted = slices.Concat(l.lat...)
+	slices.Sort(sorted)
+	return sorted, sumInts(l.admitted)
 }
 
 // drive runs op from cfg.Concurrency goroutines, spread over the engines, for d.
