@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -495,12 +494,7 @@ func writeFloor(w io.Writer, rows []FloorRow) {
 }
 
 // singleArg is decide.lua's (and peek.lua's) one argument for a request of one event on the
-// server's clock against max per window µs: 8-byte big-endian integers, the server's clock
-// (2^60), n, window, max.
+// server's clock against max per window µs.
 func singleArg(window int64, max int) string {
-	var b []byte
-	for _, v := range []int64{1 << 60, 1, window, int64(max)} {
-		b = binary.BigEndian.AppendUint64(b, uint64(v))
-	}
-	return string(b)
+	return string(scripts.AppendRequest(nil, scripts.ServerClock, 1, []int64{window, int64(max)}))
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/scripts"
 )
 
 // The path of one scripted decision, top-down:
@@ -39,39 +40,26 @@ type request struct {
 }
 
 // limitSet is limits with windows ascending, and their windows and maxes as the scripts read
-// them, formatted once: as decimal strings (the batch scripts' arguments), and as the single
-// scripts' one argument for a request of one event on the server's clock, the most common.
+// them, formatted once: as decimal strings (the batch scripts' arguments), as numbers (for the
+// single scripts' one argument), and as that argument for a request of one event on the
+// server's clock, the most common.
 type limitSet struct {
 	limits []Limit
 	nums   []string
-	oneNow string // singleArg of a request of n = 1 on the server's clock
+	pairs  []int64 // (window in µs, max) per limit
+	oneNow string  // singleArg of a request of n = 1 on the server's clock
 }
 
 func newLimitSet(limits []Limit) *limitSet {
 	nums := make([]string, 0, 2*len(limits))
+	pairs := make([]int64, 0, 2*len(limits))
 	for _, l := range limits {
 		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
+		pairs = append(pairs, l.windowMicros(), int64(l.Max))
 	}
-	s := &limitSet{limits: limits, nums: nums}
-	s.oneNow = string(s.appendSingleArg(nil, serverClock, 1))
+	s := &limitSet{limits: limits, nums: nums, pairs: pairs}
+	s.oneNow = string(scripts.AppendRequest(nil, scripts.ServerClock, 1, pairs))
 	return s
-}
-
-// serverClock stands for "the server's clock" in place of now in the single scripts' argument
-// (decide.lua's SERVER_CLOCK): outside the years any caller's time may name.
-const serverClock = 1 << 60
-
-// appendSingleArg appends decide.lua's (and peek.lua's) one argument for a request of n events
-// at now (or serverClock) against s to b: 8-byte big-endian integers, now, n, then each limit's
-// window in microseconds and max.
-func (s *limitSet) appendSingleArg(b []byte, now int64, n int) []byte {
-	b = binary.BigEndian.AppendUint64(b, uint64(now))
-	b = binary.BigEndian.AppendUint64(b, uint64(n))
-	for _, l := range s.limits {
-		b = binary.BigEndian.AppendUint64(b, uint64(l.windowMicros()))
-		b = binary.BigEndian.AppendUint64(b, uint64(l.Max))
-	}
-	return b
 }
 
 // sameLimits reports whether two sets count the same limits.
@@ -118,13 +106,14 @@ func newRequest(key string, at clockReading, n int, record bool, set *limitSet) 
 // singleArg is decide.lua's (and peek.lua's) one argument for r: made once per limit set for
 // the common request, else here.
 func (r *request) singleArg() string {
+	now := r.nowUS
 	if r.now == "" {
 		if r.n == 1 {
 			return r.set.oneNow
 		}
-		return string(r.set.appendSingleArg(make([]byte, 0, 16+16*len(r.set.limits)), serverClock, r.n))
+		now = scripts.ServerClock
 	}
-	return string(r.set.appendSingleArg(make([]byte, 0, 16+16*len(r.set.limits)), r.nowUS, r.n))
+	return string(scripts.AppendRequest(make([]byte, 0, 16+8*len(r.set.pairs)), now, r.n, r.set.pairs))
 }
 
 // size is what r adds to a batch call, in bytes of keys and arguments.

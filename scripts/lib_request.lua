@@ -21,23 +21,25 @@ end
 --
 --const SERVER_CLOCK 1152921504606846976
 local function read_request()
-  local request, limits, now, n = ARGV[1], {}, 0, 0
+  local request, limits, now, n = ARGV[1], {}, nil, 0
   if #ARGV == 1 then
     now, n = struct.unpack('>i8i8', request)
+    if now == SERVER_CLOCK then
+      now = nil
+    end
     for p = 17, #request, 8 do
       limits[#limits + 1] = struct.unpack('>i8', request, p)
     end
   else
-    now, n = tonumber(request) or SERVER_CLOCK, tonumber(ARGV[2])
+    now, n = request, tonumber(ARGV[2])
     for i = 3, #ARGV do
       limits[i - 2] = tonumber(ARGV[i])
     end
   end
-  local server_now = 0
-  if now == SERVER_CLOCK then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2]
-    server_now = now
+  local from_server
+  now, from_server = read_clock(now)
+  if from_server then
+    return now, n, limits, now
   end
-  return now, n, limits, server_now
+  return now, n, limits, 0
 end

@@ -23,6 +23,7 @@ package scripts
 
 import (
 	"embed"
+	"encoding/binary"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -67,6 +68,22 @@ func DecideWriting(layout int) string { return mustComposeWriting("decide.lua", 
 // DecideBatchWriting returns the source of DecideBatch composed to write the given layout
 // version, as DecideWriting.
 func DecideBatchWriting(layout int) string { return mustComposeWriting("decide_batch.lua", layout) }
+
+// ServerClock stands for "the server's clock" in place of now in a single decision script's
+// argument (decide.lua's SERVER_CLOCK): outside the years any caller's time may name.
+const ServerClock = 1 << 60
+
+// AppendRequest appends the one argument of decide.lua and peek.lua (decide.lua documents it)
+// for a request of n events at now, in integer microseconds (or ServerClock), against limits,
+// flat (window in microseconds, max) pairs with windows ascending: 8-byte big-endian integers.
+func AppendRequest(b []byte, now int64, n int, limits []int64) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(now))
+	b = binary.BigEndian.AppendUint64(b, uint64(n))
+	for _, v := range limits {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return b
+}
 
 // writeLayoutConst is the constant (lib_small.lua) that says which layout version a decision
 // writes.

@@ -158,13 +158,7 @@ func TestComposedScriptsRun(t *testing.T) {
 	} {
 		key := "scripts-test:" + name + ":" + uuid.NewString()
 		// args is the single scripts' one argument (decide.lua): 8-byte integers, now, n, limits.
-		args := func(at int64, n int) []string {
-			var b []byte
-			for _, v := range append([]int64{at, int64(n)}, limits...) {
-				b = binary.BigEndian.AppendUint64(b, uint64(v))
-			}
-			return []string{string(b)}
-		}
+		args := func(at int64, n int) []string { return []string{string(AppendRequest(nil, at, n, limits))} }
 		for i := int64(0); i < max; i++ {
 			if remaining, retry := decided(runDecision("decide.lua", key, args(now+i, 1)...)); remaining != max-1-i || retry != 0 {
 				t.Fatalf("%s: event %d: %d remaining, retry after %d; want admitted with %d remaining", name, i+1, remaining, retry, max-1-i)
