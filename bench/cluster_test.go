@@ -1,11 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,25 +13,12 @@ func TestClusterScenario(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster; skipped with -short")
 	}
-	jsonPath := filepath.Join(t.TempDir(), "bench.json")
-	cfg := config{Duration: 500 * time.Millisecond, Concurrency: 32, Clients: 2, Keys: 1000, Limit: 20,
-		Window: time.Second, Scenario: "cluster", JSONPath: jsonPath}
-	var out, progress bytes.Buffer
-	if err := run(context.Background(), cfg, &out, &progress); err != nil {
-		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
-	}
+	r, out, _ := runBench(t, config{Duration: 500 * time.Millisecond, Concurrency: 32, Clients: 2, Keys: 1000, Limit: 20,
+		Window: time.Second, Scenario: "cluster"})
 	for _, want := range []string{"### Cluster: 3 primaries, 1000 keys", "| atomic |", "| batched |", "batched / atomic (unbatched)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("Markdown output lacks %q:\n%s", want, out.String())
 		}
-	}
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Report
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
 	}
 	if len(r.Cluster) != 2 || r.Cluster[0].Mode != "atomic" || r.Cluster[1].Mode != "batched" {
 		t.Fatalf("cluster rows: %+v, want atomic then batched", r.Cluster)

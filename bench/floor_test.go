@@ -1,11 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,21 +9,8 @@ import (
 // The floor scenario alone, briefly, against a test server: every row is there, in order, with
 // positive figures, and the table and decide.lua's line against the target are printed.
 func TestFloorScenarioReportsEveryRow(t *testing.T) {
-	jsonPath := filepath.Join(t.TempDir(), "floor.json")
-	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
-		Window: 100 * time.Millisecond, Scenario: "floor", JSONPath: jsonPath}
-	var out, progress bytes.Buffer
-	if err := run(context.Background(), cfg, &out, &progress); err != nil {
-		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
-	}
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Report
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatalf("JSON report: %v", err)
-	}
+	r, out, _ := runBench(t, config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
+		Window: 100 * time.Millisecond, Scenario: "floor"})
 	if len(r.Exactness)+len(r.Throughput)+len(r.Memory)+len(r.Ceiling) > 0 {
 		t.Errorf("-scenario floor ran other scenarios too")
 	}

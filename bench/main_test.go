@@ -14,16 +14,32 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
+// runBench runs the program with cfg, its JSON report written to a file of the test's, and
+// returns that report decoded, with the Markdown output and the progress lines.
+func runBench(t *testing.T, cfg config) (r Report, out, progress *bytes.Buffer) {
+	t.Helper()
+	cfg.JSONPath = filepath.Join(t.TempDir(), "bench.json")
+	out, progress = new(bytes.Buffer), new(bytes.Buffer)
+	if err := run(context.Background(), cfg, out, progress); err != nil {
+		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
+	}
+	data, err := os.ReadFile(cfg.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("JSON report: %v", err)
+	}
+	return r, out, progress
+}
+
 // The whole program, small and short, against a real server: its figures must say what the
 // modes do. Atomic is exact; pipelined logs every attempt.
 func TestRunReportsEveryScenario(t *testing.T) {
-	jsonPath, chartsDir := filepath.Join(t.TempDir(), "bench.json"), filepath.Join(t.TempDir(), "charts")
+	chartsDir := filepath.Join(t.TempDir(), "charts")
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
-		Window: 100 * time.Millisecond, Scenario: "all", JSONPath: jsonPath, ChartsDir: chartsDir}
-	var out, progress bytes.Buffer
-	if err := run(context.Background(), cfg, &out, &progress); err != nil {
-		t.Fatalf("run: %v\nprogress:\n%s", err, progress.String())
-	}
+		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir}
+	r, out, progress := runBench(t, cfg)
 	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "| atomic |", "| pipelined |"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("Markdown output lacks %q:\n%s", want, out.String())
@@ -52,14 +68,6 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		}
 	}
 
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Report
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatalf("JSON report: %v", err)
-	}
 	if !strings.HasPrefix(r.Settings.ServerVersion, "Valkey") && !strings.HasPrefix(r.Settings.ServerVersion, "Redis") {
 		t.Errorf("server version %q", r.Settings.ServerVersion)
 	}
