@@ -54,6 +54,10 @@
 //     second and 100 per hour ([engine.Policy]): a request is admitted only when every limit
 //     has room, in one script call. Limits that share a key each hold on every event of the
 //     key, so give a key all of its limits from its first request, in one Policy.
+//   - For quotas over long periods, a limit's Resolution keeps its log to about Window/Resolution
+//     entries (1,000,000 per 30 days at an hour: about 9 KB), never admitting more than Max,
+//     and [engine.Calendar] counts a day, week, month or year in a time zone, in a counter;
+//     both mix with other limits in a Policy.
 //   - [engine.Engine.Wait] blocks until the key admits one event, as
 //     golang.org/x/time/rate's Limiter.Wait does: for a client pacing its own calls, or a job.
 //   - [engine.Engine.Refund] gives an admitted request's cost back (it failed before doing any

@@ -357,7 +357,7 @@ func (b *bencher) newFloorRun(ctx context.Context) (*floorRun, error) {
 	f := &floorRun{b: b, sha: map[string]string{}, keys: map[string][]string{}, windowDur: b.cfg.Window,
 		window: strconv.FormatInt(b.cfg.Window.Microseconds(), 10), max: strconv.Itoa(b.cfg.Limit)}
 	f.decideArgs = []string{singleArg(b.cfg.Window.Microseconds(), b.cfg.Limit)}
-	f.batchArgs = []string{"", "1", "1", f.window, f.max}
+	f.batchArgs = []string{"", "1", "2", f.window, f.max}
 	for i := 0; i < floorBatch; i++ {
 		f.batchPerRequest = append(f.batchPerRequest, "1", "1")
 	}

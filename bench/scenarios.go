@@ -725,7 +725,7 @@ func (b *bencher) ceiling(ctx context.Context, atomicRate, batchedRate, meanBatc
 	for i := 0; i < k; i++ {
 		batch = append(batch, b.prefix+"ceil:__rand_int__")
 	}
-	batch = append(batch, "", "1", "1", window, limit)
+	batch = append(batch, "", "1", "2", window, limit)
 	for i := 0; i < k; i++ {
 		batch = append(batch, "1", "1")
 	}

@@ -566,7 +566,7 @@ func (c *committer) sendTo(ctx context.Context, b *batch, node valkey.Client) {
 	args := slices.Grow(b.args[:0], 2+(1+2*len(sets[0].limits))*len(sets)+3*len(calls))
 	args = append(args, clock, itoa(len(sets)))
 	for _, s := range sets {
-		args = append(args, itoa(len(s.limits)))
+		args = append(args, itoa(len(s.nums)))
 		args = append(args, s.nums...)
 	}
 	for i, cl := range calls {

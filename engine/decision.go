@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -39,28 +40,104 @@ type request struct {
 	set    *limitSet // the limits
 }
 
-// limitSet is limits with windows ascending, and their windows and maxes as the scripts read
-// them, formatted once: as decimal strings (the batch scripts' arguments), as numbers (for the
-// single scripts' one argument), and as that argument for a request of one event on the
-// server's clock, the most common.
+// limitSet is limits as the scripts read them: the sliding limits, windows ascending, then
+// the calendar limits; and their values (decide.lua documents them: the resolution first when
+// there is one, the (window, max) pairs, each calendar limit's max and boundaries), formatted
+// once: as decimal strings (the batch scripts' arguments), as numbers (for the single
+// scripts' one argument), and as that argument for a request of one event on the server's
+// clock, the most common. A set with calendar limits has boundaries that depend on the time:
+// its requests take the set at (at), made once per period.
 type limitSet struct {
-	limits []Limit
-	nums   []string
-	pairs  []int64 // (window in µs, max) per limit
-	oneNow string  // singleArg of a request of n = 1 on the server's clock
+	limits    []Limit
+	nums      []string
+	pairs     []int64
+	oneNow    string
+	res       int64 // the resolution entries are recorded at, in µs; 0: exact
+	calendars int   // how many of limits are calendar limits (the last ones)
+	// current is, for a set with calendar limits, the set with the boundaries around the
+	// latest time asked (at), and the span of times it serves.
+	current atomic.Pointer[datedSet]
 }
 
+// datedSet is a set with calendar boundaries, and the times [from, to) they are right for.
+type datedSet struct {
+	set      *limitSet
+	from, to time.Time
+}
+
+// newLimitSet makes the set of limits: sliding ones, windows ascending, then calendar ones.
 func newLimitSet(limits []Limit) *limitSet {
-	nums := make([]string, 0, 2*len(limits))
-	pairs := make([]int64, 0, 2*len(limits))
+	s := &limitSet{limits: limits, res: -1}
 	for _, l := range limits {
-		nums = append(nums, strconv.FormatInt(l.windowMicros(), 10), strconv.Itoa(l.Max))
-		pairs = append(pairs, l.windowMicros(), int64(l.Max))
+		switch {
+		case l.IsCalendar():
+			s.calendars++
+		case l.Resolution == 0:
+			s.res = 0
+		case s.res < 0 || ceilMicros(l.Resolution) < s.res:
+			s.res = ceilMicros(l.Resolution)
+		}
 	}
-	s := &limitSet{limits: limits, nums: nums, pairs: pairs}
-	s.oneNow = string(scripts.AppendRequest(nil, scripts.ServerClock, 1, pairs))
+	if s.res < 0 {
+		s.res = 0
+	}
+	values := make([]int64, 0, 2+2*len(limits))
+	if s.res > 0 {
+		values = append(values, -1, s.res)
+	}
+	for _, l := range limits {
+		if !l.IsCalendar() {
+			values = append(values, l.windowMicros(), int64(l.Max))
+		}
+	}
+	s.setValues(values)
 	return s
 }
+
+// setValues formats values as the scripts read them.
+func (s *limitSet) setValues(values []int64) {
+	s.pairs = values
+	s.nums = make([]string, len(values))
+	for i, v := range values {
+		s.nums[i] = strconv.FormatInt(v, 10)
+	}
+	s.oneNow = string(scripts.AppendRequest(nil, scripts.ServerClock, 1, values))
+}
+
+// at is s for a request decided near t: s itself when it holds no calendar limit, else s with
+// every calendar limit's boundaries around t (the period before t's, t's, and the next), the
+// server picking the one that holds its own time.
+func (s *limitSet) at(t time.Time) *limitSet {
+	if s == nil || s.calendars == 0 {
+		return s
+	}
+	if d := s.current.Load(); d != nil && !t.Before(d.from) && t.Before(d.to) {
+		return d.set
+	}
+	d := &datedSet{set: &limitSet{limits: s.limits, res: s.res, calendars: s.calendars}}
+	values := slices.Clone(s.pairs)
+	for i, l := range s.limits[len(s.limits)-s.calendars:] {
+		b := l.boundariesAround(t)
+		values = append(values, -2, int64(l.Max), b[0].UnixMicro(), b[1].UnixMicro(), b[2].UnixMicro(), b[3].UnixMicro())
+		if i == 0 || b[1].After(d.from) {
+			d.from = b[1]
+		}
+		if i == 0 || b[2].Before(d.to) {
+			d.to = b[2]
+		}
+	}
+	d.set.setValues(values)
+	s.current.Store(d)
+	return d.set
+}
+
+// shared reports whether an entry recorded against s may hold other requests' events too (a
+// Resolution slot), or the request is counted by calendar counters: Settle then gives back
+// on every call.
+func (s *limitSet) shared() bool { return s.res > 0 || s.calendars > 0 }
+
+// sliding reports whether s holds a sliding limit: only then is an admission an entry.
+func (s *limitSet) sliding() bool { return s.calendars < len(s.limits) }
 
 // sameLimits reports whether two sets count the same limits.
 func (s *limitSet) sameLimits(o *limitSet) bool {
@@ -93,9 +170,12 @@ func newRequest(key string, at clockReading, n int, record bool, set *limitSet) 
 		return request{}, err
 	}
 	var nowUS int64
+	near := time.Now()
 	if at.set {
 		nowUS = at.t.UnixMicro()
+		near = at.t
 	}
+	set = set.at(near)
 	req := request{key: key, now: now, nowUS: nowUS, n: n, cost: itoa(n), set: set}
 	if record {
 		req.record = n
@@ -251,6 +331,19 @@ func readDecisions(reply valkey.ValkeyResult, calls []*call) {
 	}
 }
 
+// slotEnd is the end of t's slot of width res: t rounded up to a multiple of res, as the
+// scripts round it (Lua's % is floored, so times before 1970 round up too).
+func slotEnd(t, res int64) int64 {
+	m := t % res
+	if m < 0 {
+		m += res
+	}
+	if m == 0 {
+		return t
+	}
+	return t - m + res
+}
+
 // int64At reads the 8-byte big-endian two's complement integer at s[i:].
 func int64At(s string, i int) int64 {
 	var v uint64
@@ -285,8 +378,14 @@ func (o *outcome) read(s string, serverNow int64, req *request) error {
 	return nil
 }
 
-// longest is the longest window of s in microseconds: the default reset_after of a decision.
-func (s *limitSet) longest() int64 { return s.limits[len(s.limits)-1].windowMicros() }
+// longest is the longest sliding window of s in microseconds (0 when it has none): the default
+// reset_after of a decision.
+func (s *limitSet) longest() int64 {
+	if !s.sliding() {
+		return 0
+	}
+	return s.limits[len(s.limits)-1-s.calendars].windowMicros()
+}
 
 // result turns d, decided for req, into a Result, and refuses values no script gives. A
 // denial always has retry_after > 0.
@@ -299,7 +398,8 @@ func (d decision) result(req *request) (Result, error) {
 		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", d.retryAfter, d.resetAfter)
 	case d.tightest < 1 || d.tightest > int64(len(limits)):
 		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", d.tightest, len(limits))
-	case d.seq < 1:
+	case d.seq < 1 && (req.set.sliding() || d.seq < 0):
+		// Calendar limits alone record no entry: seq 0.
 		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", d.seq)
 	case d.quotaAfter < 0 || d.quotaAfter > d.resetAfter:
 		// The tightest window's first event is no newer than the log's newest entry, and that
@@ -315,8 +415,19 @@ func (d decision) result(req *request) (Result, error) {
 		At:         time.UnixMicro(d.now),
 		Window:     limits[d.tightest-1].Window,
 	}
+	if l := limits[d.tightest-1]; l.IsCalendar() {
+		start, end := l.PeriodAt(r.At)
+		r.Window = end.Sub(start)
+	}
 	if r.Allowed && req.record > 0 {
 		r.Entry = EntryID{Key: req.key, At: r.At, Seq: int(d.seq), Cost: req.record}
+		if req.set.shared() {
+			r.Entry.Shared, r.Entry.Decided = true, r.At
+		}
+		if req.set.res > 0 && d.seq > 0 {
+			// Recorded at the end of its slot: the decision's time rounded up.
+			r.Entry.At = time.UnixMicro(slotEnd(d.now, req.set.res))
+		}
 	}
 	return r, nil
 }

@@ -99,10 +99,18 @@ type EntryID struct {
 	Seq int
 	// Cost is the cost in events the entry was admitted with.
 	Cost int
+	// Shared is set when the request's events are held with other requests': in a slot's entry
+	// (a limit with a Resolution: At is the slot's end) or in calendar counters (Calendar
+	// limits; a policy of calendar limits alone records no entry, and Seq is 0). Settle and
+	// Refund of a shared request give back on every call: call them once per request.
+	Shared bool
+	// Decided is the decision's time (Result.At), set for a shared request: its calendar
+	// periods are the ones that hold it, and a slot's end (At) may lie in the next one.
+	Decided time.Time
 }
 
 // IsZero reports whether id names no entry.
-func (id EntryID) IsZero() bool { return id.Seq == 0 }
+func (id EntryID) IsZero() bool { return id.Seq == 0 && !id.Shared }
 
 // Limiter is the interface of the classic sliding-window-log article, so code written against
 // it can switch to Engine. Check and Record return ErrRateLimitExceeded (as a *DeniedError)
@@ -421,6 +429,9 @@ func (e *Engine) localNow() time.Time {
 // allowAt and peekAt take a validated request; the exported methods validate.
 func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
 	if e.mode == Pipelined {
+		if err := pipelinedOffers("allow", key, l); err != nil {
+			return Result{}, err
+		}
 		return e.allowPipelined(ctx, key, l, n, at)
 	}
 	return e.runScript(ctx, e.decides, "allow", key, l, n, at)
@@ -428,9 +439,21 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
 	if e.mode == Pipelined {
+		if err := pipelinedOffers("peek", key, l); err != nil {
+			return Result{}, err
+		}
 		return e.peekPipelined(ctx, key, l, n, at)
 	}
 	return e.runScript(ctx, e.peeks, "peek", key, l, n, at)
+}
+
+// pipelinedOffers refuses, for op on key, a limit Pipelined mode cannot count: its log is the
+// article's, one member per event, with neither slots nor calendar counters.
+func pipelinedOffers(op, key string, l Limit) error {
+	if l.Resolution > 0 || l.IsCalendar() {
+		return unsupported(op + " " + quoteKey(key) + " against " + l.String())
+	}
+	return nil
 }
 
 // runScript takes a decision or a peek (through e.peeks, recording nothing) of n events for

@@ -67,9 +67,9 @@ func TestPerHelpers(t *testing.T) {
 		got  Limit
 		want Limit
 	}{
-		{PerSecond(7), Limit{7, time.Second}},
-		{PerMinute(8), Limit{8, time.Minute}},
-		{PerHour(9), Limit{9, time.Hour}},
+		{PerSecond(7), Limit{Max: 7, Window: time.Second}},
+		{PerMinute(8), Limit{Max: 8, Window: time.Minute}},
+		{PerHour(9), Limit{Max: 9, Window: time.Hour}},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%v, want %v", tc.got, tc.want)

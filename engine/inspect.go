@@ -15,7 +15,8 @@ type Log struct {
 	// Count is the number of entries in the log.
 	Count int
 	// Layout is the version of the layout the log is stored in (docs/design.md): 2 for what
-	// this release writes by default, 3 for a log written under WithWriteLayout(3), 1 for a
+	// this release writes by default, 3 for a log written under WithWriteLayout(3), 4 for a
+	// log that keeps calendar counters (Calendar limits), 1 for a
 	// log an earlier release wrote and no decision has rewritten yet; 0 for a key that does
 	// not exist. Operators read it during an upgrade that changes
 	// the layout (docs/operating.md).
@@ -23,8 +24,23 @@ type Log struct {
 	// Cursors is how many shorter windows the log keeps a count for (policies): the strictrate
 	// command prints it, as it is part of what a log costs the server.
 	Cursors int
-	// Entries are the newest entries, oldest first: all of them, or as many as asked for.
+	// Entries are the newest entries, oldest first: all of them, or as many as asked for. A
+	// limit with a Resolution keeps one entry per slot: its At is the slot's end, its Cost the
+	// events of every request of the slot.
 	Entries []LogEntry
+	// Periods are the key's calendar counters (Calendar limits), one per period live on the
+	// key: what each has counted since its start. Their Events are not in Events, which counts
+	// the entries.
+	Periods []PeriodCount
+}
+
+// PeriodCount is a calendar counter of a key's log: the events admitted on the key within
+// one calendar period.
+type PeriodCount struct {
+	// Start and End are the period: Start <= t < End, on the clock that decided.
+	Start, End time.Time
+	// Events is how many events the key admitted in the period, refunds taken off.
+	Events int
 }
 
 // LogEntry is one admitted request's entry.
@@ -58,11 +74,15 @@ func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error)
 	if err != nil {
 		return Log{}, classify(ctx, what, err)
 	}
-	if len(vals) < 4 || (len(vals)-4)%2 != 0 {
-		return Log{}, fmt.Errorf("%s: reply has %d values, want 4 and pairs", what, len(vals))
+	if len(vals) < 5 || vals[4] < 0 || len(vals) < 5+3*int(vals[4]) || (len(vals)-5-3*int(vals[4]))%2 != 0 {
+		return Log{}, fmt.Errorf("%s: reply has %d values, want 5, the counters' triples and pairs", what, len(vals))
 	}
 	l := Log{Events: int(vals[0]), Count: int(vals[1]), Layout: int(vals[2]), Cursors: int(vals[3])}
-	for i := 4; i < len(vals); i += 2 {
+	first := 5 + 3*int(vals[4])
+	for i := 5; i < first; i += 3 {
+		l.Periods = append(l.Periods, PeriodCount{Start: time.UnixMicro(vals[i]), End: time.UnixMicro(vals[i+1]), Events: int(vals[i+2])})
+	}
+	for i := first; i < len(vals); i += 2 {
 		l.Entries = append(l.Entries, LogEntry{At: time.UnixMicro(vals[i]), Cost: int(vals[i+1])})
 	}
 	return l, nil

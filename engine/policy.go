@@ -44,7 +44,12 @@ func (p Policy) validate(n int) error {
 			return fmt.Errorf("policy limit %d (%s): %w", i, l, err)
 		}
 		for j := range i {
-			if p[j].windowMicros() == l.windowMicros() {
+			switch {
+			case l.IsCalendar() != p[j].IsCalendar():
+			case l.IsCalendar() && p[j].calendarTag() == l.calendarTag():
+				return fmt.Errorf("%w: policy limits %d (%s) and %d (%s) have the same period",
+					ErrInvalidArgument, j, p[j], i, l)
+			case !l.IsCalendar() && p[j].windowMicros() == l.windowMicros():
 				return fmt.Errorf("%w: policy limits %d (%s) and %d (%s) have the same window",
 					ErrInvalidArgument, j, p[j], i, l)
 			}
@@ -64,14 +69,23 @@ func (p Policy) String() string {
 
 // Tag returns a compact name of p's limits, the same for the same limits in any order, for
 // keys: each limit as max/window in microseconds, by ascending window, joined by commas
-// ("5/3600000000,100/60000000"). The middlewares put it in their keys, so that requests judged
+// ("5/3600000000,100/60000000"); a Resolution follows its window after "~" (in
+// microseconds), and calendar limits come last, named by period and zone
+// ("1000000/month@UTC"). The middlewares put it in their keys, so that requests judged
 // by different policies never share a log (see "Limits that share a key" in docs/limits.md).
 func (p Policy) Tag() string {
 	sorted := slices.Clone(p)
-	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Or(cmp.Compare(a.Window, b.Window), cmp.Compare(a.Max, b.Max)) })
+	slices.SortFunc(sorted, compareLimits)
 	parts := make([]string, len(sorted))
 	for i, l := range sorted {
-		parts[i] = strconv.Itoa(l.Max) + "/" + strconv.FormatInt(l.windowMicros(), 10)
+		switch {
+		case l.IsCalendar():
+			parts[i] = strconv.Itoa(l.Max) + "/" + l.calendarTag()
+		case l.Resolution > 0:
+			parts[i] = strconv.Itoa(l.Max) + "/" + strconv.FormatInt(l.windowMicros(), 10) + "~" + strconv.FormatInt(ceilMicros(l.Resolution), 10)
+		default:
+			parts[i] = strconv.Itoa(l.Max) + "/" + strconv.FormatInt(l.windowMicros(), 10)
+		}
 	}
 	return strings.Join(parts, ",")
 }
@@ -164,13 +178,28 @@ func (e *Engine) checkPolicyCall(ctx context.Context, op, key string, p Policy, 
 	return nil
 }
 
-// policySet is p's limits as the scripts want them, windows ascending (the last is the
-// longest); a single limit's set is the engine's cached one.
+// policySet is p's limits as the scripts want them, sliding windows ascending (the last is
+// the longest), then calendar limits; a single limit's set is the engine's cached one.
 func (e *Engine) policySet(p Policy) *limitSet {
 	if len(p) == 1 {
 		return e.oneLimit(p[0])
 	}
 	sorted := slices.Clone(p)
-	slices.SortFunc(sorted, func(a, b Limit) int { return cmp.Compare(a.Window, b.Window) })
+	slices.SortFunc(sorted, compareLimits)
 	return newLimitSet(sorted)
+}
+
+// compareLimits orders limits as the scripts take them: sliding ones by window (then max,
+// then resolution), then calendar ones by their tag (then max).
+func compareLimits(a, b Limit) int {
+	switch {
+	case a.IsCalendar() != b.IsCalendar():
+		if a.IsCalendar() {
+			return 1
+		}
+		return -1
+	case a.IsCalendar():
+		return cmp.Or(cmp.Compare(a.calendarTag(), b.calendarTag()), cmp.Compare(a.Max, b.Max))
+	}
+	return cmp.Or(cmp.Compare(a.Window, b.Window), cmp.Compare(a.Max, b.Max), cmp.Compare(a.Resolution, b.Resolution))
 }

@@ -12,7 +12,7 @@ import (
 // does as well, here or in another process.
 //
 // Refund is atomic and idempotent: refunding again, or after a Settle, changes nothing more,
-// and never touches another request's entry. It is a no-op once the entry has left the key's
+// and never touches another request's entry (except for a shared request: see Settle). It is a no-op once the entry has left the key's
 // longest window. A Result that recorded nothing (a denial, a Peek, a fail-open admission) is
 // ErrInvalidArgument; a Result of another key, or of an engine of another prefix, is
 // ErrUnknownEntry (r.Entry.Key names the log it was recorded in); both before anything is
@@ -30,6 +30,14 @@ func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
 // Settle only lowers: settling again to a higher cost than the entry holds changes nothing, so
 // a retried Settle is harmless. Otherwise it is Refund, which is Settle to 0, with the same
 // atomicity, idempotence and no-ops.
+//
+// A shared request (r.Entry.Shared: a limit with a Resolution, whose slot's entry holds other
+// requests' events too, or a Calendar limit, whose period's counter does) cannot be told
+// apart from the others it is held with: Settle gives r.Entry.Cost - actual back to its slot's
+// entry and to the counters of the period that holds the decision's time (r.Entry.Decided)
+// on every call, never more than they
+// hold, so call it once per request. A calendar counter gets its give-back until its period
+// ends, even after the request's entry left every sliding window.
 func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) error {
 	if err := checkContext(ctx); err != nil {
 		return err
@@ -48,7 +56,7 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	case id.Key != full:
 		return fmt.Errorf("%s: %w: the Result's entry is in the log %s, and this key's is %s", what, ErrUnknownEntry,
 			quoteKey(id.Key), quoteKey(full))
-	case id.Seq < 0 || id.Cost < 1 || id.Cost > MaxEvents:
+	case id.Seq < 0 || id.Seq == 0 && !id.Shared || id.Cost < 1 || id.Cost > MaxEvents:
 		return fmt.Errorf("%w: entry %+v is not one this engine made", ErrInvalidArgument, id)
 	case actual < 0 || actual > id.Cost:
 		return fmt.Errorf("%w: settle to %d events, outside 0 to the entry's cost %d", ErrInvalidArgument, actual, id.Cost)
@@ -58,6 +66,21 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 		return err
 	}
 	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
+	if id.Shared {
+		// A slot's entry or calendar counters: the periods are those of the decision's time.
+		decided := id.Decided
+		if decided.IsZero() {
+			decided = r.At
+		}
+		if decided.IsZero() {
+			decided = id.At
+		}
+		us, err := clockReading{t: decided, set: true}.micros()
+		if err != nil {
+			return err
+		}
+		args = append(args, "shared", strconv.FormatInt(us, 10))
+	}
 	e.forgetDenials(full)
 	back, err := e.settle.Exec(ctx, e.client, []string{full}, args).AsInt64()
 	switch {

@@ -10,9 +10,14 @@
 --            now    in integer microseconds, or SERVER_CLOCK (2^60) to read the server's
 --                   clock (TIME)
 --            n      the request's cost in events, all or nothing (1 <= n <= every max)
---            then per limit, windows strictly ascending: its window in integer
---            microseconds (>= 1000) and its max, the events admitted in any trailing
---            window (>= 1)
+--            then the limits: per sliding limit, windows strictly ascending, its window in
+--            integer microseconds (>= 1000) and its max, the events admitted in any
+--            trailing window (>= 1); before them, optionally, -1 and the resolution in
+--            microseconds (entries are recorded at the end of their slot: lib_log.lua's
+--            decide); after them, per calendar limit, -2, its max, then four times in
+--            microseconds, strictly ascending: the start of the period before the current
+--            one, the current one's start and end, and the next one's end, as the engine's
+--            clock sees them (the server's now picks the period that holds it)
 --          (One string, read by one struct.unpack: each further argument, and each tonumber,
 --          cost the server about as much as a tenth of a server call.)
 -- or, for tools that cannot send bytes (valkey-benchmark, valkey-cli), the same in decimal,

@@ -14,8 +14,8 @@
 --          their number, then the keys, then the ARGV below)
 -- ARGV[1]  "" when every request uses the server's clock (read once, shared by all), else
 --          "each": every request carries its own now
--- ARGV[2]  the number of limit sets S, then S sets: a set's number of limits L, then its L
---          (window, max) pairs, windows ascending (as decide.lua's ARGV[3..])
+-- ARGV[2]  the number of limit sets S, then S sets: a set's number of values L, then its L
+--          values, decide.lua's limits in decimal (as its decimal ARGV[3..])
 --          ... then per request, in KEYS order: its cost n; the 1-based index of its set; with
 --          "each", its now in integer microseconds, or "" for the server's clock
 --

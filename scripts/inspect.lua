@@ -7,14 +7,15 @@
 --
 -- Reply: an array of integers: total (events in the log), count (entries), layout (the version
 -- of the layout the header was written in: lib_log.lua; 0 for an absent key), cursors (how
--- many shorter windows the log keeps a cursor for), then a time and a cost per entry
--- returned, oldest first. An absent key replies total 0 and count 0; BADLAYOUT as in
+-- many shorter windows the log keeps a cursor for), counters (how many calendar counters it
+-- keeps), then per counter its period's start and end and its events, then a time and a
+-- cost per entry returned, oldest first. An absent key replies total 0 and count 0; BADLAYOUT as in
 -- decide.lua.
 
 -- include: lib_log.lua
 
--- layout_version is the layout version of a header read_log accepted (lib_log.lua): 1, 2 or
--- 3; 0 for none.
+-- layout_version is the layout version of a header read_log accepted (lib_log.lua): 1 to 4;
+-- 0 for none.
 local function layout_version(h)
   if not h then
     return 0
@@ -24,6 +25,8 @@ local function layout_version(h)
     return 1
   elseif kind == KIND_V then
     return 3
+  elseif kind == KIND_C then
+    return 4
   end
   return 2
 end
@@ -31,7 +34,12 @@ end
 local g = general()
 local h = read_header(KEYS[1])
 local log = g.read_log(KEYS[1], h)
-local reply = {log.total, log.count, layout_version(h), #log.cursors}
+local reply = {log.total, log.count, layout_version(h), #log.cursors, #log.counters}
+for _, c in ipairs(log.counters) do
+  reply[#reply + 1] = c.start
+  reply[#reply + 1] = c.stop
+  reply[#reply + 1] = c.events
+end
 local from = 0
 local most = tonumber(ARGV[1])
 if most > 0 and log.count > most then

@@ -4,18 +4,18 @@
 -- request of a batch script's call, in KEYS order, and returns the reply lib_reply.lua
 -- encodes, one decision per request. ARGV (decide_batch.lua documents it): "" when every
 -- request uses the server's clock (read once, shared), else "each"; the number of limit sets;
--- each set (its number of limits, then the (window, max) pairs); then per request its cost n,
+-- each set (its number of values, then its values, as decide.lua's limits); then per request its cost n,
 -- the 1-based index of its set, and, with "each", its now. A failed request is caught on its
 -- own: the others are taken as if it were not there.
 local function run_batch(decide)
   local sets, a = {}, 3
   for s = 1, tonumber(ARGV[2]) do
     local count, limits = tonumber(ARGV[a]), {}
-    for j = 1, 2 * count do
+    for j = 1, count do
       limits[j] = tonumber(ARGV[a + j])
     end
     sets[s] = limits
-    a = a + 1 + 2 * count
+    a = a + 1 + count
   end
   local each, server_now = ARGV[1] == 'each', 0
   if not each then

@@ -21,14 +21,18 @@ local function decide_request(key, now, n, limits, server_clock, h)
   log.server_clock = server_clock
   local remaining, tightest, retry_after, _, seq, quota_after = g.decide(log, now, n, limits, true)
   g.save(log)
-  -- reach: the longest window ever counted on the key (its horizon), this call's included.
-  local reach = log.horizon
-  local reset_after = log.newest + reach - now
+  -- The log empties at its newest entry plus the longest window ever counted on the key (its
+  -- horizon, this call's included), or when the last period a counter holds events in ends.
+  local reset_at = g.reset_at(log, log.horizon)
+  local reset_after = 0
+  if reset_at > now then
+    reset_after = reset_at - now
+  end
   if retry_after > 0 then
-    if log.horizon_grew and reset_after > 0 then
+    if (log.horizon_grew or log.created) and reset_after > 0 then
       -- A longer window now counts on the key: its entries must outlive the expiry a
-      -- shorter one set.
-      keep_log_until(key, now, now + reset_after, server_clock)
+      -- shorter one set. Or the key was made anew (its counters kept, its entries gone).
+      keep_log_until(key, now, reset_at, server_clock)
     end
     return remaining, retry_after, quota_after, reset_after, tightest, 1
   end
@@ -37,7 +41,7 @@ local function decide_request(key, now, n, limits, server_clock, h)
   if not log.expiry_set then
     -- A key this call made: without its expiry it would outlive every window. Refused, the
     -- key goes again, and the call records nothing.
-    local ok, err = pcall(keep_log_until, key, now, now + reset_after, server_clock)
+    local ok, err = pcall(keep_log_until, key, now, reset_at, server_clock)
     if not ok then
       redis.call('DEL', key)
       error(err)

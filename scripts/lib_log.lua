@@ -22,6 +22,11 @@
 -- The first byte of a time between the years 1827 and 2112 is 0x00-0x0F or 0xF0-0xFF, so no
 -- entry or header reads as a decimal integer: the list keeps them as strings.
 --
+-- Slots: a limit with a resolution records a request at the end of its slot (its time rounded
+-- up to a multiple of the resolution), and adds its cost to the entry of that time that
+-- carries events, when one is among the newest few (g.merge_slot): the entry is then shared by the slot's requests, and a
+-- settle of one of them (settle.lua, shared) takes its cost off the slot's entry.
+--
 -- Refunds: a settle lowers the cost in place. An entry refunded in full joins the refunded
 -- entries of its microsecond beside it into one refunded run, which stands for all their seqs
 -- (span), written in the encodings make_entry never uses: 254 then a span below 254, 255 then
@@ -43,6 +48,18 @@
 -- anything else (another type, a list whose first element is no header of these versions: a
 -- later release's, or another program's) is refused with an error reply BADLAYOUT that says
 -- what was found; it is never read as a log, never converted, and nothing is written to it.
+--
+-- Version 4 adds 'C', a prefix for calendar counters (the engine's Calendar limits): 'C', a
+-- byte k (1 to MAX_COUNTERS), then k counters of three fields (start, end: the period, in
+-- microseconds, start <= t < end; events: the events admitted on the key in that period since
+-- the counter was made), then a header of version 2 as above. Every admission on the key adds
+-- its cost to every counter whose period holds its time, so a counter counts the key's events
+-- whatever limit admitted them, from its first use on; a refund takes its give-back from the
+-- counters whose period holds the request's decision time. A counter whose period ended is
+-- dropped when a later period's counter is made; a request of a period that ended on the key
+-- (a later counter exists: a caller's clock behind) is denied until that period's end. A log with counters is written as version 4 whatever the
+-- engine's WithWriteLayout: only a calendar limit makes one, and a release that reads no 'C'
+-- refuses it (BADLAYOUT) rather than lose its counts.
 --
 -- expires ('V' only) is a time, in the server's milliseconds, at or before which the key's
 -- expiry lies: whoever writes a 'V' header has set the key to expire then or later, and a
@@ -85,6 +102,10 @@
 --const KIND_S 83
 --const KIND_F 70
 --const KIND_V 86
+--const KIND_C 67
+-- MAX_COUNTERS is the most calendar counters a log keeps: the periods live at once on a key
+-- (a policy's day, week, month and year, say), as many as a policy's limits.
+--const MAX_COUNTERS 16
 -- OPEN_CHUNK_MAX is the most entries the header's open chunk holds.
 --const OPEN_CHUNK_MAX 32
 -- MAX_CURSORS is the most windows a policy counts at once: the engine's MaxPolicyLimits, which
@@ -225,10 +246,29 @@ local function general()
     end
     if not h then
       return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = NO_TIME_BEFORE,
-        seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = ''}
+        seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = '',
+        counters = {}}
     end
     -- A header opens with its kind: the layout's version and the header's shape (see above).
     local kind = string.byte(h, 1)
+    local counters = {}
+    if kind == KIND_C and #h >= 2 then
+      -- Version 4: the calendar counters, then a header of version 2.
+      local k, pos = struct.unpack('>B', h, 2)
+      if k < 1 or #h < pos + 21 * k then
+        g.refuse_layout(key, h)
+      end
+      for i = 1, k do
+        local c = {}
+        c.start, c.stop, c.events, pos = struct.unpack('>i7i7i7', h, pos)
+        counters[i] = c
+      end
+      h = string.sub(h, pos)
+      kind = string.byte(h, 1)
+      if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H then
+        g.refuse_layout(key, h)
+      end
+    end
     local small, full = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H
     if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
       g.refuse_layout(key, h)
@@ -247,7 +287,8 @@ local function general()
     end
     local log = {key = key, exists = true, dirty = false, total = total, count = count,
       newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
-      oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == KIND_U or kind == KIND_H}
+      oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == KIND_U or kind == KIND_H,
+      counters = counters}
     for i = 1, ncursors do
       local c = {}
       c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
@@ -271,19 +312,166 @@ local function general()
         parts[#parts + 1] = struct.pack('>i7i7i7i7i7', c.window, c.idx, c.partial, c.before, c.after)
       end
     end
-    if log.gone == 0 and log.closed == 0 and #parts == 0 then
+    local prefix = g.counters_prefix(log)
+    if log.gone == 0 and log.closed == 0 and #parts == 0 and prefix == '' then
       write_small(log.key, log.exists, log.total, log.count, log.newest, log.seq, log.horizon, log.open, '',
         log.tail_refunded and 'U' or 'T')
     else
-      local header = (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count, log.newest,
-        log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts) .. log.open
+      local header
+      if log.gone == 0 and log.closed == 0 and #parts == 0 then
+        header = prefix .. (log.tail_refunded and 'U' or 'T') .. struct.pack('>i7i7i7i7i7', log.total, log.count,
+          log.newest, log.seq, log.horizon) .. log.open
+      else
+        header = prefix .. (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count, log.newest,
+          log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts) .. log.open
+      end
       if log.exists then
         redis.call('LSET', log.key, 0, header)
       else
         redis.call('RPUSH', log.key, header)
+        log.created = true
       end
     end
     log.exists = true
+  end
+
+  -- counters_prefix is the version 4 prefix of log's header: its calendar counters (see
+  -- above), '' when it keeps none. When more than MAX_COUNTERS are live, it keeps the ones
+  -- this call used, then the latest to end.
+  function g.counters_prefix(log)
+    local counters = log.counters
+    if #counters == 0 then
+      return ''
+    end
+    if #counters > MAX_COUNTERS then
+      table.sort(counters, function(a, b)
+        if (a.used or false) ~= (b.used or false) then
+          return a.used or false
+        end
+        return a.stop > b.stop
+      end)
+      for i = #counters, MAX_COUNTERS + 1, -1 do
+        counters[i] = nil
+      end
+    end
+    local parts = {'C', string.char(#counters)}
+    for i = 1, #counters do
+      local c = counters[i]
+      parts[#parts + 1] = struct.pack('>i7i7i7', c.start, c.stop, c.events)
+    end
+    return table.concat(parts)
+  end
+
+  -- counter returns log's counter of the period [start, stop), or nil.
+  function g.counter(log, start, stop)
+    local counters = log.counters
+    for i = 1, #counters do
+      local c = counters[i]
+      if c.start == start and c.stop == stop then
+        return c
+      end
+    end
+    return nil
+  end
+
+  -- drop_before forgets the counters whose period ended at or before start, a new counter's:
+  -- a period ends on a key when a later one starts counting on it.
+  function g.drop_before(log, start)
+    local counters, kept = log.counters, {}
+    for i = 1, #counters do
+      if counters[i].stop > start then
+        kept[#kept + 1] = counters[i]
+      end
+    end
+    if #kept ~= #counters then
+      log.counters, log.dirty = kept, true
+    end
+  end
+
+  -- ended reports whether a period that ends at stop is over on log: a counter of a later
+  -- period exists (so its own counter, if it had one, may be gone).
+  function g.ended(log, stop)
+    local counters = log.counters
+    for i = 1, #counters do
+      if counters[i].start >= stop then
+        return true
+      end
+    end
+    return false
+  end
+
+  -- count_in adds events (negative: takes them back, never below 0) to every counter whose
+  -- period holds t, and returns how many it changed.
+  function g.count_in(log, t, events)
+    local changed, counters = 0, log.counters
+    for i = 1, #counters do
+      local c = counters[i]
+      if c.start <= t and t < c.stop then
+        local v = c.events + events
+        if v < 0 then
+          v = 0
+        end
+        if v ~= c.events then
+          c.events, changed, log.dirty = v, changed + 1, true
+        end
+      end
+    end
+    return changed
+  end
+
+  -- period picks, from a calendar limit's boundaries b0 < b1 < b2 < b3 (the engine computes
+  -- them around its own clock: the period before, the current one, the next), the period
+  -- that holds now: its start and end. A now outside them all is a clock too far from the
+  -- engine's, refused with BADCLOCK.
+  function g.period(cal, now)
+    for i = 2, 4 do
+      if cal[i] <= now and now < cal[i + 1] then
+        return cal[i], cal[i + 1]
+      end
+    end
+    error({err = string.format('BADCLOCK the time %d is outside the calendar periods %d to %d the engine sent: '
+      .. 'its clock and the server\'s differ by more than a period', now, cal[2], cal[5])})
+  end
+
+  -- reset_at is when log holds no event any more: its newest entry plus reach (its horizon),
+  -- or the end of the latest period a counter holds events in; NO_TIME_BEFORE when empty.
+  function g.reset_at(log, reach)
+    local at = NO_TIME_BEFORE
+    if log.count > 0 then
+      at = log.newest + reach
+    end
+    local counters = log.counters
+    for i = 1, #counters do
+      local c = counters[i]
+      if c.events > 0 and c.stop > at then
+        at = c.stop
+      end
+    end
+    return at
+  end
+
+  -- view splits a request's flat limits (decide.lua documents them) once: sliding, the
+  -- (window, max) pairs, windows ascending; res, the resolution entries are recorded at (0:
+  -- exact); cals, the calendar limits, each {max, b0, b1, b2, b3}.
+  function g.view(limits)
+    if limits.sliding == nil then
+      local sliding, cals, res, i = {}, {}, 0, 1
+      while i <= #limits do
+        local v = limits[i]
+        if v == -1 then
+          res, i = limits[i + 1], i + 2
+        elseif v == -2 then
+          cals[#cals + 1] = {limits[i + 1], limits[i + 2], limits[i + 3], limits[i + 4], limits[i + 5]}
+          i = i + 6
+        else
+          sliding[#sliding + 1] = v
+          sliding[#sliding + 1] = limits[i + 1]
+          i = i + 2
+        end
+      end
+      limits.sliding, limits.res, limits.cals = sliding, res, cals
+    end
+    return limits.sliding, limits.res, limits.cals
   end
 
   -- shift_cursors moves every cursor back by dropped entries of cost cost that left the log's
@@ -780,19 +968,71 @@ local function general()
     return seq
   end
 
-  -- decide judges a request of n events at now against limits, a flat list of (window, max)
-  -- pairs with windows ascending, and records it when every limit has room. write false only
-  -- judges (a peek): nothing moves, and the longest window skips the entries that have left it
-  -- instead of trimming them. It returns the least room left (after recording), the 1-based
-  -- position of the limit it belongs to (the shortest window among equals), the wait until
-  -- every limit has room for n (0: admitted), the events in the longest window before
-  -- recording, the entry's seq, and quota_after: the wait until the first event in that
-  -- limit's window (after recording) leaves it, 0 when the window holds none.
+  -- merge_slot adds cost to the entry of time t that carries events (a slot's entry:
+  -- Resolution), when one is among the newest few (callers' clocks may be a little out of
+  -- step), and returns its seq; nil, having changed nothing, when there is none.
+  function g.merge_slot(log, t, cost)
+    if log.count == 0 or t > log.newest then
+      return nil
+    end
+    local from = log.count - 8
+    if from < 0 then
+      from = 0
+    end
+    local ts, cs, ss = g.entries(log, from, log.count - 1)
+    for j = #ts, 1, -1 do
+      if ts[j] < t then
+        return nil
+      elseif ts[j] == t and cs[j] > 0 and cs[j] + cost <= 2147483647 then
+        -- Its seq: one past the seqs of the entries of t before it (runs stand for theirs).
+        local seq, k = 1, j - 1
+        while k >= 1 and ts[k] == t do
+          seq, k = seq + (ss[k] or 1), k - 1
+        end
+        if k < 1 and from > 0 then
+          return nil -- more entries of t than read: append instead
+        end
+        local i = from + j - 1
+        g.set_cost(log, i, cs[j] + cost)
+        local cursors = log.cursors
+        for c = 1, #cursors do
+          if i < cursors[c].idx then
+            cursors[c].partial = cursors[c].partial + cost
+          end
+        end
+        log.total = log.total + cost
+        log.dirty = true
+        return seq
+      end
+    end
+    return nil
+  end
+
+  -- decide judges a request of n events at now against limits (decide.lua documents them: the
+  -- sliding limits' (window, max) pairs, windows ascending, with the resolution and the
+  -- calendar limits, as g.view reads them), and records it when every limit has room. write
+  -- false only judges (a peek): nothing moves, and the longest window skips the entries that
+  -- have left it instead of trimming them. It returns the least room left (after recording),
+  -- the 1-based position of the limit it belongs to (the shortest window among equals; the
+  -- calendar limits follow the sliding ones), the wait until every limit has room for n (0:
+  -- admitted), the events in the longest window before recording, the entry's seq (0 when
+  -- the request records no entry: calendar limits alone), and quota_after: the wait until
+  -- the first event in that limit's window (after recording) leaves it, or its period ends,
+  -- 0 when the window holds none.
+  --
+  -- With a resolution, the entry is recorded at the end of its slot, now rounded up to a
+  -- multiple of res, and joins the entry of that slot (g.merge_slot) when there is one: it counts at
+  -- least as long as the request would, so no window ever admits more than its max, and at
+  -- most res longer. Calendar limits count their period's counter (see above).
   function g.decide(log, now, n, limits, write)
-    local last = #limits / 2
+    local sliding, res, cals = g.view(limits)
+    local last = #sliding / 2
     -- The log keeps every entry the longest window ever counted on the key still counts
     -- (its horizon), so that no limit on the key ever trims what another one counts.
-    local reach = math.max(limits[2 * last - 1], log.horizon)
+    local reach = log.horizon
+    if last > 0 and sliding[2 * last - 1] > reach then
+      reach = sliding[2 * last - 1]
+    end
     if write then
       g.trim(log, now - reach)
       if reach > log.horizon then
@@ -801,8 +1041,9 @@ local function general()
     end
     local remaining, tightest, retry_after, count = nil, 1, 0, 0
     local tfirst, tcount, twindow = 0, 0, 0 -- the tightest limit's first entry, events, window
+    local tends = nil -- the tightest limit's period end, when it is a calendar limit
     for i = 1, last do
-      local window, max = limits[2 * i - 1], limits[2 * i]
+      local window, max = sliding[2 * i - 1], sliding[2 * i]
       local first = 0
       count = log.total
       if i < last or not write or window < reach then
@@ -820,9 +1061,34 @@ local function general()
         end
       end
     end
+    local periods = {}
+    for j = 1, #cals do
+      local cal = cals[j]
+      local start, stop = g.period(cal, now)
+      periods[j] = {start, stop}
+      local c, held = g.counter(log, start, stop), 0
+      if c ~= nil then
+        held = c.events
+        c.used = true
+      elseif g.ended(log, stop) then
+        -- A caller's clock behind the others': its period ended on this key, and its count
+        -- may be gone. Deny until it ends, as a sliding log denies early, never late.
+        held = cal[1]
+      end
+      if remaining == nil or cal[1] - held < remaining then
+        remaining, tightest, tcount, tends = cal[1] - held, last + j, held, stop
+      end
+      if held + n > cal[1] and stop - now > retry_after then
+        retry_after = stop - now
+      end
+    end
     -- The first event in the tightest window: from its first entry on, skipping refunded ones.
     local quota_after = 0
-    if tcount > 0 then
+    if tends ~= nil then
+      if tcount > 0 then
+        quota_after = tends - now
+      end
+    elseif tcount > 0 then
       quota_after = g.covering(log, tfirst, 1) + twindow - now
     end
     if retry_after > 0 or not write then
@@ -832,16 +1098,46 @@ local function general()
       return remaining, tightest, retry_after, count, 0, quota_after
     end
     -- The new entry is in the window too, and older than every entry a clock ahead recorded.
-    if tcount == 0 or quota_after > twindow then
+    if tends ~= nil then
+      quota_after = tends - now
+    elseif tcount == 0 or quota_after > twindow then
       quota_after = twindow
+    end
+    -- The counters: every period this request counts in gets one, and every counter whose
+    -- period holds now counts the request, whatever limit made it.
+    for j = 1, #periods do
+      local start, stop = periods[j][1], periods[j][2]
+      if g.counter(log, start, stop) == nil then
+        g.drop_before(log, start)
+        log.counters[#log.counters + 1] = {start = start, stop = stop, events = 0, used = true}
+        log.dirty = true
+      end
+    end
+    g.count_in(log, now, n)
+    local t = now
+    if res > 0 and now % res ~= 0 then
+      t = now - now % res + res
     end
     if log.exists then
       -- The expiry the key needs once the entry is in, set before it goes in: a server that
       -- refuses it refuses before anything is recorded.
-      keep_log_until(log.key, now, math.max(log.newest, now) + log.horizon, log.server_clock)
+      local until_us = g.reset_at(log, log.horizon)
+      if last > 0 and math.max(log.newest, t) + log.horizon > until_us then
+        until_us = math.max(log.newest, t) + log.horizon
+      end
+      keep_log_until(log.key, now, until_us, log.server_clock)
       log.expiry_set = true
     end
-    return remaining - n, tightest, 0, count, g.insert(log, now, n), quota_after
+    local seq = 0
+    if last > 0 then
+      if res > 0 then
+        seq = g.merge_slot(log, t, n)
+      end
+      if seq == nil or seq == 0 then
+        seq = g.insert(log, t, n)
+      end
+    end
+    return remaining - n, tightest, 0, count, seq, quota_after
   end
 
   return g

@@ -66,9 +66,14 @@ local function peek_request(key, now, n, limits)
   local g = general()
   local log = g.read_log(key, h)
   local remaining, tightest, retry_after, count, _, quota_after = g.decide(log, now, n, limits, false)
+  local sliding = g.view(limits)
+  local reach = log.horizon
+  if #sliding > 0 and sliding[#sliding - 1] > reach then
+    reach = sliding[#sliding - 1]
+  end
   local reset_after = 0
-  if count > 0 then
-    reset_after = log.newest + math.max(limits[#limits - 1], log.horizon) - now
+  if count > 0 or #log.counters > 0 then
+    reset_after = math.max(g.reset_at(log, reach) - now, 0)
   end
   return remaining, retry_after, quota_after, reset_after, tightest, 1
 end

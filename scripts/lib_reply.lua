@@ -36,13 +36,15 @@
 -- after the now: {3, remaining, 0, quota_after}.
 
 -- encode_decision returns one request's decision, encoded as above. limits are the request's
--- flat (window, max) pairs, windows ascending.
+-- flat limits (decide.lua): (window, max) pairs, windows ascending, or, when the general path
+-- read them (lib_log.lua's view), with their sliding pairs apart, whose longest window is
+-- reset_after's default.
 local function encode_decision(limits, remaining, retry_after, quota_after, reset_after, tightest, seq)
   if seq ~= 1 then
     return struct.pack('>Bi8i8i8i8i8i8', 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
   elseif tightest ~= 1 then
     return struct.pack('>Bi8i8i8i8i8', 5, remaining, retry_after, quota_after, reset_after, tightest)
-  elseif reset_after ~= limits[#limits - 1] then
+  elseif reset_after ~= (limits.sliding or limits)[#(limits.sliding or limits) - 1] then
     return struct.pack('>Bi8i8i8i8', 4, remaining, retry_after, quota_after, reset_after)
   elseif quota_after ~= limits[1] then
     return struct.pack('>Bi8i8i8', 3, remaining, retry_after, quota_after)

@@ -180,7 +180,7 @@ func TestComposedScriptsRun(t *testing.T) {
 			t.Fatalf("%s: second refund: %d events back, want none", name, got)
 		}
 		log := run("inspect.lua", key, "0")
-		want := []int64{max - 1, max - 1, 2, log[3], now, 1, now + 2, 1}
+		want := []int64{max - 1, max - 1, 2, log[3], 0, now, 1, now + 2, 1}
 		if fmt.Sprint(log) != fmt.Sprint(want) {
 			t.Fatalf("%s: inspect: %v, want %v", name, log, want)
 		}
@@ -217,7 +217,7 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 	a, b := "scripts-test:batch:a:"+id, "scripts-test:batch:b:"+id
 	keys := []string{a, poisoned, a, b, a}
 	// The server's clock for all; set 1: 2 per second; set 2: 5 per ms and 4 per minute.
-	args := []string{"", "2", "1", "1000000", "2", "2", "1000", "5", "60000000", "4"}
+	args := []string{"", "2", "2", "1000000", "2", "4", "1000", "5", "60000000", "4"}
 	for _, k := range keys {
 		if k == b {
 			args = append(args, "3", "2") // cost 3, set 2
@@ -364,7 +364,7 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 	// twice, the last of cost 2.
 	decisions := func(declared bool, script string, keys []string) []string {
 		t.Helper()
-		args := []string{"each", "1", "1", "1000000", "2"}
+		args := []string{"each", "1", "2", "1000000", "2"}
 		for i := range keys {
 			cost := "1"
 			if i == len(keys)-1 {
