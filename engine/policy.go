@@ -90,9 +90,10 @@ func (p Policy) Tag() string {
 	return strings.Join(parts, ",")
 }
 
-// Longest returns the limit of p with the longest window; the zero Limit when p is empty. Its
-// window is how long a key of p keeps its events: size what a caller keeps beside the key (a
-// cache of its Results, the TTL of a record of who hit it) by it.
+// Longest returns the sliding limit of p with the longest window; the zero Limit when p holds
+// none. Its window is how long a key of p keeps its entries: size what a caller keeps beside
+// the key (a cache of its Results, the TTL of a record of who hit it) by it. A calendar limit
+// keeps its key until its period ends (Limit.PeriodAt).
 func (p Policy) Longest() Limit {
 	var longest Limit
 	for _, l := range p {
