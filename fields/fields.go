@@ -23,6 +23,11 @@
 // defines it ("the number of seconds until additional quota associated with the quota policy
 // is made available").
 //
+// A policy with calendar limits (engine.Calendar) has fields that depend on the date of the
+// decision: Dated writes them, naming each calendar limit by its period (LimitName: "month",
+// "day") with w the length of the period the decision fell in. New and Fields write the
+// fields of a policy of sliding limits, the same for every decision.
+//
 // The optional parameters (qu, the quota unit; pk, the partition key) are not sent: the unit
 // is requests, and a partition key would echo the client's key back to it.
 package fields

@@ -15,8 +15,8 @@
 //   - Denied: codes.ResourceExhausted, with two details a client reads with status.FromError:
 //     google.rpc.RetryInfo, whose retry_delay is the engine's RetryAfter exactly (to the
 //     microsecond: the wait until the same call would be admitted), and google.rpc.QuotaFailure,
-//     whose violation names the limit that denied it (quota_id is its window, "1m"; quota_value
-//     its Max).
+//     whose violation names the limit that denied it (quota_id is its name in the header
+//     metadata: its window, "1m", or a calendar limit's period, "month"; quota_value its Max).
 //   - No key: codes.InvalidArgument, with ErrKey's message and the reason.
 //   - The engine cannot decide: codes.Unavailable when it fails closed (the default); when it
 //     fails open (engine.WithFailOpen) the call goes through, and the WithFailOpenHook function
@@ -32,6 +32,18 @@
 //
 //	ratelimit-policy: "1s";q=5;w=1, "1h";q=100;w=3600
 //	ratelimit: "1s";r=4;t=1
+//
+// Limits are named as httplimit names them: a sliding limit by its window ("1s", "1h"; with a
+// Resolution or without), a calendar limit (engine.Calendar) by its period ("day", "week",
+// "month", "year"; "month-15" for a Month with billing day 15; "month@Europe/Berlin" when two
+// calendar limits of the policy would share a name, the same period in two time zones), with
+// w the length of its current period in seconds (engine.Limit.PeriodAt at the decision's time,
+// engine.Result.At). That w changes from one period to the next, so for a policy with calendar
+// limits ratelimit-policy is made once per period; for one of sliding limits alone, once. When
+// a calendar limit is the tightest, ratelimit's t is the wait until its period ends:
+//
+//	ratelimit-policy: "1s";q=10;w=1, "month";q=1000000;w=2592000
+//	ratelimit: "month";r=0;t=43200
 //
 // A client reads them with grpc.Header (unary) or ClientStream.Header (streams), for denied
 // calls too.
@@ -183,7 +195,7 @@ type Limiter struct {
 	// keyPrefix is the configured prefix and the policy's tag: what goes before a client.
 	keyPrefix string
 	addr      *clientaddr.Resolver
-	fields    *fields.Fields
+	fields    *fields.Dated
 	// meta holds every field name as metadata keys are written: in lower case.
 	meta         map[string]string
 	forwardedKey string // the forwarding metadata's key
@@ -201,7 +213,7 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) *Limiter {
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	f, err := fields.New(p, cfg.version)
+	f, err := fields.NewDated(p, cfg.version)
 	if err != nil {
 		panic(fmt.Sprintf("grpclimit: New: %v", err))
 	}
@@ -260,7 +272,7 @@ func (l *Limiter) decide(ctx context.Context, method string) (metadata.MD, error
 		return nil, status.Error(failureCode(err), fmt.Sprintf("grpclimit: %s: %v", method, err))
 	}
 	md := make(metadata.MD, 2)
-	for _, f := range l.fields.Policy() {
+	for _, f := range l.fields.Policy(res.At) {
 		md[l.meta[f.Name]] = []string{f.Value}
 	}
 	if res.BackendErr != nil {
@@ -293,8 +305,7 @@ func failureCode(err error) codes.Code {
 
 // denied is the status of a denied call: ResourceExhausted, with RetryInfo and QuotaFailure.
 func (l *Limiter) denied(subject string, res engine.Result) error {
-	lim := l.fields.Named(res)
-	name := fields.WindowName(lim.Window)
+	lim, name := l.fields.Named(res)
 	st := status.New(codes.ResourceExhausted, fmt.Sprintf("rate limit exceeded: %d per %s, retry after %s", lim.Max, name, res.RetryAfter))
 	detailed, err := st.WithDetails(
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)},

@@ -25,6 +25,9 @@ func BenchmarkMiddleware(b *testing.B) {
 		{"bare", bare},
 		{"limited", httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(b)))(bare)},
 		{"limited-one-limit", httplimit.Limit(e, p[0], httplimit.WithKeyPrefix(uniquePrefix(b)))(bare)},
+		// A calendar limit's fields are made once per period: a response only checks the period.
+		{"limited-calendar", httplimit.New(e, engine.Policy{p[0], engine.Calendar(engine.MaxEvents, engine.Month, time.UTC)},
+			httplimit.WithKeyPrefix(uniquePrefix(b)))(bare)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			req := httptest.NewRequest(http.MethodGet, "/", nil)

@@ -29,7 +29,22 @@
 // RateLimit-Policy names every limit of the policy (the name is its window: "500ms", "1s",
 // "90m", "1h") with its quota q and its window w in seconds. The draft's w is an integer, so a
 // window that is not a whole number of seconds is rounded up: a client pacing itself by q per
-// w never sends faster than the limit allows.
+// w never sends faster than the limit allows. A limit with a Resolution is named and described
+// as the same limit without it ("720h";q=1000000;w=2592000).
+//
+// A calendar limit (engine.Calendar) is named by its period: "day", "week", "month" or
+// "year"; a Month with a billing day other than the 1st is "month-15". When two calendar
+// limits of one policy would share a name (the same period in two time zones), each has its
+// time zone after an "@": "month@Europe/Berlin" (a zone name's bytes that a Structured Field
+// String cannot hold, and '%', are written %XX). Names stay unique within a policy, and never
+// look like a window's, which start with a digit. Its w is the length of the current period
+// (engine.Limit.PeriodAt at the decision's time, engine.Result.At), in seconds, so it changes
+// from one period to the next: 2592000 in a 30-day month, 2678400 in a 31-day one, 82800 on a
+// 23-hour day. For a policy with calendar limits the field is made once per period, not per
+// response; a policy of sliding limits alone has one field, made once.
+//
+//	RateLimit-Policy: "1s";q=10;w=1, "month";q=1000000;w=2592000
+//	RateLimit: "month";r=0;t=43200
 //
 // RateLimit gives, for one limit, the remaining quota r and t, a delta in seconds, rounded up
 // so that it is never early. The limit named is the tightest one of this decision, the one
@@ -38,6 +53,10 @@
 // rounded up); otherwise t is, as draft -10 defines it, the wait until the named limit next
 // gets quota back: when the oldest event in its window leaves it (engine.Result.QuotaAfter),
 // which is sooner than its whole quota coming back whenever the window holds several events.
+// A calendar limit gets its quota back all at once, when its period ends: t is the wait until
+// then. (A Result tells a calendar limit by its Window, the current period's length; should a
+// sliding window of the same policy be exactly as long, the field names the sliding limit
+// unless its Max is below r.)
 //
 // Denied responses also carry Retry-After, in seconds, rounded up: never earlier than the
 // engine's RetryAfter. WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
@@ -274,10 +293,9 @@ type limiter struct {
 	// keyPrefix is the configured prefix and the policy's tag: what goes before a client.
 	keyPrefix string
 	smallest  int // the policy's smallest Max: the largest cost a request may have
-	fields    *fields.Fields
+	fields    *fields.Dated
 	// header holds the canonical form of every field name fields writes.
-	header       map[string]string
-	policyFields []fields.Field
+	header map[string]string
 }
 
 // New returns middleware that admits each request only if p admits one more event (or its
@@ -293,12 +311,12 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) func(http.Handler) h
 	if err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
-	f, err := fields.New(p, cfg.version)
+	f, err := fields.NewDated(p, cfg.version)
 	if err != nil {
 		panic(fmt.Sprintf("httplimit: New: %v", err))
 	}
 	l := &limiter{cfg: cfg, engine: e, policy: append(engine.Policy(nil), p...), keyPrefix: clientkey.Prefix(cfg.keyPrefix, p), smallest: p[0].Max,
-		fields: f, header: map[string]string{}, policyFields: f.Policy()}
+		fields: f, header: map[string]string{}}
 	for _, lim := range p {
 		l.smallest = min(l.smallest, lim.Max)
 	}
@@ -333,7 +351,7 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	h := w.Header()
 	// Fresh slices: a handler may change the values it finds in its header map.
-	for _, f := range l.policyFields {
+	for _, f := range l.fields.Policy(res.At) {
 		h[l.header[f.Name]] = []string{f.Value}
 	}
 	if res.BackendErr != nil {
@@ -345,7 +363,8 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		h[l.header[f.Name]] = []string{f.Value}
 	}
 	if l.cfg.legacy {
-		h["X-Ratelimit-Limit"] = []string{strconv.Itoa(l.fields.Named(res).Max)}
+		named, _ := l.fields.Named(res)
+		h["X-Ratelimit-Limit"] = []string{strconv.Itoa(named.Max)}
 		h["X-Ratelimit-Remaining"] = []string{strconv.Itoa(res.Remaining)}
 		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(fields.Reset(res), 10)}
 	}
