@@ -8,6 +8,7 @@
 //	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
 //	go run ./bench -scenario floor  # server µs per call: bare scripts, the textbook one, the engine's
 //	go run ./bench -scenario cluster # a 3-primary cluster of its own: batched against unbatched
+//	go run ./bench -scenario quota  # a million per 30 days by the hour, exact, calendar months: bytes per key, server µs per decision
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
@@ -29,6 +30,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -43,12 +45,15 @@ type config struct {
 	Window      time.Duration `json:"window_ns"`
 	FlushDelay  time.Duration `json:"max_flush_delay_ns"`
 	WriteLayout int           `json:"write_layout"`
-	Scenario    string        `json:"scenario"`
-	JSONPath    string        `json:"-"`
-	ChartsDir   string        `json:"-"`
+	// QuotaRequests is the quota scenario's Max per 30 days and the requests spread over them
+	// (0: defaultQuotaRequests).
+	QuotaRequests int    `json:"quota_requests,omitempty"`
+	Scenario      string `json:"scenario"`
+	JSONPath      string `json:"-"`
+	ChartsDir     string `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota"}
 
 func main() {
 	var cfg config
@@ -62,6 +67,7 @@ func main() {
 	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
 	fs.IntVar(&cfg.WriteLayout, "write-layout", 2, "the layout version the engines write (engine.WithWriteLayout): 2 or 3")
+	fs.IntVar(&cfg.QuotaRequests, "quota-requests", defaultQuotaRequests, "the quota scenario's requests, spread over 30 days, and its limit's Max")
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
 	fs.StringVar(&cfg.ChartsDir, "charts", "", "also draw SVG charts of the run (exactness, throughput, latency) into this directory")
@@ -129,6 +135,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-concurrency, -clients, -keys and -limit must be at least 1")
 	case c.Window < time.Millisecond:
 		return fmt.Errorf("-window must be at least 1ms")
+	case c.QuotaRequests != 0 && (c.QuotaRequests < minQuotaRequests || c.QuotaRequests > engine.MaxEvents):
+		return fmt.Errorf("-quota-requests must be %d to %d", minQuotaRequests, engine.MaxEvents)
 	}
 	if c.Scenario == "all" {
 		return nil

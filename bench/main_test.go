@@ -38,7 +38,7 @@ func runBench(t *testing.T, cfg config) (r Report, out, progress *bytes.Buffer) 
 func TestRunReportsEveryScenario(t *testing.T) {
 	chartsDir := filepath.Join(t.TempDir(), "charts")
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
-		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir}
+		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir, QuotaRequests: 20_000}
 	r, out, progress := runBench(t, cfg)
 	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "| atomic |", "| pipelined |"} {
 		if !strings.Contains(out.String(), want) {
@@ -150,6 +150,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 
 	checkFloor(t, r.Floor, out.String())
+	checkQuota(t, r, 20_000, out.String())
 
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
 		if len(r.Ceiling) != 3 {
@@ -174,10 +175,11 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, mutate := range map[string]func(*config){
-		"zero duration":    func(c *config) { c.Duration = 0 },
-		"no goroutines":    func(c *config) { c.Concurrency = 0 },
-		"short window":     func(c *config) { c.Window = time.Microsecond },
-		"unknown scenario": func(c *config) { c.Scenario = "nope" },
+		"zero duration":      func(c *config) { c.Duration = 0 },
+		"no goroutines":      func(c *config) { c.Concurrency = 0 },
+		"short window":       func(c *config) { c.Window = time.Microsecond },
+		"unknown scenario":   func(c *config) { c.Scenario = "nope" },
+		"few quota requests": func(c *config) { c.QuotaRequests = 10 },
 	} {
 		c := good
 		mutate(&c)

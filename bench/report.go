@@ -66,6 +66,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 			row(w, strconv.Itoa(c.Limit), strconv.Itoa(c.Cost), strconv.Itoa(c.Decisions), strconv.Itoa(c.Admitted), f1(c.ServerUSPerD))
 		}
 	}
+	writeQuota(w, r.QuotaMemory, r.QuotaCost)
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\n### In-flight limits: leases (max %d per key, Acquire then Release)\n\n", r.Leases[0].Max)
 		table(w, []string{"case", "keys", "goroutines", "hold", "acquire+release pairs/s", "acquire attempts/s", "denied",

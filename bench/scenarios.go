@@ -100,7 +100,10 @@ type Report struct {
 	Durability []DurabilityRow `json:"durability,omitempty"`
 	Floor      []FloorRow      `json:"floor,omitempty"`
 	Cluster    []ClusterRow    `json:"cluster,omitempty"`
-	Notes      []string        `json:"notes,omitempty"`
+	// QuotaMemory and QuotaCost are the quota scenario's (quota.go).
+	QuotaMemory []QuotaMemoryRow `json:"quota_memory,omitempty"`
+	QuotaCost   []QuotaCostRow   `json:"quota_server_cost,omitempty"`
+	Notes       []string         `json:"notes,omitempty"`
 }
 
 func (b *bencher) runAll(ctx context.Context) (*Report, error) {
@@ -138,6 +141,13 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("servercost: %w", err)
 		}
 		r.ServerCost = rows
+	}
+	if b.wants("quota") {
+		mem, cost, err := b.quota(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("quota: %w", err)
+		}
+		r.QuotaMemory, r.QuotaCost = mem, cost
 	}
 	if b.wants("leases") {
 		rows, err := b.leases(ctx)
