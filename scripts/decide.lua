@@ -41,14 +41,21 @@
 -- The common decision first, before any other function of the script is made: one limit (the
 -- request is 32 bytes, or four decimal arguments), the log small. decide_small returns nil when the request is not that
 -- case, and the general path below takes it, with the clock and the header read here.
-local key, request, one_limit = KEYS[1], ARGV[1], false
+local key, request, one_limit, res = KEYS[1], ARGV[1], false, 0
 local now, n, window, max
 if #ARGV == 1 then
   now, n, window, max = struct.unpack('>i8i8i8i8', request)
   one_limit = #request == 32
+  if #request == 48 and window == -1 then
+    res = max
+    window, max = struct.unpack('>i8i8', request, 33)
+  end
 else
   now, n, window, max = tonumber(request) or SERVER_CLOCK, tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   one_limit = #ARGV == 4
+  if #ARGV == 6 and window == -1 then
+    res, window, max = max, tonumber(ARGV[5]), tonumber(ARGV[6])
+  end
 end
 local server_now = 0
 if now == SERVER_CLOCK then
@@ -69,6 +76,13 @@ if one_limit then
       end
       return struct.pack('>i8Bi8i8i8', server_now, 3, remaining, 0, quota_after)
     end
+    return struct.pack('>i8Bi8i8i8i8i8i8', server_now, 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
+  end
+elseif res > 0 then
+  -- One limit with a resolution, its slot's entry the newest: merge_small, in full (its quota
+  -- and reset are no window, so every value goes in the reply).
+  local remaining, retry_after, quota_after, reset_after, tightest, seq = merge_small(key, h, now, n, res, window, max, server_now ~= 0)
+  if remaining ~= nil then
     return struct.pack('>i8Bi8i8i8i8i8i8', server_now, 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
   end
 end

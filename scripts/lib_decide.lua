@@ -16,6 +16,12 @@ local function decide_request(key, now, n, limits, server_clock, h)
       return remaining, retry_after, quota_after, reset_after, tightest, seq
     end
   end
+  if #limits == 4 and limits[1] == -1 then
+    local remaining, retry_after, quota_after, reset_after, tightest, seq = merge_small(key, h, now, n, limits[2], limits[3], limits[4], server_clock)
+    if remaining ~= nil then
+      return remaining, retry_after, quota_after, reset_after, tightest, seq
+    end
+  end
   local g = general()
   local log = g.read_log(key, h)
   log.server_clock = server_clock

@@ -175,3 +175,106 @@ local function decide_small(key, h, now, n, window, max, server_clock)
   end
   return max - total - n, 0, lead + window - now, window, 1, seq
 end
+
+-- merge_small is the common decision of a limit with a resolution res (lib_log.lua, Slots),
+-- without making a log: an admission whose slot's entry is the newest entry, at the end of
+-- the header's open chunk, on a log of version 2 ('T' or 'G' without cursors) that holds this
+-- window as its horizon and none of whose entries has left the window, so that nothing is
+-- trimmed: the new cost is added to that entry in place, and the header rewritten. It returns
+-- nil, having written nothing, in every other case (a new slot, a denial, a trim), and the
+-- general path takes the request; else a decision as decide_small's.
+local function merge_small(key, h, now, n, res, window, max, server_clock)
+  if not h or #h < 44 then
+    return nil
+  end
+  local kind, total, count, newest, seq, horizon, pos = struct.unpack('>Bi7i7i7i7i7', h)
+  local first_t, first_cost
+  if kind == KIND_G then
+    local gone, closed, oldest, oldest_cost, ncursors
+    gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+    if ncursors ~= 0 or closed == 0 then
+      return nil
+    end
+    first_t, first_cost = oldest, oldest_cost
+  elseif kind == KIND_T then
+    first_t, first_cost = struct.unpack('>i7B', h, pos)
+    if first_cost == 254 then
+      first_cost = struct.unpack('>I2', h, pos + 8)
+      if first_cost < 254 then
+        first_cost = 0 -- a refunded run
+      end
+    elseif first_cost == 255 then
+      first_cost = struct.unpack('>I4', h, pos + 8)
+      if first_cost < 65536 then
+        first_cost = 0
+      end
+    end
+  else
+    return nil
+  end
+  local t = now - now % res
+  if t < now then
+    t = t + res
+  end
+  if t ~= newest or horizon ~= window or first_t <= now - window or first_cost == 0 or total + n > max then
+    return nil
+  end
+  -- The newest entry ends the header: 8 bytes (cost below 254), 10 (254, then 2 bytes) or 12
+  -- (255, then 4). Exactly one of the three must read as an entry of time newest.
+  local at, cost = nil, 0
+  for _, size in ipairs({8, 10, 12}) do
+    local p = #h - size + 1
+    if p >= pos then
+      local et, b = struct.unpack('>i7B', h, p)
+      local c = nil
+      if et == newest then
+        if size == 8 and b < 254 then
+          c = b
+        elseif size == 10 and b == 254 then
+          c = struct.unpack('>I2', h, p + 8)
+          if c < 254 then
+            c = nil
+          end
+        elseif size == 12 and b == 255 then
+          c = struct.unpack('>I4', h, p + 8)
+          if c < 65536 then
+            c = nil
+          end
+        end
+      end
+      if c ~= nil then
+        if at ~= nil then
+          return nil
+        end
+        at, cost = p, c
+      end
+    end
+  end
+  if at == nil or cost == 0 or cost + n > 2147483647 then
+    return nil
+  end
+  cost = cost + n
+  local entry
+  if cost < 254 then
+    entry = struct.pack('>i7B', newest, cost)
+  elseif cost < 65536 then
+    entry = struct.pack('>i7BI2', newest, 254, cost)
+  else
+    entry = struct.pack('>i7BI4', newest, 255, cost)
+  end
+  -- The expiry the entry needs, as the general path sets it (keep_log_until, lib_log.lua).
+  if server_clock then
+    local ms = newest + window + 999
+    redis.call('PEXPIREAT', key, (ms - ms % 1000) / 1000)
+  else
+    local ms = newest + window - now + 999
+    redis.call('PEXPIRE', key, (ms - ms % 1000) / 1000 + RELATIVE_EXPIRY_SLACK_MS)
+  end
+  redis.call('LSET', key, 0, struct.pack('>Bi7', kind, total + n) .. string.sub(h, 9, at - 1) .. entry)
+  -- The new events are in the window too: quota comes back within it at the latest.
+  local quota_after = first_t + window - now
+  if quota_after > window then
+    quota_after = window
+  end
+  return max - total - n, 0, quota_after, newest + window - now, 1, seq
+end
