@@ -216,50 +216,26 @@ func (b *bencher) quotaSpread(ctx context.Context, key string, l engine.Limit, r
 		}
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var tickets, admitted atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, b.cfg.Concurrency)
 	began := time.Now()
-	for g := 0; g < b.cfg.Concurrency; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			e := es[g%len(es)]
-			for {
-				i := int(tickets.Add(1) - 1)
-				if i >= requests {
-					return
-				}
-				k := slot(i)
-				if k > 0 {
-					select {
-					case <-decided[k-1]:
-					case <-ctx.Done():
-						return
-					}
-				}
-				r, err := e.Allow(ctx, key, l)
-				if err != nil {
-					errs[g] = err
-					cancel()
-					return
-				}
-				if r.Allowed {
-					admitted.Add(1)
-				}
-				if left[k].Add(-1) == 0 {
-					close(decided[k])
-				}
+	admitted, err := b.decideConcurrently(ctx, es, requests, func(ctx context.Context, e *engine.Engine, i int) (engine.Result, error) {
+		k := slot(i)
+		if k > 0 {
+			select {
+			case <-decided[k-1]:
+			case <-ctx.Done():
+				return engine.Result{}, ctx.Err()
 			}
-		}(g)
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+		}
+		r, err := e.Allow(ctx, key, l)
+		if err == nil && left[k].Add(-1) == 0 {
+			close(decided[k])
+		}
+		return r, err
+	})
+	if err != nil {
 		return QuotaMemoryRow{}, nil, err
 	}
-	row := QuotaMemoryRow{Limit: l.String(), Requests: requests, Admitted: int(admitted.Load()), Seconds: time.Since(began).Seconds()}
+	row := QuotaMemoryRow{Limit: l.String(), Requests: requests, Admitted: admitted, Seconds: time.Since(began).Seconds()}
 	if err := b.measureKey(ctx, key, &row); err != nil {
 		return QuotaMemoryRow{}, nil, err
 	}
@@ -300,32 +276,15 @@ func (b *bencher) quotaCalendar(ctx context.Context) (QuotaMemoryRow, error) {
 	if err != nil {
 		return QuotaMemoryRow{}, err
 	}
-	var tickets, admitted atomic.Int64
-	var wg sync.WaitGroup
-	errs := make([]error, b.cfg.Concurrency)
 	began := time.Now()
-	for g := 0; g < b.cfg.Concurrency; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			for tickets.Add(1) <= quotaCalendarRequests {
-				r, err := es[g%len(es)].Allow(ctx, key, l)
-				if err != nil {
-					errs[g] = err
-					return
-				}
-				if r.Allowed {
-					admitted.Add(1)
-				}
-			}
-		}(g)
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	admitted, err := b.decideConcurrently(ctx, es, quotaCalendarRequests, func(ctx context.Context, e *engine.Engine, _ int) (engine.Result, error) {
+		return e.Allow(ctx, key, l)
+	})
+	if err != nil {
 		return QuotaMemoryRow{}, err
 	}
 	row := QuotaMemoryRow{Case: fmt.Sprintf("Calendar(%s, Month, UTC) after %s admissions", commas(n), commas(quotaCalendarRequests)),
-		Limit: l.String(), Requests: quotaCalendarRequests, Admitted: int(admitted.Load()),
+		Limit: l.String(), Requests: quotaCalendarRequests, Admitted: admitted,
 		Seconds: time.Since(began).Seconds(), Target: quotaCalendarTargetBytes}
 	if err := b.measureKey(ctx, key, &row); err != nil {
 		return QuotaMemoryRow{}, err
@@ -564,4 +523,34 @@ func commas64(n int64) string {
 		return "-" + string(out)
 	}
 	return string(out)
+}
+
+// decideConcurrently hands the requests 0 to requests-1 out to the run's goroutines, spread
+// over es, each deciding its request by decide, and returns how many were admitted. The first
+// error stops every goroutine and is returned.
+func (b *bencher) decideConcurrently(ctx context.Context, es []*engine.Engine, requests int,
+	decide func(ctx context.Context, e *engine.Engine, i int) (engine.Result, error)) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var tickets, admitted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, b.cfg.Concurrency)
+	for g := 0; g < b.cfg.Concurrency; g++ {
+		e := es[g%len(es)]
+		wg.Go(func() {
+			for i := int(tickets.Add(1) - 1); i < requests; i = int(tickets.Add(1) - 1) {
+				r, err := decide(ctx, e, i)
+				if err != nil {
+					errs[g] = err
+					cancel()
+					return
+				}
+				if r.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(admitted.Load()), errors.Join(errs...)
 }
