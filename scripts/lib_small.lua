@@ -177,12 +177,14 @@ local function decide_small(key, h, now, n, window, max, server_clock)
 end
 
 -- merge_small is the common decision of a limit with a resolution res (lib_log.lua, Slots),
--- without making a log: an admission whose slot's entry is the newest entry, at the end of
--- the header's open chunk, on a log of version 2 ('T' or 'G' without cursors) that holds this
--- window as its horizon and none of whose entries has left the window, so that nothing is
--- trimmed: the new cost is added to that entry in place, and the header rewritten. It returns
--- nil, having written nothing, in every other case (a new slot, a denial, a trim), and the
--- general path takes the request; else a decision as decide_small's.
+-- without making a log, on a log of version 2 that holds this window as its horizon: an
+-- admission whose slot's entry is the newest entry, at the end of the header's open chunk
+-- ('T', or 'G' without cursors), none of whose entries has left the window, so that nothing
+-- is trimmed: the new cost is added to that entry in place, and the header rewritten; or an
+-- admission of a new slot on a small log ('T', fewer than 32 entries), whose entries that
+-- left the window are dropped from the front and the slot's entry appended. It returns nil,
+-- having written nothing, in every other case (a denial, a big log's new slot or trim), and
+-- the general path takes the request; else a decision as decide_small's.
 local function merge_small(key, h, now, n, res, window, max, server_clock)
   if not h or #h < 44 then
     return nil
@@ -215,6 +217,50 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   local t = now - now % res
   if t < now then
     t = t + res
+  end
+  if kind == KIND_T and t > newest and horizon == window and count < OPEN_CHUNK_MAX and n < 254 then
+    -- A new slot on a small log: trim the entries that left the window from the front of the
+    -- open chunk, and append the slot's entry.
+    local cutoff, p, lead = now - window, pos, nil
+    while count > 0 do
+      local et, c = struct.unpack('>i7B', h, p)
+      local size = 8
+      if c == 254 then
+        c, size = struct.unpack('>I2', h, p + 8), 10
+        if c < 254 then
+          return nil -- a refunded run
+        end
+      elseif c == 255 then
+        c, size = struct.unpack('>I4', h, p + 8), 12
+        if c < 65536 then
+          return nil
+        end
+      end
+      if et > cutoff then
+        if c == 0 then
+          return nil -- the general path finds the first entry with events
+        end
+        lead = et
+        break
+      end
+      p, total, count = p + size, total - c, count - 1
+    end
+    if total + n > max then
+      return nil
+    end
+    if server_clock then
+      local ms = t + window + 999
+      redis.call('PEXPIREAT', key, (ms - ms % 1000) / 1000)
+    else
+      local ms = t + window - now + 999
+      redis.call('PEXPIRE', key, (ms - ms % 1000) / 1000 + RELATIVE_EXPIRY_SLACK_MS)
+    end
+    redis.call('LSET', key, 0, struct.pack('>Bi7i7i7i7i7c0i7B', KIND_T, total + n, count + 1, t, 1, window, string.sub(h, p), t, n))
+    local quota_after = window
+    if lead ~= nil and lead + window - now < window then
+      quota_after = lead + window - now
+    end
+    return max - total - n, 0, quota_after, t + window - now, 1, 1
   end
   if t ~= newest or horizon ~= window or first_t <= now - window or first_cost == 0 or total + n > max then
     return nil
