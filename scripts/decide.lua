@@ -78,7 +78,11 @@ if one_limit then
     end
     return struct.pack('>i8Bi8i8i8i8i8i8', server_now, 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
   end
-elseif res > 0 then
+end
+
+-- include: lib_slot.lua
+
+if res > 0 then
   -- One limit with a resolution, its slot's entry the newest: merge_small, in full (its quota
   -- and reset are no window, so every value goes in the reply).
   local remaining, retry_after, quota_after, reset_after, tightest, seq = merge_small(key, h, now, n, res, window, max, server_now ~= 0)

@@ -28,6 +28,7 @@
 -- include: lib_reply.lua
 -- include: lib_batch.lua
 -- include: lib_small.lua
+-- include: lib_slot.lua
 -- include: lib_log.lua
 -- include: lib_decide.lua
 

@@ -1,0 +1,149 @@
+-- lib_slot.lua: a part included by decide.lua and decide_batch.lua (not a script of its own):
+-- the decision most admissions of a limit with a resolution take (lib_log.lua, Slots), on its
+-- own so that decide.lua makes it only for such a request, after the common decision of
+-- lib_small.lua has passed. Like decide_small, it uses no other function of the scripts.
+
+-- write_slot ends an admission of merge_small: it sets the expiry the newest entry, of time
+-- newest, needs (as keep_log_until in lib_log.lua does), then writes header; and returns the
+-- decision, whose quota comes back when the first entry with events, of time first, leaves
+-- the window (within it at the latest: the new events are in it too).
+local function write_slot(key, header, now, newest, first, window, server_clock, remaining, seq)
+  if server_clock then
+    local ms = newest + window + 999
+    redis.call('PEXPIREAT', key, (ms - ms % 1000) / 1000)
+  else
+    local ms = newest + window - now + 999
+    redis.call('PEXPIRE', key, (ms - ms % 1000) / 1000 + RELATIVE_EXPIRY_SLACK_MS)
+  end
+  redis.call('LSET', key, 0, header)
+  local quota_after = first + window - now
+  if quota_after > window then
+    quota_after = window
+  end
+  return remaining, 0, quota_after, newest + window - now, 1, seq
+end
+
+-- merge_small is the common decision of a limit with a resolution res (lib_log.lua, Slots),
+-- without making a log, on a log of version 2 that holds this window as its horizon: an
+-- admission whose slot's entry is the newest entry, at the end of the header's open chunk
+-- ('T', or 'G' without cursors), none of whose entries has left the window, so that nothing
+-- is trimmed: the new cost is added to that entry in place, and the header rewritten; or an
+-- admission of a new slot on a small log ('T', fewer than 32 entries), whose entries that
+-- left the window are dropped from the front and the slot's entry appended. It returns nil,
+-- having written nothing, in every other case (a denial, a big log's new slot or trim), and
+-- the general path takes the request; else a decision as decide_small's.
+local function merge_small(key, h, now, n, res, window, max, server_clock)
+  if not h or #h < 44 then
+    return nil
+  end
+  local kind, total, count, newest, seq, horizon, pos = struct.unpack('>Bi7i7i7i7i7', h)
+  local first_t, first_cost
+  if kind == KIND_G then
+    local gone, closed, oldest, oldest_cost, ncursors
+    gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+    if ncursors ~= 0 or closed == 0 then
+      return nil
+    end
+    first_t, first_cost = oldest, oldest_cost
+  elseif kind == KIND_T then
+    first_t, first_cost = struct.unpack('>i7B', h, pos)
+    if first_cost == 254 then
+      first_cost = struct.unpack('>I2', h, pos + 8)
+      if first_cost < 254 then
+        first_cost = 0 -- a refunded run
+      end
+    elseif first_cost == 255 then
+      first_cost = struct.unpack('>I4', h, pos + 8)
+      if first_cost < 65536 then
+        first_cost = 0
+      end
+    end
+  else
+    return nil
+  end
+  local t = now - now % res
+  if t < now then
+    t = t + res
+  end
+  if kind == KIND_T and t > newest and horizon == window and count < OPEN_CHUNK_MAX and n < 254 then
+    -- A new slot on a small log: trim the entries that left the window from the front of the
+    -- open chunk, and append the slot's entry.
+    local cutoff, p, lead = now - window, pos, nil
+    while count > 0 do
+      local et, c = struct.unpack('>i7B', h, p)
+      local size = 8
+      if c == 254 then
+        c, size = struct.unpack('>I2', h, p + 8), 10
+        if c < 254 then
+          return nil -- a refunded run
+        end
+      elseif c == 255 then
+        c, size = struct.unpack('>I4', h, p + 8), 12
+        if c < 65536 then
+          return nil
+        end
+      end
+      if et > cutoff then
+        if c == 0 then
+          return nil -- the general path finds the first entry with events
+        end
+        lead = et
+        break
+      end
+      p, total, count = p + size, total - c, count - 1
+    end
+    if total + n > max then
+      return nil
+    end
+    return write_slot(key, struct.pack('>Bi7i7i7i7i7c0i7B', KIND_T, total + n, count + 1, t, 1, window, string.sub(h, p), t, n),
+      now, t, lead or t, window, server_clock, max - total - n, 1)
+  end
+  if t ~= newest or horizon ~= window or first_t <= now - window or first_cost == 0 or total + n > max then
+    return nil
+  end
+  -- The newest entry ends the header: 8 bytes (cost below 254), 10 (254, then 2 bytes) or 12
+  -- (255, then 4). Exactly one of the three must read as an entry of time newest.
+  local at, cost = nil, 0
+  for _, size in ipairs({8, 10, 12}) do
+    local p = #h - size + 1
+    if p >= pos then
+      local et, b = struct.unpack('>i7B', h, p)
+      local c = nil
+      if et == newest then
+        if size == 8 and b < 254 then
+          c = b
+        elseif size == 10 and b == 254 then
+          c = struct.unpack('>I2', h, p + 8)
+          if c < 254 then
+            c = nil
+          end
+        elseif size == 12 and b == 255 then
+          c = struct.unpack('>I4', h, p + 8)
+          if c < 65536 then
+            c = nil
+          end
+        end
+      end
+      if c ~= nil then
+        if at ~= nil then
+          return nil
+        end
+        at, cost = p, c
+      end
+    end
+  end
+  if at == nil or cost == 0 or cost + n > 2147483647 then
+    return nil
+  end
+  cost = cost + n
+  local entry
+  if cost < 254 then
+    entry = struct.pack('>i7B', newest, cost)
+  elseif cost < 65536 then
+    entry = struct.pack('>i7BI2', newest, 254, cost)
+  else
+    entry = struct.pack('>i7BI4', newest, 255, cost)
+  end
+  return write_slot(key, struct.pack('>Bi7', kind, total + n) .. string.sub(h, 9, at - 1) .. entry,
+    now, newest, first_t, window, server_clock, max - total - n, seq)
+end
