@@ -134,6 +134,7 @@ type Engine struct {
 
 	decides  *committer     // decide.lua and decide_batch.lua: Allow, AllowN, AllowPolicy
 	peeks    *committer     // peek.lua and peek_batch.lua: Peek, Check
+	all      *loader.Script // decide_all.lua: AllowAll
 	settle   *loader.Script // settle.lua: Refund, Settle
 	inspect  *loader.Script // inspect.lua: Inspect
 	acquire  *loader.Script // lease_acquire.lua: Acquire
@@ -208,6 +209,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	e.decides = newCommitter(e, loader.New("decide", scripts.DecideWriting(o.writeLayout)),
 		loader.New("decide_batch", scripts.DecideBatchWriting(o.writeLayout)))
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
+	e.all = loader.New("decide_all", scripts.DecideAllWriting(o.writeLayout))
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
 	needAOF := o.ack.aofLocal > 0
@@ -272,7 +274,7 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.settle, e.inspect,
+	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.all, e.settle, e.inspect,
 		e.acquire, e.extend, e.release}
 }
 

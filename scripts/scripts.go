@@ -59,6 +59,15 @@ func Peek() string { return mustCompose("peek.lua") }
 // as Decide takes it, in order: the engine's group commit.
 func DecideBatch() string { return mustCompose("decide_batch.lua") }
 
+// DecideAll returns the source of the script that decides several keys all or nothing in one
+// call: it peeks every request, and records each one with room only when every request that
+// is not advisory has room (the engine's AllowAll).
+func DecideAll() string { return mustCompose("decide_all.lua") }
+
+// DecideAllWriting returns the source of DecideAll composed to write the given layout version,
+// as DecideWriting.
+func DecideAllWriting(layout int) string { return mustComposeWriting("decide_all.lua", layout) }
+
 // DecideWriting returns the source of Decide composed to write the given layout version: 2,
 // what Decide writes, or 3, whose small header keeps the key's expiry so that most decisions
 // of a busy key set none (lib_log.lua). Both read every layout this release knows. It panics
@@ -133,7 +142,7 @@ func mustCompose(name string) string { return composedOnce(name, 0) }
 // first use (composedOnce): the text depends on the embedded files alone, and composing it
 // takes a few regular expressions, which a program making many engines (or a test) would
 // otherwise pay for each one.
-var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_batch.lua", "settle.lua",
+var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_batch.lua", "decide_all.lua", "settle.lua",
 	"inspect.lua", "lease_acquire.lua", "lease_extend.lua", "lease_release.lua", "probe.lua"}
 
 // composed holds, per script and layout to write (0: as the file says), its composition; it

@@ -29,6 +29,7 @@ var all = map[string]func() string{
 	"peek.lua":         Peek,
 	"decide_batch.lua": DecideBatch,
 	"peek_batch.lua":   PeekBatch,
+	"decide_all.lua":   DecideAll,
 	"settle.lua":       Settle,
 	"inspect.lua":      Inspect,
 
@@ -331,6 +332,7 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 	flags := map[string]string{
 		"decide_batch.lua": "#!lua flags=allow-cross-slot-keys\n",
 		"peek_batch.lua":   "#!lua flags=allow-cross-slot-keys,no-writes\n",
+		"decide_all.lua":   "#!lua flags=allow-cross-slot-keys\n",
 	}
 	for name, source := range all {
 		src, want := source(), flags[name]
@@ -346,6 +348,9 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 	}
 	if src := DecideBatchWriting(3); !strings.HasPrefix(src, flags["decide_batch.lua"]) {
 		t.Errorf("decide_batch.lua composed to write layout 3 lost its flags line: %q", src[:60])
+	}
+	if src := DecideAllWriting(3); !strings.HasPrefix(src, flags["decide_all.lua"]) {
+		t.Errorf("decide_all.lua composed to write layout 3 lost its flags line: %q", src[:60])
 	}
 
 	c := server.Client(t)
@@ -412,4 +417,87 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 			t.Fatalf("key %s passed in ARGV: EXISTS %d, %v; want the decision recorded", k, n, err)
 		}
 	}
+}
+
+// decide_all.lua peeks every request and records the ones with room only when every request
+// that is not advisory has room: one without room denies the call, which records nothing; an
+// advisory one without room is left out alone; a cost of 0 is judged and never recorded; and
+// "check" records nothing whatever the room.
+func TestDecideAllRecordsAllOrNothing(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	id := uuid.NewString()
+	full, a, b := "scripts-test:all:full:"+id, "scripts-test:all:a:"+id, "scripts-test:all:b:"+id
+	const now = 1_790_000_000_000_000
+	// One set: 2 per second. The full key holds 2 events.
+	set := []string{"1", "2", "1000000", "2"}
+	call := func(mode string, keys []string, reqs ...string) []string {
+		t.Helper()
+		args := append([]string{strconv.Itoa(now), mode}, set...)
+		args = append(args, reqs...)
+		got, err := c.Do(ctx, c.B().Eval().Script(DecideAll()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+		if err != nil {
+			t.Fatalf("decide_all %s %v: %v", mode, reqs, err)
+		}
+		flat := []string{}
+		for i, m := range got {
+			switch i {
+			case 0:
+				v, _ := m.AsInt64()
+				flat = append(flat, strconv.FormatInt(v, 10))
+			case 1:
+				s, _ := m.ToString()
+				flat = append(flat, s)
+			default:
+				s, err := m.ToString()
+				if err != nil {
+					t.Fatalf("decision %d: %v", i-1, err)
+				}
+				flat = append(flat, fmt.Sprint(unpackDecision(t, s)))
+			}
+		}
+		return flat
+	}
+	events := func(key string) int64 {
+		t.Helper()
+		return evalInts(t, c, Inspect(), key, "0")[0]
+	}
+	call("decide", []string{full}, "2", "1", "0")
+	// a has room, full has none: nothing is recorded; a's peek says 2 left (no event: quota
+	// and reset 0), full's is denied until its events leave.
+	got := call("decide", []string{a, full}, "1", "1", "0", "1", "1", "0")
+	want := []string{"0", "00", "[4 2 0 0 0]", "[2 0 1000000]"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("denied call: %v, want %v", got, want)
+	}
+	if events(a) != 0 {
+		t.Fatalf("denied call recorded %d events on a", events(a))
+	}
+	// full advisory: a and b (of cost 2) are recorded, full is left out.
+	got = call("decide", []string{a, full, b}, "1", "1", "0", "1", "1", "1", "2", "1", "0")
+	want = []string{"0", "101", "[1 1]", "[2 0 1000000]", "[1 0]"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("advisory call: %v, want %v", got, want)
+	}
+	if events(a) != 1 || events(b) != 2 || events(full) != 2 {
+		t.Fatalf("events a %d, b %d, full %d; want 1, 2, 2", events(a), events(b), events(full))
+	}
+	got = call("decide", []string{a}, "0", "1", "0")
+	if want := []string{"0", "0", "[1 1]"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("a cost of 0: %v, want %v", got, want)
+	}
+	got = call("check", []string{a}, "1", "1", "0")
+	if want := []string{"0", "0", "[1 1]"}; fmt.Sprint(got) != fmt.Sprint(want) || events(a) != 1 {
+		t.Fatalf("check: %v (a holds %d), want %v and nothing recorded", got, events(a), want)
+	}
+}
+
+// evalInts evaluates src on key with args and returns its reply as integers.
+func evalInts(t *testing.T, c valkey.Client, src, key string, args ...string) []int64 {
+	t.Helper()
+	vals, err := c.Do(context.Background(), c.B().Eval().Script(src).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vals
 }

@@ -1,0 +1,526 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+)
+
+// The path of one AllowAll, top-down:
+//
+//  1. AllowAll validates every request (checkAllowAll) and makes its scripts' arguments
+//     (newRequest), all on one clock reading.
+//  2. allCalls groups the requests by where their keys live: one call on a standalone server;
+//     in a cluster, one call per primary (the committer's slot map), in a fixed order.
+//  3. Each call runs decide_all.lua, which peeks every request of the call and records those
+//     with room only when every one that is not advisory has room. readReply decodes its
+//     reply, each decision with outcome.read, the one decoder of decisions.
+//  4. Once a call denies, the calls after it only peek (check); what earlier calls recorded is
+//     given back (refundAll) before AllowAll returns. allowAll applies the fail-open policy and
+//     shadow mode, and AllowAll counts the call.
+
+// MaxAllowAllRequests is the most requests one AllowAll takes: one call carries all of a
+// node's, and the server runs it alone, so a bound keeps any one call short.
+const MaxAllowAllRequests = 64
+
+// allRefundTimeout bounds the refunds of a decision that did not admit: they run whether or
+// not the caller's context has ended, since the room they give back is other requests'.
+const allRefundTimeout = 5 * time.Second
+
+// Request is one key's part of a decision over several keys (AllowAll).
+//
+// A request with N == 0 is a check: its limits are judged with a cost of 0 (it has room unless
+// its key already holds more than a limit's Max, which a key shared by several policies can),
+// and nothing is ever recorded for it. An Advisory request (a shadow rule) is decided and
+// recorded with the others when it has room, but its denial denies nothing: its Result says it
+// had no room, and nothing is recorded for it.
+type Request struct {
+	Key      string // the key, as for AllowPolicy (the engine's prefix is added)
+	Policy   Policy // its limits
+	N        int    // its cost in events; 0 checks without recording
+	Advisory bool   // decided and recorded when it has room, but its denial does not deny the others (a shadow rule)
+}
+
+// AllowAll decides reqs together: they are admitted, and each recorded, only if every non-advisory
+// request has room for its cost; otherwise nothing is recorded for any of them.
+// results[i] is reqs[i]'s: Allowed says whether that request's own limits had room (its Remaining,
+// RetryAfter etc. as AllowPolicy/PeekPolicy report them); Entry is set only for what was recorded.
+//
+// It is what a request that carries several limits on different keys needs (the descriptors
+// of an Envoy rate limit request): a request that one key denies consumes nothing of the
+// others, and a denied request consumes nothing at all. When allowed is true, results[i] of a
+// request recorded is AllowPolicy's Result (Remaining after it, its Entry for Refund and
+// Settle); of a check (N == 0) or an advisory request without room, PeekPolicy's. When allowed
+// is false, every Entry is zero and every Result is PeekPolicy's: those with room have Allowed
+// true and Remaining the room now (see below for a cluster).
+//
+// Each key is validated as AllowPolicy validates it, each Policy with cost N (0 <= N), and
+// reqs must hold 1 to MaxAllowAllRequests requests, no key twice (merge duplicates first: a
+// key's requests would otherwise each see the room before the others). Every error of these
+// wraps ErrInvalidArgument, names the request, and nothing is sent. Pipelined mode offers no
+// AllowAll (ErrUnsupported).
+//
+// On one server, and in a cluster when every key lies on one primary, the decision is one call
+// of one script: atomic, exact under any concurrency, as AllowPolicy. When the keys lie on
+// several primaries, each primary's requests are decided atomically, one primary after the
+// other in a fixed order, and when one primary's requests deny, the requests the primaries
+// before it recorded are refunded before AllowAll returns (and the later primaries' are only
+// peeked, for their Results). That never admits more than the limits allow, and a denied
+// request ends up consuming nothing; but between a record and its refund the events are held,
+// so a concurrent request may be denied that a decision on one primary would have admitted.
+// Results of requests refunded so are their decisions with Entry zero and Remaining raised by
+// N, the room given back.
+//
+// A call the server could not take (unreachable, timed out, an error reply such as
+// BADLAYOUT) ends the decision: what earlier calls recorded is refunded, and then, as for
+// AllowPolicy, fail-closed returns the error (results nil) and fail-open (WithFailOpen)
+// admits every request, recording nothing, each Result carrying BackendErr. A call whose
+// connection failed after it was sent may have recorded on its node, which cannot be given
+// back: as for AllowPolicy, that can only under-admit. When a refund itself fails, AllowAll
+// returns the denial, its results, and an error wrapping the refund's that names the keys
+// whose events stay counted until they leave their windows. In a cluster, a key that the
+// node a call went to no longer serves (a slot that moved) makes that call's requests go
+// again, per slot, through the client, which follows MOVED and ASK: that call recorded
+// nothing. A call is refused whole when the server is over maxmemory (ErrUnavailable). Once
+// the group is denied, a later primary's peek that fails leaves its requests' Results zero.
+//
+// Under WithShadow, a group that would be denied records nothing, as AllowPolicy records
+// nothing it denies, and is admitted anyway: allowed is true, and each Result whose own limits
+// had no room has Allowed true and ShadowDenied set. AllowAll neither asks nor fills the deny
+// cache (WithDenyCache): a cached denial could tell the group's answer, but not the other
+// requests' Results. Its calls are its own: they are not batched with other decisions
+// (WithBatching). The metrics count one decision per call, of operation policy, whose
+// outcome is the group's: allowed, denied, shadow_denied, fail_open or error. WithClock's
+// clock is read once, and every request is decided at that time; else every call reads the
+// server's clock once for its requests.
+func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, err error) {
+	if err := e.checkAllowAll(ctx, reqs); err != nil {
+		return false, nil, err
+	}
+	started := time.Now()
+	allowed, results, shadowed, err := e.allowAll(ctx, reqs)
+	oc := outcomeAllowed
+	switch {
+	case err != nil:
+		oc = outcomeError
+	case len(results) > 0 && results[0].BackendErr != nil:
+		oc = outcomeFailOpen
+	case shadowed:
+		oc = outcomeShadowDenied
+	case !allowed:
+		oc = outcomeDenied
+	}
+	e.metrics.record(ctx, opPolicy, oc, time.Since(started))
+	return allowed, results, err
+}
+
+// checkAllowAll checks an AllowAll of reqs before anything is sent.
+func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
+	switch {
+	case len(reqs) == 0:
+		return fmt.Errorf("%w: allow_all of no request", ErrInvalidArgument)
+	case len(reqs) > MaxAllowAllRequests:
+		return fmt.Errorf("%w: allow_all of %d requests, more than %d", ErrInvalidArgument, len(reqs), MaxAllowAllRequests)
+	}
+	seen := make(map[string]int, len(reqs))
+	for i, r := range reqs {
+		if err := validateKey(r.Key); err != nil {
+			return fmt.Errorf("strictrate: allow_all request %d: %w", i, err)
+		}
+		if j, dup := seen[r.Key]; dup {
+			return fmt.Errorf("%w: allow_all requests %d and %d have the same key %s; merge them into one", ErrInvalidArgument, j, i, quoteKey(r.Key))
+		}
+		seen[r.Key] = i
+		if r.N < 0 {
+			return fmt.Errorf("%w: allow_all request %d (key %s): cost N %d is negative", ErrInvalidArgument, i, quoteKey(r.Key), r.N)
+		}
+		if err := r.Policy.validate(max(r.N, 1)); err != nil {
+			return fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
+		}
+	}
+	if e.mode == Pipelined {
+		return unsupported("allow_all")
+	}
+	return nil
+}
+
+// allPart is one request of an AllowAll in the engine's hands.
+type allPart struct {
+	key      string  // as the caller gave it
+	req      request // its scripts' arguments; record is set from the reply (readReply)
+	advisory bool
+	out      outcome // what its last call answered for it
+	recorded bool    // its last call recorded it
+	result   Result
+	kept     bool // its entry is in its key's log
+}
+
+// allCall is one call of decide_all.lua: the requests whose keys one node holds.
+type allCall struct {
+	node    string     // the primary's address, keys undeclared; "" for the engine's client, keys declared
+	parts   []*allPart // in KEYS order
+	callErr error      // the call's whole reply, when it was an error
+	ack     ackReplies
+}
+
+// allowAll takes the decision of AllowAll on validated requests; shadowed reports that shadow
+// mode admitted a group that was denied.
+func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, shadowed bool, err error) {
+	at := e.decisionClock()
+	parts := make([]allPart, len(reqs))
+	for i, r := range reqs {
+		req, err := newRequest(e.prefix+r.Key, at, r.N, false, e.policySet(r.Policy))
+		if err != nil {
+			return false, nil, false, fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
+		}
+		parts[i] = allPart{key: r.Key, req: req, advisory: r.Advisory}
+	}
+	admitted, failure := true, error(nil)
+	calls := e.allCalls(parts)
+	for len(calls) > 0 {
+		c := calls[0]
+		calls = calls[1:]
+		check := !admitted
+		e.sendAll(ctx, c, check)
+		if c.node != "" && c.notTaken() {
+			// The node does not serve every key (a slot moved): nothing was recorded there.
+			e.decides.slots.reload()
+			calls = append(bySlot(c.parts), calls...)
+			continue
+		}
+		if err := e.readAllCall(ctx, c, check); err != nil {
+			if check {
+				continue // the denial stands; these requests' Results stay zero
+			}
+			failure = err
+			break
+		}
+		for _, p := range c.parts {
+			if !p.advisory && !p.result.Allowed {
+				admitted = false
+			}
+		}
+	}
+	if failure != nil || !admitted {
+		refundErr := e.refundAll(ctx, parts)
+		if failure != nil {
+			if refundErr != nil {
+				failure = errors.Join(failure, refundErr)
+			}
+			r, err := e.backendFailure(ctx, failure)
+			if err != nil {
+				return false, nil, false, err
+			}
+			results = make([]Result, len(parts))
+			for i := range results {
+				results[i] = r
+			}
+			return true, results, false, nil
+		}
+		err = refundErr
+	}
+	results = make([]Result, len(parts))
+	for i := range parts {
+		results[i] = parts[i].result
+	}
+	if !admitted && e.shadow {
+		for i := range results {
+			if !results[i].Allowed {
+				results[i].Allowed, results[i].ShadowDenied = true, true
+			}
+		}
+		return true, results, true, err
+	}
+	return admitted, results, false, err
+}
+
+// allCalls groups parts by where their keys live, in the order they are decided: one call on a
+// standalone server; in a cluster, one per primary by the committer's slot map, by address,
+// then, for the keys whose slot has no primary known (the map has not landed yet), one per
+// slot, through the engine's client.
+func (e *Engine) allCalls(parts []allPart) []*allCall {
+	slots := e.decides.slots
+	if slots == nil {
+		c := &allCall{}
+		for i := range parts {
+			c.parts = append(c.parts, &parts[i])
+		}
+		return []*allCall{c}
+	}
+	byNode := map[string]*allCall{}
+	var unmapped []*allPart
+	for i := range parts {
+		p := &parts[i]
+		addr, ok := slots.primary(slotOf(p.req.key))
+		if !ok {
+			unmapped = append(unmapped, p)
+			continue
+		}
+		if byNode[addr] == nil {
+			byNode[addr] = &allCall{node: addr}
+		}
+		byNode[addr].parts = append(byNode[addr].parts, p)
+	}
+	calls := make([]*allCall, 0, len(byNode))
+	for _, c := range byNode {
+		calls = append(calls, c)
+	}
+	slices.SortFunc(calls, func(a, b *allCall) int { return strings.Compare(a.node, b.node) })
+	return append(calls, bySlot(unmapped)...)
+}
+
+// bySlot groups parts into calls of one slot each, through the engine's client (which routes
+// them by their declared keys, following MOVED and ASK), by ascending slot.
+func bySlot(parts []*allPart) []*allCall {
+	groups := map[uint16]*allCall{}
+	var order []uint16
+	for _, p := range parts {
+		s := slotOf(p.req.key)
+		if groups[s] == nil {
+			groups[s] = &allCall{}
+			order = append(order, s)
+		}
+		groups[s].parts = append(groups[s].parts, p)
+	}
+	slices.Sort(order)
+	calls := make([]*allCall, len(order))
+	for i, s := range order {
+		calls[i] = groups[s]
+	}
+	return calls
+}
+
+// slotOf is the cluster hash slot of a full key.
+func slotOf(key string) uint16 {
+	cmd := valkey.Completed{}.SetSlot(key)
+	return cmd.Slot()
+}
+
+// errNodeGone is the error of a call for a node the engine's client no longer knows: nothing
+// was sent.
+var errNodeGone = errors.New("strictrate: the node is no longer in the cluster client's topology")
+
+// sendAll runs c as one call of decide_all.lua: to decide, or, with check, to peek only.
+func (e *Engine) sendAll(ctx context.Context, c *allCall, check bool) {
+	for _, p := range c.parts {
+		p.out, p.recorded = outcome{}, false
+	}
+	c.callErr, c.ack = nil, ackReplies{}
+	mode := "decide"
+	if check {
+		mode = "check"
+	}
+	// The limit sets of the call, each once; requests name theirs by its position.
+	var sets []*limitSet
+	setOf := make([]int, len(c.parts))
+	for i, p := range c.parts {
+		setOf[i] = slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
+		if setOf[i] < 0 {
+			setOf[i] = len(sets)
+			sets = append(sets, p.req.set)
+		}
+	}
+	keys := make([]string, 0, len(c.parts))
+	args := make([]string, 0, 3+len(sets)*(1+2*MaxPolicyLimits)+3*len(c.parts))
+	args = append(args, c.parts[0].req.now, mode, itoa(len(sets)))
+	for _, s := range sets {
+		args = append(args, itoa(len(s.nums)))
+		args = append(args, s.nums...)
+	}
+	for i, p := range c.parts {
+		keys = append(keys, p.req.key)
+		advisory := "0"
+		if p.advisory {
+			advisory = "1"
+		}
+		args = append(args, p.req.cost, itoa(setOf[i]+1), advisory)
+	}
+	ack := e.decides.ack && !check
+	if c.node == "" {
+		c.ack = e.execAckedTo(ctx, e.all, ack, keys, args, c)
+		return
+	}
+	node := e.decides.slots.nodeClient(c.node)
+	if node == nil {
+		c.callErr = errNodeGone
+		return
+	}
+	c.ack = e.execAckedOnNode(ctx, node, e.all, ack, keys, args, c)
+}
+
+// readReply reads a reply of decide_all.lua (the script's header documents it) into the
+// outcomes of c's requests, and reports whether the call recorded any of them.
+func (c *allCall) readReply(reply valkey.ValkeyResult) bool {
+	fail := func(err error) bool {
+		for _, p := range c.parts {
+			p.out.replyErr = err
+		}
+		return false
+	}
+	if err := reply.Error(); err != nil {
+		c.callErr = err
+		return false
+	}
+	vals, err := reply.ToArray()
+	if err != nil {
+		return fail(fmt.Errorf("script reply: %w", err))
+	}
+	if len(vals) != 2+len(c.parts) {
+		return fail(fmt.Errorf("script reply has %d values for %d requests", len(vals), len(c.parts)))
+	}
+	serverNow, err := vals[0].AsInt64()
+	if err != nil {
+		return fail(fmt.Errorf("script reply: the server's now: %w", err))
+	}
+	flags, err := vals[1].ToString()
+	if err != nil || len(flags) != len(c.parts) {
+		return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(c.parts), err))
+	}
+	recordedAny := false
+	for i, p := range c.parts {
+		p.recorded = flags[i] == '1'
+		recordedAny = recordedAny || p.recorded
+		v := &vals[2+i]
+		if err := v.Error(); err != nil {
+			p.out.err = err
+			continue
+		}
+		s, err := v.ToString()
+		if err == nil {
+			err = p.out.read(s, serverNow, &p.req)
+		}
+		if err != nil {
+			p.out.replyErr = fmt.Errorf("script reply value %d: %w", 3+i, err)
+		}
+	}
+	return recordedAny
+}
+
+// notTaken reports whether c's node did not take the call, so that nothing of it was recorded
+// and its requests may go again elsewhere: a node gone from the client's topology, a call
+// refused before it ran for its slots (not OOM, which any node would answer alike), or a
+// request whose key the node does not serve (its peek failed, so the call recorded nothing).
+func (c *allCall) notTaken() bool {
+	if c.callErr != nil {
+		return c.callErr == errNodeGone || refusedBeforeRun(c.callErr) && !strings.HasPrefix(c.callErr.Error(), "OOM ")
+	}
+	retry := false
+	for _, p := range c.parts {
+		if p.recorded {
+			return false
+		}
+		retry = retry || p.out.err != nil && notTakenOnNode(p.out.err)
+	}
+	return retry
+}
+
+// readAllCall reads c's outcomes into its requests' Results, and returns the first error among
+// them (the call's, or a request's): the decision cannot go on. What c recorded is marked, so
+// that it is refunded whatever the outcome. The acknowledgements asked for (WithReplicaAck,
+// WithDurableAck) must hold for a call that recorded something.
+func (e *Engine) readAllCall(ctx context.Context, c *allCall, check bool) error {
+	var first error
+	what := func(p *allPart) string { return "strictrate: allow_all " + quoteKey(p.key) }
+	if c.callErr != nil {
+		return classify(ctx, "strictrate: allow_all on "+c.describe(), c.callErr)
+	}
+	recorded := false
+	for _, p := range c.parts {
+		switch {
+		case p.out.err != nil:
+			first = cmpErr(first, classify(ctx, what(p), p.out.err))
+			continue
+		case p.out.replyErr != nil:
+			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), p.out.replyErr))
+			continue
+		}
+		p.req.record = 0
+		if p.recorded {
+			p.req.record = p.req.n
+		}
+		r, err := p.out.d.result(&p.req)
+		if err != nil {
+			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), err))
+			continue
+		}
+		if p.recorded && r.Entry.IsZero() {
+			first = cmpErr(first, fmt.Errorf("%s: script reply: recorded, but the decision denied", what(p)))
+			continue
+		}
+		p.result, p.kept = r, p.recorded
+		recorded = recorded || p.recorded
+	}
+	if first == nil && recorded && e.decides.ack && !check {
+		if err := e.ackPolicy.check(ctx, c.ack); err != nil {
+			first = fmt.Errorf("strictrate: allow_all on %s: %w", c.describe(), err)
+		}
+	}
+	return first
+}
+
+// cmpErr keeps the first error.
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// describe names c's keys for an error: the first, and how many more.
+func (c *allCall) describe() string {
+	s := "key " + quoteKey(c.parts[0].key)
+	if len(c.parts) > 1 {
+		s += fmt.Sprintf(" and %d more", len(c.parts)-1)
+	}
+	if c.node != "" {
+		s += " (node " + c.node + ")"
+	}
+	return s
+}
+
+// refundAll gives back every entry parts recorded, at once, and makes each refunded Result
+// say so: Entry zero, Remaining raised by the room given back. It returns an error naming the
+// keys whose refund failed, whose events stay counted.
+func (e *Engine) refundAll(ctx context.Context, parts []allPart) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), allRefundTimeout)
+	defer cancel()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		errs   []error
+		failed []string
+	)
+	for i := range parts {
+		p := &parts[i]
+		if !p.kept {
+			continue
+		}
+		wg.Go(func() {
+			if err := e.Refund(ctx, p.key, p.result); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				failed = append(failed, quoteKey(p.key))
+				mu.Unlock()
+				return
+			}
+			p.kept = false
+			p.result.Entry = EntryID{}
+			p.result.Remaining += p.req.n
+		})
+	}
+	wg.Wait()
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("strictrate: allow_all was not admitted, but giving back what it recorded on %s failed; those events stay counted until they leave their windows: %w",
+		strings.Join(failed, ", "), errors.Join(errs...))
+}

@@ -1,0 +1,195 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// On a standalone server an AllowAll is one script call, whatever its keys.
+func TestAllowAllIsOneCallOnOneServer(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	c := srv.Client(t)
+	e, err := New(c, WithPersistenceCheck(PersistenceIgnore))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := Policy{PerMinute(3)}
+	var reqs []Request
+	for i := range 10 {
+		reqs = append(reqs, Request{Key: "one-call:" + itoa(i), Policy: p, N: 1})
+	}
+	if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if allowed, _, err := e.AllowAll(ctx, reqs); err != nil || !allowed {
+		t.Fatalf("AllowAll of 10 keys: %v, %v", allowed, err)
+	}
+	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := info.CommandStats()
+	if calls := stats["evalsha"].Calls + stats["eval"].Calls; calls != 1 {
+		t.Fatalf("%d script calls for one AllowAll, want 1", calls)
+	}
+}
+
+// On a cluster, an AllowAll is one call per primary, in the order of their addresses. A
+// denial on a later primary gives back what the earlier ones recorded; a denial on the first
+// leaves the later ones peeked only. A call for a primary that no longer serves a key (a stale
+// slot map) records nothing there, and its requests go again per slot through the client.
+func TestAllowAllAcrossPrimaries(t *testing.T) {
+	skipIfShort(t)
+	cl := valkeytest.NewCluster(t, 3, 0)
+	e := clusterEngine(t, cl)
+	ctx := context.Background()
+	primaries := slices.Clone(cl.Primaries)
+	slices.SortFunc(primaries, func(a, b *valkeytest.Node) int { return strings.Compare(a.Addr, b.Addr) })
+	const max = 4
+	p := Policy{PerHour(max)}
+	// keys returns two fresh keys on each primary, in decision order.
+	keys := func() []string {
+		var ks []string
+		for _, n := range primaries {
+			ks = append(ks, keysOn(t, e, n, 2, -1)...)
+		}
+		return ks
+	}
+	requests := func(ks []string, n int) []Request {
+		reqs := make([]Request, len(ks))
+		for i, k := range ks {
+			reqs[i] = Request{Key: k, Policy: p, N: n}
+		}
+		return reqs
+	}
+	events := func(k string) int {
+		t.Helper()
+		log, err := e.Inspect(ctx, k, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return log.Events
+	}
+	fill := func(k string) {
+		t.Helper()
+		if r, err := e.AllowPolicy(ctx, k, p, max); err != nil || !r.Allowed {
+			t.Fatalf("filling %s: %+v, %v", k, r, err)
+		}
+	}
+
+	t.Run("one call per primary", func(t *testing.T) {
+		ks := keys()
+		before := make([]int64, len(primaries))
+		for i, n := range primaries {
+			before[i], _ = scriptCallsOn(t, n)
+		}
+		allowed, rs, err := e.AllowAll(ctx, requests(ks, 2))
+		if err != nil || !allowed {
+			t.Fatalf("AllowAll over three primaries: %v, %v", allowed, err)
+		}
+		for i, n := range primaries {
+			if calls, _ := scriptCallsOn(t, n); calls-before[i] != 1 {
+				t.Fatalf("primary %s ran %d script calls, want 1", n.Addr, calls-before[i])
+			}
+		}
+		for i, k := range ks {
+			if rs[i].Entry.IsZero() || rs[i].Remaining != max-2 || events(k) != 2 {
+				t.Fatalf("key %d: %+v, %d events; want recorded, %d left, 2 events", i, rs[i], events(k), max-2)
+			}
+		}
+	})
+
+	t.Run("a later primary denies", func(t *testing.T) {
+		ks := keys()
+		fill(ks[len(ks)-1])
+		allowed, rs, err := e.AllowAll(ctx, requests(ks, 1))
+		if err != nil || allowed {
+			t.Fatalf("AllowAll with the last primary's key full: %v, %v", allowed, err)
+		}
+		for i, k := range ks[:len(ks)-1] {
+			if !rs[i].Allowed || !rs[i].Entry.IsZero() || rs[i].Remaining != max || rs[i].At.IsZero() {
+				t.Fatalf("key %d: %+v; want room, no entry, Remaining %d (given back)", i, rs[i], max)
+			}
+			if events(k) != 0 {
+				t.Fatalf("key %d holds %d events after the group was denied, want 0", i, events(k))
+			}
+		}
+		if r := rs[len(ks)-1]; r.Allowed || r.RetryAfter <= 0 {
+			t.Fatalf("the full key: %+v, want no room", r)
+		}
+		// The room given back is whole: Max fits on each key.
+		if allowed, _, err := e.AllowAll(ctx, requests(ks[:len(ks)-2], max)); err != nil || !allowed {
+			t.Fatalf("Max on each key after the refunds: %v, %v", allowed, err)
+		}
+	})
+
+	t.Run("the first primary denies", func(t *testing.T) {
+		ks := keys()
+		fill(ks[0])
+		allowed, rs, err := e.AllowAll(ctx, requests(ks, 1))
+		if err != nil || allowed {
+			t.Fatalf("AllowAll with the first primary's key full: %v, %v", allowed, err)
+		}
+		for i, k := range ks[2:] {
+			r := rs[2+i]
+			if !r.Allowed || !r.Entry.IsZero() || r.Remaining != max || r.At.IsZero() {
+				t.Fatalf("key %d, peeked only: %+v; want room, no entry, Remaining %d", 2+i, r, max)
+			}
+			if log, err := e.Inspect(ctx, k, 0); err != nil || log.Layout != 0 {
+				t.Fatalf("key %d, peeked only: log %+v, %v; want none", 2+i, log, err)
+			}
+		}
+	})
+
+	t.Run("a stale slot map", func(t *testing.T) {
+		ks := keys()
+		// Every slot on the first primary: its call finds four keys it does not serve.
+		stale := &slotTable{addrs: []string{primaries[0].Addr}}
+		e.decides.slots.table.Store(stale)
+		loads := e.decides.slots.loads.Load()
+		allowed, rs, err := e.AllowAll(ctx, requests(ks, 1))
+		if err != nil || !allowed {
+			t.Fatalf("AllowAll on a stale slot map: %v, %v", allowed, err)
+		}
+		for i, k := range ks {
+			if rs[i].Entry.IsZero() || events(k) != 1 {
+				t.Fatalf("key %d: %+v, %d events; want recorded once", i, rs[i], events(k))
+			}
+		}
+		if err := valkeytest.WaitFor(ctx, 5*time.Second, "the slot map to load again", func() (bool, error) {
+			return e.decides.slots.loads.Load() > loads, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("a node gone from the client", func(t *testing.T) {
+		ks := keys()
+		nc := e.decides.slots.nodesSince(time.Now())
+		clients := map[string]valkey.Client{}
+		for addr, c := range nc.clients {
+			if addr != primaries[1].Addr {
+				clients[addr] = c
+			}
+		}
+		e.decides.slots.nodes.Store(&nodeClients{at: time.Now().Add(time.Hour), clients: clients})
+		defer e.decides.slots.nodes.Store(&nodeClients{at: time.Now(), clients: nc.clients})
+		allowed, _, err := e.AllowAll(ctx, requests(ks, 1))
+		if err != nil || !allowed {
+			t.Fatalf("AllowAll with a primary gone from the client: %v, %v", allowed, err)
+		}
+		for i, k := range ks {
+			if events(k) != 1 {
+				t.Fatalf("key %d: %d events, want 1", i, events(k))
+			}
+		}
+	})
+}

@@ -1,0 +1,560 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// AllowAll decides several keys all or nothing. These tests read the logs back (Inspect) to
+// see what each decision left there, and audit concurrent runs on the times the decisions were
+// taken (Result.At): per key, never more than Max in any trailing window, and what the log
+// holds is exactly what callers were told was admitted.
+
+// mustAllowAll returns e.AllowAll's answer, and fails t on an error.
+func mustAllowAll(t *testing.T, e *engine.Engine, reqs ...engine.Request) (bool, []engine.Result) {
+	t.Helper()
+	allowed, results, err := e.AllowAll(context.Background(), reqs)
+	if err != nil {
+		t.Fatalf("AllowAll: %v", err)
+	}
+	if len(results) != len(reqs) {
+		t.Fatalf("AllowAll: %d results for %d requests", len(results), len(reqs))
+	}
+	return allowed, results
+}
+
+// logOf reads key's log under the default prefix.
+func logOf(t *testing.T, c valkey.Client, key string) engine.Log {
+	t.Helper()
+	return enginetest.Log(t, c, enginetest.Prefix, key)
+}
+
+// A request that one key denies records nothing on the others; their Results say they had
+// room, as a peek does. A later request then fits exactly the room left, no more, and its
+// entries are real ones (Refund gives their room back).
+func TestAllowAllDenialRecordsNothing(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, _ := enginetest.Clocked(t, c)
+	a, b, full := enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)
+	pa := engine.Policy{engine.PerMinute(5)}
+	pb := engine.Policy{engine.PerSecond(2), engine.PerMinute(10)}
+	pfull := engine.Policy{engine.PerMinute(3)}
+	enginetest.MustAllowPolicy(t, e, full, pfull, 3)
+
+	allowed, rs := mustAllowAll(t, e,
+		engine.Request{Key: a, Policy: pa, N: 2},
+		engine.Request{Key: b, Policy: pb, N: 1},
+		engine.Request{Key: full, Policy: pfull, N: 1})
+	enginetest.Want(t, "denied: allowed", allowed, false)
+	for i, want := range []struct {
+		allowed   bool
+		remaining int
+	}{{true, 5}, {true, 2}, {false, 0}} {
+		r := rs[i]
+		if r.Allowed != want.allowed || r.Remaining != want.remaining || !r.Entry.IsZero() || !r.At.Equal(enginetest.T0) {
+			t.Fatalf("denied group, result %d: %+v; want Allowed %v, Remaining %d, no entry, At T0", i, r, want.allowed, want.remaining)
+		}
+	}
+	enginetest.Want(t, "the full key's retry after", rs[2].RetryAfter, time.Minute)
+	for _, k := range []string{a, b} {
+		if l := logOf(t, c, k); l.Layout != 0 || l.Events != 0 {
+			t.Fatalf("key %s after a denied group: %+v, want no log", k, l)
+		}
+	}
+	enginetest.Want(t, "the full key's events", logOf(t, c, full).Events, 3)
+
+	// The room left on a is 5, on b 2 this second.
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: a, Policy: pa, N: 5}, engine.Request{Key: b, Policy: pb, N: 2})
+	enginetest.Want(t, "the room left: allowed", allowed, true)
+	for i, r := range rs {
+		if !r.Allowed || r.Remaining != 0 || r.Entry.IsZero() {
+			t.Fatalf("admitted group, result %d: %+v; want admitted, 0 remaining, an entry", i, r)
+		}
+	}
+	enginetest.Want(t, "a's events", logOf(t, c, a).Events, 5)
+	enginetest.Want(t, "b's events", logOf(t, c, b).Events, 2)
+	allowed, _ = mustAllowAll(t, e, engine.Request{Key: a, Policy: pa, N: 1})
+	enginetest.Want(t, "one more on a: allowed", allowed, false)
+
+	if err := e.Refund(context.Background(), a, rs[0]); err != nil {
+		t.Fatalf("refund of an AllowAll entry: %v", err)
+	}
+	enginetest.Want(t, "a's events after the refund", logOf(t, c, a).Events, 0)
+	allowed, _ = mustAllowAll(t, e, engine.Request{Key: a, Policy: pa, N: 5})
+	enginetest.Want(t, "after the refund, 5 on a: allowed", allowed, true)
+}
+
+// An advisory request's denial denies nothing, and records nothing; with room it is recorded
+// with the group, and not when the group is denied. A cost of 0 is judged, never recorded.
+func TestAllowAllAdvisoryAndChecks(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, _ := enginetest.Clocked(t, c)
+	a, full, shadow := enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)
+	p := engine.Policy{engine.PerMinute(3)}
+	enginetest.MustAllowPolicy(t, e, full, p, 3)
+
+	allowed, rs := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1, Advisory: true})
+	enginetest.Want(t, "an advisory key without room: allowed", allowed, true)
+	if !rs[0].Allowed || rs[0].Entry.IsZero() || rs[0].Remaining != 2 {
+		t.Fatalf("the other key's result: %+v, want admitted and recorded, 2 left", rs[0])
+	}
+	if rs[1].Allowed || !rs[1].Entry.IsZero() || rs[1].RetryAfter != time.Minute {
+		t.Fatalf("the advisory key's result: %+v, want its own denial, nothing recorded", rs[1])
+	}
+	enginetest.Want(t, "the advisory full key's events", logOf(t, c, full).Events, 3)
+
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: shadow, Policy: p, N: 2, Advisory: true})
+	enginetest.Want(t, "an advisory key with room: allowed", allowed, true)
+	if !rs[1].Allowed || rs[1].Entry.IsZero() || rs[1].Remaining != 1 {
+		t.Fatalf("the advisory key with room: %+v, want recorded, 1 left", rs[1])
+	}
+	enginetest.Want(t, "the advisory key's events", logOf(t, c, shadow).Events, 2)
+
+	// a holds 2 of 3: a cost of 2 denies, and the advisory key with room is not recorded.
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 2}, engine.Request{Key: shadow, Policy: p, N: 1, Advisory: true})
+	enginetest.Want(t, "denied by a: allowed", allowed, false)
+	if !rs[1].Allowed || !rs[1].Entry.IsZero() || rs[1].Remaining != 1 {
+		t.Fatalf("the advisory key in a denied group: %+v, want room, nothing recorded", rs[1])
+	}
+	enginetest.Want(t, "the advisory key's events after a denied group", logOf(t, c, shadow).Events, 2)
+
+	// Checks: a cost of 0 on a full key has room (nothing over Max), on a fresh key too, and
+	// neither records anything.
+	fresh := enginetest.NewKey(t)
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 0}, engine.Request{Key: fresh, Policy: p, N: 0},
+		engine.Request{Key: a, Policy: p, N: 1})
+	enginetest.Want(t, "checks and one request: allowed", allowed, true)
+	if !rs[0].Allowed || rs[0].Remaining != 0 || !rs[0].Entry.IsZero() || !rs[1].Allowed || rs[1].Remaining != 3 || !rs[1].Entry.IsZero() {
+		t.Fatalf("checks: %+v and %+v, want room, 0 and 3 left, nothing recorded", rs[0], rs[1])
+	}
+	if rs[2].Entry.IsZero() || rs[2].Remaining != 0 {
+		t.Fatalf("the request beside the checks: %+v, want recorded, 0 left", rs[2])
+	}
+	enginetest.Want(t, "the checked full key's events", logOf(t, c, full).Events, 3)
+	enginetest.Want(t, "the checked fresh key's layout (no log)", logOf(t, c, fresh).Layout, 0)
+}
+
+// Every invalid call is refused before anything is sent, naming the bad request: nothing is
+// written on any of its keys. Pipelined mode offers no AllowAll.
+func TestAllowAllValidation(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c)
+	ctx := context.Background()
+	p := engine.Policy{engine.PerMinute(3)}
+	a, b := enginetest.NewKey(t), enginetest.NewKey(t)
+	tooMany := make([]engine.Request, engine.MaxAllowAllRequests+1)
+	for i := range tooMany {
+		tooMany[i] = engine.Request{Key: a + strconv.Itoa(i), Policy: p, N: 1}
+	}
+	for name, reqs := range map[string][]engine.Request{
+		"none":          nil,
+		"too many":      tooMany,
+		"duplicate key": {{Key: a, Policy: p, N: 1}, {Key: b, Policy: p, N: 1}, {Key: a, Policy: p, N: 1}},
+		"empty key":     {{Key: a, Policy: p, N: 1}, {Key: "", Policy: p, N: 1}},
+		"empty policy":  {{Key: a, Policy: p, N: 1}, {Key: b, N: 1}},
+		"bad limit":     {{Key: a, Policy: p, N: 1}, {Key: b, Policy: engine.Policy{{Max: 0, Window: time.Second}}, N: 1}},
+		"cost over Max": {{Key: a, Policy: p, N: 1}, {Key: b, Policy: p, N: 4}},
+		"negative cost": {{Key: a, Policy: p, N: 1}, {Key: b, Policy: p, N: -1}},
+		"same window twice": {{Key: a, Policy: p, N: 1},
+			{Key: b, Policy: engine.Policy{engine.PerMinute(3), engine.PerMinute(4)}, N: 1}},
+	} {
+		allowed, results, err := e.AllowAll(ctx, reqs)
+		if !errors.Is(err, engine.ErrInvalidArgument) || allowed || results != nil {
+			t.Fatalf("%s: %v, %v, %v; want ErrInvalidArgument and nothing else", name, allowed, results, err)
+		}
+	}
+	var nilCtx context.Context
+	if _, _, err := e.AllowAll(nilCtx, []engine.Request{{Key: a, Policy: p, N: 1}}); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("nil context: %v, want ErrInvalidArgument", err)
+	}
+	for _, k := range append([]string{a, b}, a+"0") {
+		enginetest.Want(t, "layout of "+k+" after refused calls", logOf(t, c, k).Layout, 0)
+	}
+	pipelined := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithPrefix("allowall-pipelined:"))
+	if _, _, err := pipelined.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnsupported) {
+		t.Fatalf("Pipelined mode: %v, want ErrUnsupported", err)
+	}
+}
+
+// allowAllRun is what a concurrent run of AllowAll told its callers.
+type allowAllRun struct {
+	mu       sync.Mutex
+	admitted map[string][]admission // per key, what was recorded on it
+	sawFull  map[string]bool        // per key, whether a Result said it had no room
+	calls    int
+	denials  int
+}
+
+// admission is one recorded request: its decision's time and cost.
+type admission struct {
+	at   time.Time
+	cost int
+}
+
+func newAllowAllRun() *allowAllRun {
+	return &allowAllRun{admitted: map[string][]admission{}, sawFull: map[string]bool{}}
+}
+
+// add checks one AllowAll's answer against its requests and records it: admitted, every
+// request that is not advisory had room and is recorded (unless a check), an advisory one is
+// recorded exactly when it had room; denied, a request that is not advisory had no room, and
+// nothing is recorded.
+func (run *allowAllRun) add(t *testing.T, reqs []engine.Request, allowed bool, rs []engine.Result) {
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	run.calls++
+	denier := false
+	for i, r := range rs {
+		q := reqs[i]
+		recorded := !r.Entry.IsZero()
+		switch {
+		case r.At.IsZero():
+			t.Errorf("request %d on %s: no decision (%+v)", i, q.Key, r)
+		case !allowed && recorded:
+			t.Errorf("denied group recorded request %d on %s: %+v", i, q.Key, r)
+		case allowed && !q.Advisory && !r.Allowed:
+			t.Errorf("admitted group with request %d on %s denied: %+v", i, q.Key, r)
+		case allowed && r.Allowed && q.N > 0 && !recorded:
+			t.Errorf("admitted group did not record request %d on %s: %+v", i, q.Key, r)
+		case !r.Allowed && recorded:
+			t.Errorf("request %d on %s recorded without room: %+v", i, q.Key, r)
+		}
+		if !r.Allowed {
+			run.sawFull[q.Key] = true
+			denier = denier || !q.Advisory
+		}
+		if recorded {
+			run.admitted[q.Key] = append(run.admitted[q.Key], admission{at: r.At, cost: r.Entry.Cost})
+		}
+	}
+	if !allowed {
+		run.denials++
+		if !denier {
+			t.Errorf("denied group without a request that had no room: %+v", rs)
+		}
+	}
+}
+
+// audit checks, per key, that no trailing window of l's held more than its Max of what was
+// recorded, and returns the events recorded per key.
+func (run *allowAllRun) audit(t *testing.T, keys []string, l engine.Limit) map[string]int {
+	t.Helper()
+	sums := map[string]int{}
+	for _, k := range keys {
+		adm := slices.Clone(run.admitted[k])
+		slices.SortFunc(adm, func(a, b admission) int { return a.at.Compare(b.at) })
+		for i, x := range adm {
+			held := 0
+			for _, y := range adm {
+				if y.at.After(x.at.Add(-l.Window)) && !y.at.After(x.at) {
+					held += y.cost
+				}
+			}
+			if held > l.Max {
+				t.Fatalf("key %s: %d events admitted in the window ending at admission %d (%s), Max %d", k, held, i, x.at, l.Max)
+			}
+			sums[k] += x.cost
+		}
+	}
+	return sums
+}
+
+// 64 goroutines over 4 clients fire AllowAll at once on overlapping sets of 8 keys, all within
+// one window, with more demand than room, the keys under policies of every kind (exact, with a
+// Resolution, calendar, several limits): per key, what was recorded never exceeds Max, the log
+// holds exactly that, a key any Result found without room was full (no false denial), and what
+// is left of each key is exactly what a caller can still take.
+func TestAllowAllExactUnderConcurrency(t *testing.T) {
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	const max = 20
+	// A calendar period that does not end during the test.
+	calendar := engine.Calendar(max, engine.Month, time.UTC)
+	if _, end := calendar.PeriodAt(time.Now()); time.Until(end) < 10*time.Minute {
+		calendar = engine.Calendar(max, engine.Year, time.UTC)
+	}
+	policies := []engine.Policy{
+		{engine.PerHour(max)},
+		{{Max: max, Window: time.Hour, Resolution: time.Minute}},
+		{calendar},
+		{engine.PerSecond(1000), engine.PerHour(max), engine.PerMinute(500)},
+	}
+	keys := make([]string, 8)
+	for i := range keys {
+		keys[i] = enginetest.NewKey(t)
+	}
+	policyOf := func(k int) engine.Policy { return policies[k%len(policies)] }
+	run := newAllowAllRun()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range 64 {
+		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 11))
+		wg.Go(func() {
+			<-start
+			for range 20 {
+				// 1 to 3 keys; now and then one advisory, or a check.
+				perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
+				reqs := make([]engine.Request, len(perm))
+				for i, k := range perm {
+					reqs[i] = engine.Request{Key: keys[k], Policy: policyOf(k), N: 1}
+					switch rng.IntN(10) {
+					case 0:
+						reqs[i].Advisory = true
+					case 1:
+						reqs[i].N = 0
+					}
+				}
+				allowed, rs, err := e.AllowAll(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("AllowAll: %v", err)
+					return
+				}
+				run.add(t, reqs, allowed, rs)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	// Every decision fell within an hour: the audit's window.
+	sums := run.audit(t, keys, engine.PerHour(max))
+	t.Logf("%d calls, %d denied", run.calls, run.denials)
+	for i, k := range keys {
+		if sums[k] > max {
+			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], max)
+		}
+		if run.sawFull[k] && sums[k] != max {
+			t.Fatalf("key %s (%s): a Result found it without room, yet only %d of %d were recorded", k, policyOf(i), sums[k], max)
+		}
+		log := logOf(t, c, k)
+		if p := policyOf(i); p[0].IsCalendar() {
+			if len(log.Periods) != 1 || log.Periods[0].Events != sums[k] {
+				t.Fatalf("key %s (%s): periods %+v, want one of %d events", k, p, log.Periods, sums[k])
+			}
+		} else {
+			enginetest.Want(t, "events in "+k+"'s log", log.Events, sums[k])
+		}
+		// What is left is exactly the room: one at a time until denied.
+		left := 0
+		for {
+			allowed, _ := mustAllowAll(t, es[0], engine.Request{Key: k, Policy: policyOf(i), N: 1})
+			if !allowed {
+				break
+			}
+			left++
+		}
+		enginetest.Want(t, "room left on "+k, sums[k]+left, max)
+	}
+	if run.denials == 0 {
+		t.Fatal("no group was denied: the demand did not exceed the room")
+	}
+}
+
+// On the server's clock, with a window that slides many times during the run, no trailing
+// window of any key ever holds more than Max of the requests AllowAll recorded, and the logs
+// hold exactly what was recorded.
+func TestAllowAllSlidingWindowAudit(t *testing.T) {
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	l := engine.Limit{Max: 6, Window: 50 * time.Millisecond}
+	p := engine.Policy{l}
+	keys := make([]string, 5)
+	for i := range keys {
+		keys[i] = enginetest.NewKey(t)
+	}
+	run := newAllowAllRun()
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(600 * time.Millisecond)
+	for g := range 64 {
+		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 13))
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
+				reqs := make([]engine.Request, len(perm))
+				for i, k := range perm {
+					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
+				}
+				allowed, rs, err := e.AllowAll(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("AllowAll: %v", err)
+					return
+				}
+				run.add(t, reqs, allowed, rs)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	sums := run.audit(t, keys, l)
+	t.Logf("%d calls, %d denied, recorded per key %v", run.calls, run.denials, sums)
+	// The logs: every entry one a caller was told of, and every admission of the last window
+	// still there (older ones may have been trimmed).
+	for _, k := range keys {
+		if sums[k] <= 3*l.Max {
+			t.Fatalf("key %s: %d recorded in %s: the window did not slide", k, sums[k], 600*time.Millisecond)
+		}
+		told := map[admission]int{}
+		newest := time.Time{}
+		for _, a := range run.admitted[k] {
+			told[admission{at: a.at.UTC(), cost: a.cost}]++
+			if a.at.After(newest) {
+				newest = a.at
+			}
+		}
+		for _, entry := range logOf(t, c, k).Entries {
+			x := admission{at: entry.At.UTC(), cost: entry.Cost}
+			if told[x] == 0 {
+				t.Fatalf("key %s: the log holds an entry %+v no caller was told of", k, entry)
+			}
+			told[x]--
+		}
+		for x, n := range told {
+			if n > 0 && x.at.After(newest.Add(-l.Window)) {
+				t.Fatalf("key %s: admission %+v of the last window is not in the log", k, x)
+			}
+		}
+	}
+}
+
+// Shadow mode admits a group that would be denied and records nothing of it; the Result of
+// the key without room says ShadowDenied. Fail-open admits a group the server could not
+// decide, each Result carrying the error; fail-closed returns the error. A key that holds
+// something else is ErrUnknownLayout, which fail-open never admits. The metrics count one
+// decision per call, of operation policy.
+func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(ctx)
+	e, _ := enginetest.Clocked(t, c, engine.WithMeterProvider(mp))
+	shadow, _ := enginetest.Clocked(t, c, engine.WithMeterProvider(mp), engine.WithShadow(true))
+	open := enginetest.New(t, c, engine.WithMeterProvider(mp), engine.WithFailOpen(true))
+	closed := enginetest.New(t, c, engine.WithMeterProvider(mp))
+	p := engine.Policy{engine.PerMinute(2)}
+	a, full := enginetest.NewKey(t), enginetest.NewKey(t)
+
+	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 2}); !allowed { // policy/allowed
+		t.Fatal("filling a key: denied")
+	}
+	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}); allowed { // policy/denied
+		t.Fatal("a group with a full key: admitted")
+	}
+	allowed, rs := mustAllowAll(t, shadow, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}) // policy/shadow_denied
+	if !allowed || !rs[0].Allowed || rs[0].ShadowDenied || !rs[0].Entry.IsZero() || !rs[1].Allowed || !rs[1].ShadowDenied {
+		t.Fatalf("shadow: %v, %+v; want admitted, the full key's Result ShadowDenied, nothing recorded", allowed, rs)
+	}
+	enginetest.Want(t, "a's events after a shadow admission", logOf(t, c, a).Events, 0)
+
+	bad := enginetest.NewKey(t)
+	if err := c.Do(ctx, c.B().Set().Key(enginetest.Prefix+bad).Value("not a log").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := open.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}, {Key: bad, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnknownLayout) { // policy/error
+		t.Fatalf("a key that holds a string, fail-open: %v, want ErrUnknownLayout", err)
+	}
+	enginetest.Want(t, "a's events after a failed group", logOf(t, c, a).Events, 0)
+
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	reqs := []engine.Request{{Key: a, Policy: p, N: 1}, {Key: full, Policy: p, N: 1}}
+	allowed, rs, err := open.AllowAll(tctx, reqs) // policy/fail_open
+	if err != nil || !allowed || len(rs) != 2 || !rs[0].Allowed || rs[0].BackendErr == nil || !rs[1].Allowed || rs[1].BackendErr == nil {
+		t.Fatalf("fail-open with the server down: %v, %+v, %v", allowed, rs, err)
+	}
+	if _, _, err := closed.AllowAll(tctx, reqs); !errors.Is(err, engine.ErrUnavailable) { // policy/error
+		t.Fatalf("fail-closed with the server down: %v, want ErrUnavailable", err)
+	}
+
+	got := collected(t, reader)["strictrate.decisions"]
+	want := map[string]int64{"policy/allowed": 1, "policy/denied": 1, "policy/shadow_denied": 1, "policy/fail_open": 1, "policy/error": 2}
+	for attrs, n := range want {
+		if got[attrs] != n {
+			t.Errorf("strictrate.decisions{%s} = %d, want %d (all: %v)", attrs, got[attrs], n, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("strictrate.decisions has points %v, want exactly %v", got, want)
+	}
+}
+
+// On a 3-primary cluster, 64 goroutines over 4 clients fire AllowAll on sets of keys that lie
+// on different primaries: decided one primary after another, refunded when a later one
+// denies. No key is ever over-admitted, and once every goroutine is done each key's log holds
+// exactly what callers were told was recorded: what denied requests held for a while was
+// given back.
+func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
+	skipClusterIfShort(t)
+	c := valkeytest.NewCluster(t, 3, 0)
+	es := clusterEngines(t, c, 4)
+	l := engine.PerHour(15)
+	p := engine.Policy{l}
+	var keys []string
+	for i := range 9 {
+		keys = append(keys, keyOn(t, c.Primaries[i%3]))
+	}
+	inspector := enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false))
+	run := newAllowAllRun()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range 64 {
+		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 17))
+		wg.Go(func() {
+			<-start
+			for range 15 {
+				perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
+				reqs := make([]engine.Request, len(perm))
+				for i, k := range perm {
+					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2), Advisory: rng.IntN(12) == 0}
+				}
+				allowed, rs, err := e.AllowAll(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("AllowAll: %v", err)
+					return
+				}
+				run.add(t, reqs, allowed, rs)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	sums := run.audit(t, keys, l)
+	t.Logf("%d calls, %d denied, recorded per key %v", run.calls, run.denials, sums)
+	for _, k := range keys {
+		if sums[k] > l.Max {
+			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+		}
+		log, err := inspector.Inspect(context.Background(), k, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if log.Events != sums[k] {
+			t.Fatalf("key %s: the log holds %d events, callers were told %d were recorded", k, log.Events, sums[k])
+		}
+	}
+	if run.denials == 0 {
+		t.Fatal("no group was denied: the demand did not exceed the room")
+	}
+}
