@@ -1,0 +1,226 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// RateLimit is a rule's limit: what one matched descriptor is limited by. A Config's rules are
+// shared by every Match that finds them: never modify one.
+type RateLimit struct {
+	// FullKey names the rule as the reference's stats do: the domain, then each level's key,
+	// or key_value, joined by '.' ("edge.remote_address", "edge.path_/api/*").
+	FullKey         string
+	RequestsPerUnit uint32
+	Unit            Unit
+	// Unlimited rules are never counted and always allow; their Replaces still apply.
+	Unlimited bool
+	// Name is the rule's name (rate_limit.name), which other rules' Replaces refer to.
+	Name string
+	// Replaces are the names of rules this one takes the place of: when a request's
+	// descriptors match this rule, the rules so named are not applied to that request.
+	Replaces []string
+	// ShadowMode rules are decided and counted, but always answer OK.
+	ShadowMode bool
+	// QuotaMode is the reference's quota_mode: accepted and kept; what it changes is the
+	// service's to decide.
+	QuotaMode bool
+	// DetailedMetric rules are metered under the request's own values (see Match.StatKey).
+	DetailedMetric bool
+}
+
+// Entry is one entry of a request's descriptor, as Envoy sends it.
+type Entry struct{ Key, Value string }
+
+// Config is a loaded configuration: the rules of each domain. It is immutable, and safe for
+// any number of goroutines. A nil *Config has no domains.
+type Config struct {
+	domains map[string]*node
+}
+
+// node is one level of a domain's descriptor tree. Children are found by the reference's
+// composite key: "key_value", or "key" for an entry without a value.
+type node struct {
+	compositeKey   string // the key this node is found under in its parent
+	children       map[string]*node
+	order          []*node  // children in the order they were loaded, for String
+	wildcards      []string // children's composite keys that end in '*', in load order
+	limit          *RateLimit
+	valueToMetric  bool
+	shareThreshold bool
+}
+
+func newNode(key string) *node { return &node{compositeKey: key, children: map[string]*node{}} }
+
+// Option changes how a configuration is built.
+type Option func(*options)
+
+type options struct {
+	mergeDomains bool
+}
+
+// WithMergeDomains lets several files (or xDS resources) configure the same domain, their
+// descriptors merged (the reference's MERGE_DOMAIN_CONFIG). A descriptor defined twice at the
+// top of the domain is still refused. Without it, a domain named twice is refused.
+func WithMergeDomains(on bool) Option { return func(o *options) { o.mergeDomains = on } }
+
+// File is one configuration file: its name (for messages) and its content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse builds a Config from files in the reference's YAML format, in the order given. Each
+// file has one domain; an empty file, or one without a domain, is refused. Every refusal is an
+// *Error wrapping ErrInvalid. No files make a Config without domains.
+func Parse(files []File, opts ...Option) (*Config, error) {
+	roots := make([]namedRoot, 0, len(files))
+	for _, f := range files {
+		root, err := parseYAML(f.Name, f.Data)
+		if err != nil {
+			return nil, err
+		}
+		roots = append(roots, namedRoot{f.Name, root})
+	}
+	return build(roots, opts)
+}
+
+type namedRoot struct {
+	name string
+	root *rawRoot
+}
+
+// build checks and loads the files' rules in order, as the reference does.
+func build(roots []namedRoot, opts []Option) (*Config, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Config{domains: map[string]*node{}}
+	for _, r := range roots {
+		if r.root.domain == "" {
+			return nil, invalid(r.name, r.root.domainLine, "config file cannot have empty domain")
+		}
+		d, ok := c.domains[r.root.domain]
+		if ok && !o.mergeDomains {
+			return nil, invalid(r.name, r.root.domainLine, "duplicate domain '%s' in config file", r.root.domain)
+		}
+		if !ok {
+			d = newNode("")
+		}
+		if err := d.load(r.name, r.root.domain+".", r.root.descriptors); err != nil {
+			return nil, err
+		}
+		c.domains[r.root.domain] = d
+	}
+	return c, nil
+}
+
+// load adds descriptors under n, checking each as the reference does and in its order: the
+// key, a duplicate, the rate limit's unit, its replaces, share_threshold, then the children.
+func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
+	for _, d := range ds {
+		if d.key == "" {
+			return invalid(file, d.line, "descriptor has empty key")
+		}
+		ck := d.key
+		if d.value != "" {
+			ck += "_" + d.value
+		}
+		fullKey := parentKey + ck
+		if _, dup := n.children[ck]; dup {
+			return invalid(file, d.line, "duplicate descriptor composite key '%s'", fullKey)
+		}
+		child := newNode(ck)
+		child.valueToMetric = d.valueToMetric
+		child.shareThreshold = d.shareThreshold
+		if rl := d.rateLimit; rl != nil {
+			unit, unitErr := ParseUnit(rl.unit)
+			if rl.unlimited && unitErr == nil {
+				return invalid(file, rl.line, "should not specify rate limit unit when unlimited")
+			}
+			if !rl.unlimited && unitErr != nil {
+				return invalid(file, rl.line, "invalid rate limit unit '%s'", rl.unit)
+			}
+			for _, r := range rl.replaces {
+				if r == "" {
+					return invalid(file, rl.line, "should not have an empty replaces entry")
+				}
+				if r == rl.name {
+					return invalid(file, rl.line, "replaces should not contain name of same descriptor")
+				}
+			}
+			child.limit = &RateLimit{
+				FullKey:         fullKey,
+				RequestsPerUnit: rl.requestsPerUnit,
+				Unit:            unit,
+				Unlimited:       rl.unlimited,
+				Name:            rl.name,
+				Replaces:        slices.Clone(rl.replaces),
+				ShadowMode:      d.shadowMode,
+				QuotaMode:       d.quotaMode,
+				DetailedMetric:  d.detailedMetric,
+			}
+		}
+		wildcard := strings.HasSuffix(ck, "*")
+		if d.shareThreshold && !wildcard {
+			return invalid(file, d.line,
+				"share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", ck)
+		}
+		if wildcard {
+			n.wildcards = append(n.wildcards, ck)
+		}
+		if err := child.load(file, fullKey+".", d.descriptors); err != nil {
+			return err
+		}
+		n.children[ck] = child
+		n.order = append(n.order, child)
+	}
+	return nil
+}
+
+// Domains are the configured domains, sorted.
+func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
+	ds := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds
+}
+
+// HasDomain says whether the domain is configured (the reference counts requests for a domain
+// it does not know in domain_not_found).
+func (c *Config) HasDomain(domain string) bool {
+	if c == nil {
+		return false
+	}
+	_, ok := c.domains[domain]
+	return ok
+}
+
+// String is the configuration as the reference's debug endpoint (/rlconfig) shows it: one line
+// per rule, "<full key>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode:
+// <bool>", the domains sorted and each domain's rules in the order they were loaded, a parent
+// before its children.
+func (c *Config) String() string {
+	var b strings.Builder
+	for _, d := range c.Domains() {
+		c.domains[d].dump(&b)
+	}
+	return b.String()
+}
+
+func (n *node) dump(b *strings.Builder) {
+	if l := n.limit; l != nil {
+		fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n",
+			l.FullKey, strings.ToUpper(l.Unit.String()), l.RequestsPerUnit, l.ShadowMode, l.QuotaMode)
+	}
+	for _, child := range n.order {
+		child.dump(b)
+	}
+}

@@ -1,0 +1,27 @@
+// Package config reads the reference rate limit service's configuration (envoyproxy/ratelimit):
+// YAML files, or RateLimitConfig resources from an xDS server, into a Config that answers which
+// rule limits a request's descriptor.
+//
+// Most callers need four names: LoadDir (or Parse, or FromProto) to build a Config, Watch to
+// keep one current as the files change, and Config.Match (Config.Override when the request
+// carries its own limit) to find the rule of a descriptor.
+//
+// What is accepted and what is rejected follow the reference exactly: every key it knows is
+// accepted anywhere in a file (a key it does not know is refused), the same values are
+// refused for the same reasons, and matching walks the descriptor tree as it does (see
+// Config.Match). Every refusal is an *Error that wraps ErrInvalid and names the file, the
+// line where it is known, and the reason in the reference's words.
+//
+// A file:
+//
+//	domain: edge
+//	descriptors:
+//	  - key: remote_address          # a key without a value: any value, one counter each
+//	    rate_limit: {unit: minute, requests_per_unit: 10}
+//	  - key: remote_address
+//	    value: 10.0.0.1              # a key and value without rate_limit: exempt from the above
+//	  - key: path
+//	    value: /api/*                # a value ending in '*': a prefix
+//	    share_threshold: true        # every matching value shares one counter
+//	    rate_limit: {unit: second, requests_per_unit: 100, name: api}
+package config
