@@ -92,16 +92,27 @@ type Request struct {
 //
 // Under WithShadow, a group that would be denied records nothing, as AllowPolicy records
 // nothing it denies, and is admitted anyway: allowed is true, and each Result whose own limits
-// had no room has Allowed true and ShadowDenied set. AllowAll neither asks nor fills the deny
-// cache (WithDenyCache): a cached denial could tell the group's answer, but not the other
-// requests' Results. Its calls are its own: they are not batched with other decisions
-// (WithBatching). The metrics count one decision per call, of operation policy, whose
+// had no room has Allowed true and ShadowDenied set. A single request with a cost (N > 0) is
+// AllowPolicy's decision exactly, and goes the same way: through the deny cache
+// (WithDenyCache) and the group commit (WithBatching). Several requests neither ask nor fill
+// the deny cache: a cached denial could tell the group's answer, but not the other requests'
+// Results; and their calls are their own, not batched with other decisions. The metrics count one decision per call, of operation policy, whose
 // outcome is the group's: allowed, denied, shadow_denied, fail_open or error. WithClock's
 // clock is read once, and every request is decided at that time; else every call reads the
 // server's clock once for its requests.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, err error) {
 	if err := e.checkAllowAll(ctx, reqs); err != nil {
 		return false, nil, err
+	}
+	if len(reqs) == 1 && reqs[0].N > 0 {
+		// One key alone is AllowPolicy's decision, which shares the group commit and the deny
+		// cache with every other decision.
+		r := reqs[0]
+		res, err := e.AllowPolicy(ctx, r.Key, r.Policy, r.N)
+		if err != nil {
+			return false, nil, err
+		}
+		return res.Allowed || r.Advisory, []Result{res}, nil
 	}
 	started := time.Now()
 	allowed, results, shadowed, err := e.allowAll(ctx, reqs)

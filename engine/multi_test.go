@@ -558,3 +558,29 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 		t.Fatal("no group was denied: the demand did not exceed the room")
 	}
 }
+
+// One request with a cost is AllowPolicy's decision: the deny cache answers its repeated
+// denial, and an advisory one denied denies nothing and records nothing.
+func TestAllowAllOneRequest(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithDenyCache(16))
+	k := enginetest.NewKey(t)
+	p := engine.Policy{engine.PerMinute(2)}
+	allowed, rs := mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 2})
+	if !allowed || !rs[0].Allowed || rs[0].Entry.IsZero() || rs[0].Remaining != 0 {
+		t.Fatalf("first: %v %+v", allowed, rs[0])
+	}
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 1})
+	if allowed || rs[0].Allowed || rs[0].FromCache {
+		t.Fatalf("second: %v %+v; want denied by the server", allowed, rs[0])
+	}
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 1})
+	if allowed || rs[0].Allowed || !rs[0].FromCache {
+		t.Fatalf("third: %v %+v; want denied by the deny cache", allowed, rs[0])
+	}
+	allowed, rs = mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 1, Advisory: true})
+	if !allowed || rs[0].Allowed || !rs[0].Entry.IsZero() {
+		t.Fatalf("advisory: %v %+v; want the group allowed, the request without room", allowed, rs[0])
+	}
+	enginetest.Want(t, "events", logOf(t, c, k).Events, 2)
+}
