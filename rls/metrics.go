@@ -1,0 +1,110 @@
+package rls
+
+import (
+	"math"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the reference's Prometheus metrics, with its names and labels: per rule, the
+// hits counted against it in every state (the rule's stats key split into domain, key1 and
+// key2), and the service's own.
+type metrics struct {
+	totalHits, overLimit, nearLimit, withinLimit, shadowMode *prometheus.CounterVec
+	overLimitLocalCache                                      *prometheus.CounterVec
+	configLoadSuccess, configLoadError, globalShadow         prometheus.Counter
+	callErrors                                               *prometheus.CounterVec
+	totalRequests                                            *prometheus.CounterVec
+	responseTime                                             *prometheus.HistogramVec
+}
+
+func newMetrics(r prometheus.Registerer) *metrics {
+	rule := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_rate_limit_" + name, Help: help},
+			[]string{"domain", "key1", "key2"})
+	}
+	m := &metrics{
+		totalHits:           rule("total_hits", "Hits asked of the rule, admitted or not."),
+		overLimit:           rule("over_limit", "Hits over the rule's limit."),
+		nearLimit:           rule("near_limit", "Hits admitted above the near-limit ratio, or denied below the limit."),
+		withinLimit:         rule("within_limit", "Hits admitted within the rule's limit."),
+		shadowMode:          rule("shadow_mode", "Hits over a shadow rule's limit, answered OK."),
+		overLimitLocalCache: rule("over_limit_with_local_cache", "Hits denied by the deny cache without asking Valkey."),
+		configLoadSuccess: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_success",
+			Help: "Configurations loaded."}),
+		configLoadError: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_config_load_error",
+			Help: "Configurations rejected; the last good one is kept."}),
+		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: "ratelimit_service_global_shadow_mode",
+			Help: "Requests over a limit answered OK by the global shadow mode."}),
+		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_should_rate_limit_error",
+			Help: "ShouldRateLimit calls answered with an error: redis_error (storage), service_error (the request or the configuration)."},
+			[]string{"err_type"}),
+		totalRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimit_service_total_requests",
+			Help: "gRPC calls served."}, []string{"grpc_method"}),
+		responseTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ratelimit_service_response_time_seconds",
+			Help: "Time to answer a gRPC call.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"grpc_method"}),
+	}
+	if r != nil {
+		for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
+			m.overLimitLocalCache, m.configLoadSuccess, m.configLoadError, m.globalShadow, m.callErrors,
+			m.totalRequests, m.responseTime} {
+			r.MustRegister(c)
+		}
+	}
+	return m
+}
+
+// statLabels splits a rule's stats key ("domain.key1_value.key2") into the labels the
+// reference's exporter gives it; ':' and '|' become '_', as the reference sanitizes them.
+func statLabels(key string) prometheus.Labels {
+	key = strings.NewReplacer(":", "_", "|", "_").Replace(key)
+	parts := strings.SplitN(key, ".", 4)
+	for len(parts) < 3 {
+		parts = append(parts, "")
+	}
+	return prometheus.Labels{"domain": parts[0], "key1": parts[1], "key2": parts[2]}
+}
+
+// ruleHits are one descriptor's counts for the metrics: its hits, the count of its window
+// before the request and after it, and its limit.
+type ruleHits struct {
+	labels        prometheus.Labels
+	hits          uint64
+	before, after uint64
+	limit         uint64
+	admitted      bool // the request's hits were recorded
+	shadow        bool // a shadow rule (or the global shadow mode) answered OK over the limit
+	fromCache     bool
+}
+
+// count adds one descriptor's hits to the per-rule counters, split as the reference splits
+// them: hits that take the count over the limit are over_limit, those between the near-limit
+// threshold and the limit near_limit, the admitted ones within_limit.
+func (m *metrics) count(h ruleHits, nearRatio float64) {
+	m.totalHits.With(h.labels).Add(float64(h.hits))
+	if h.hits == 0 {
+		return
+	}
+	near := uint64(math.Floor(float64(h.limit) * nearRatio))
+	switch {
+	case h.after > h.limit:
+		over := h.hits
+		if h.before < h.limit {
+			over = h.after - h.limit
+			m.nearLimit.With(h.labels).Add(float64(h.limit - max(near, h.before)))
+		}
+		m.overLimit.With(h.labels).Add(float64(over))
+		if h.fromCache {
+			m.overLimitLocalCache.With(h.labels).Add(float64(h.hits))
+		}
+		if h.shadow {
+			m.shadowMode.With(h.labels).Add(float64(over))
+		}
+	case h.admitted:
+		m.withinLimit.With(h.labels).Add(float64(h.hits))
+		if h.after > near {
+			m.nearLimit.With(h.labels).Add(float64(h.after - max(near, h.before)))
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package rls
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Headers chooses which rate limit header fields a response asks Envoy to add
+// (response_headers_to_add), for the descriptor closest to its limit.
+type Headers int
+
+const (
+	// HeadersOff adds none: the reference's default (LIMIT_RESPONSE_HEADERS_ENABLED false).
+	HeadersOff Headers = iota
+	// HeadersFields adds the IETF RateLimit-Policy and RateLimit fields
+	// (draft-ietf-httpapi-ratelimit-headers, written by package fields).
+	HeadersFields
+	// HeadersLegacy adds the reference's trio: the limit, the remaining and the seconds to the
+	// reset, under the names WithLegacyHeaderNames sets.
+	HeadersLegacy
+)
+
+// Default values of the options, the reference's where it has them.
+const (
+	DefaultNearLimitRatio = 0.8
+	DefaultRequestTimeout = time.Second
+	// DefaultSlotsPerWindow is how many slots a rule's window is cut into when its
+	// requests_per_unit is larger (WithSlotsPerWindow).
+	DefaultSlotsPerWindow = 3600
+	// The reference's default names of its legacy header trio.
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
+)
+
+// Option configures a Service.
+type Option func(*options)
+
+type options struct {
+	keyPrefix         string
+	nearLimitRatio    float64
+	shadow            bool
+	headers           Headers
+	limitHeader       string
+	remainingHeader   string
+	resetHeader       string
+	calendar          *time.Location
+	slots             int
+	requestTimeout    time.Duration
+	registerer        prometheus.Registerer
+	logger            *slog.Logger
+	ping              func(context.Context) error
+	healthyWithConfig bool
+	tracer            trace.Tracer
+}
+
+func defaultOptions() options {
+	return options{
+		nearLimitRatio:  DefaultNearLimitRatio,
+		limitHeader:     DefaultLimitHeader,
+		remainingHeader: DefaultRemainingHeader,
+		resetHeader:     DefaultResetHeader,
+		slots:           DefaultSlotsPerWindow,
+		requestTimeout:  DefaultRequestTimeout,
+		logger:          slog.New(slog.DiscardHandler),
+		tracer:          noop.NewTracerProvider().Tracer(""),
+	}
+}
+
+// WithKeyPrefix puts prefix before every counter's key (the reference's CACHE_KEY_PREFIX), so
+// that several services can share one Valkey. The engine's own prefix comes before it.
+func WithKeyPrefix(prefix string) Option { return func(o *options) { o.keyPrefix = prefix } }
+
+// WithNearLimitRatio sets the share of a limit above which admitted hits count as near_limit
+// in the metrics (the reference's NEAR_LIMIT_RATIO); the default is 0.8.
+func WithNearLimitRatio(r float64) Option { return func(o *options) { o.nearLimitRatio = r } }
+
+// WithShadowMode makes every answer OK while still deciding and counting every request (the
+// reference's global SHADOW_MODE): what would have been denied is counted in the
+// global_shadow_mode metric. Rules have their own shadow_mode in the configuration.
+func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } }
+
+// WithResponseHeaders chooses the header fields the responses carry (the reference's
+// LIMIT_RESPONSE_HEADERS_ENABLED turns them on); HeadersOff by default.
+func WithResponseHeaders(h Headers) Option { return func(o *options) { o.headers = h } }
+
+// WithLegacyHeaderNames sets the names of HeadersLegacy's trio (the reference's
+// HEADER_RATELIMIT_LIMIT, HEADER_RATELIMIT_REMAINING and HEADER_RATELIMIT_RESET). An empty
+// name keeps its default.
+func WithLegacyHeaderNames(limit, remaining, reset string) Option {
+	return func(o *options) {
+		if limit != "" {
+			o.limitHeader = limit
+		}
+		if remaining != "" {
+			o.remainingHeader = remaining
+		}
+		if reset != "" {
+			o.resetHeader = reset
+		}
+	}
+}
+
+// WithCalendar makes the units day, week, month and year calendar periods in loc (a day from
+// midnight, a week from Monday, a month from the 1st, a year from January 1st), each counting
+// the events since the start of the current period, instead of sliding windows of the
+// reference's lengths (a day of 86400 s, a month of 30 days, a year of 365). nil keeps
+// sliding windows, the default.
+func WithCalendar(loc *time.Location) Option { return func(o *options) { o.calendar = loc } }
+
+// WithSlotsPerWindow bounds a sliding rule's memory: a rule whose requests_per_unit is larger
+// than n keeps its log in n slots of its window (engine.Limit.Resolution of unit/n), so its
+// key holds at most about n entries however many requests it admits. It still never admits
+// more than the limit in any trailing window; a denial may come up to unit/n early (with the
+// default 3600: 1 s for an hour, 24 s for a day, 12 minutes for a month). 0 keeps every rule's
+// log exact: one entry per admitted request.
+func WithSlotsPerWindow(n int) Option { return func(o *options) { o.slots = n } }
+
+// WithRequestTimeout bounds how long a decision waits for Valkey when the request carries no
+// deadline of its own (1 s by default); with a deadline, the answer comes a little before it.
+func WithRequestTimeout(d time.Duration) Option { return func(o *options) { o.requestTimeout = d } }
+
+// WithMetrics registers the service's Prometheus metrics, named as the reference's Prometheus
+// exporter names them, with r. Without it the metrics are kept but not exposed.
+func WithMetrics(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
+
+// WithLogger sets the logger for configuration loads and errors; none by default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	}
+}
+
+// WithPing sets the check /healthcheck runs against the storage (a Valkey PING, say): the
+// service is healthy only while it passes.
+func WithPing(ping func(context.Context) error) Option { return func(o *options) { o.ping = ping } }
+
+// WithHealthyWithAtLeastOneConfigLoaded makes the service unhealthy until a configuration with
+// at least one domain is loaded (the reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+func WithHealthyWithAtLeastOneConfigLoaded(on bool) Option {
+	return func(o *options) { o.healthyWithConfig = on }
+}
+
+// WithTracerProvider traces every ShouldRateLimit call as a span of tp's (OpenTelemetry), as
+// the reference does when TRACING_ENABLED; none by default.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) {
+		if tp != nil {
+			o.tracer = tp.Tracer("github.com/strictrate/strictrate/rls")
+		}
+	}
+}

@@ -1,0 +1,510 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
+	"github.com/strictrate/strictrate/rls/config"
+)
+
+// Service is Envoy's rate limit service (envoy.service.ratelimit.v3.RateLimitService) on a
+// strictrate engine. Most programs run the command strictrate-rls; a program that embeds the
+// service needs four calls:
+//
+//	svc := rls.New(e, rls.WithMetrics(prometheus.DefaultRegisterer))
+//	svc.SetConfig(cfg)            // from config.LoadDir, config.Watch or xds.Watch
+//	pb.RegisterRateLimitServiceServer(grpcServer, svc)
+//	http.Handle("/", svc.HTTPHandler()) // /json and /healthcheck
+//
+// A request's descriptors are matched against the configuration as the reference server
+// matches them (package config); each limited descriptor is a key of its own in Valkey, whose
+// rule's unit is a sliding window of that length. The descriptors of one request are decided
+// all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
+// in every one; a denied request consumes nothing of any descriptor.
+type Service struct {
+	pb.UnimplementedRateLimitServiceServer
+
+	engine  *engine.Engine
+	opts    options
+	metrics *metrics
+
+	config   atomic.Pointer[config.Config]
+	stopping atomic.Bool
+	fields   sync.Map // engine.Limit -> *fields.Dated, the header fields of a rule's limit
+}
+
+// New returns a service deciding with e. It answers every request with an error until a
+// configuration is set (SetConfig).
+func New(e *engine.Engine, opts ...Option) *Service {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &Service{engine: e, opts: o, metrics: newMetrics(o.registerer)}
+}
+
+// SetConfig makes c the configuration every later request is matched against, and counts a
+// successful load. Requests already being decided finish with the configuration they began
+// with.
+func (s *Service) SetConfig(c *config.Config) {
+	s.config.Store(c)
+	s.metrics.configLoadSuccess.Inc()
+	s.opts.logger.Info("rate limit configuration loaded", "domains", len(c.Domains()))
+}
+
+// ConfigError reports a configuration that was rejected: it is logged and counted
+// (config_load_error), and the configuration in use stays as it was.
+func (s *Service) ConfigError(err error) {
+	s.metrics.configLoadError.Inc()
+	s.opts.logger.Error("rate limit configuration rejected; keeping the last good one", "err", err)
+}
+
+// Config returns the configuration in use, or nil before the first.
+func (s *Service) Config() *config.Config { return s.config.Load() }
+
+// Stop makes /healthcheck fail from now on, so that load balancers stop sending requests
+// while the servers drain (on SIGTERM).
+func (s *Service) Stop() { s.stopping.Store(true) }
+
+// errNoConfig is the error of a request that comes before any configuration.
+var errNoConfig = errors.New("no rate limit configuration loaded")
+
+// descriptorPlan is what one descriptor of a request asks: its rule and its counter.
+type descriptorPlan struct {
+	match   config.Match
+	limit   engine.Limit
+	hits    uint64
+	key     string
+	req     int  // index in the engine requests; -1 when not sent
+	over    bool // denied without a call: hits above the rule's limit, or a limit of 0
+	labels  map[string]string
+	shadow  bool
+	present bool // the descriptor is limited (a rule that is neither nil nor unlimited)
+}
+
+// ShouldRateLimit decides a request of Envoy's (RateLimitService/ShouldRateLimit). The call
+// is counted and timed in total_requests and response_time_seconds, as the reference's gRPC
+// server counts its calls; a request to /json is decided the same way but not counted there.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	began := time.Now()
+	resp, err := s.decide(ctx, req)
+	s.metrics.totalRequests.WithLabelValues(shouldRateLimitMethod).Inc()
+	s.metrics.responseTime.WithLabelValues(shouldRateLimitMethod).Observe(time.Since(began).Seconds())
+	return resp, err
+}
+
+// shouldRateLimitMethod is the gRPC method's name in the metrics' grpc_method label.
+const shouldRateLimitMethod = "ShouldRateLimit"
+
+// decide decides a request, traced, and counts an error by its kind.
+func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	ctx, span := s.opts.tracer.Start(ctx, "ShouldRateLimit", trace.WithAttributes(
+		attribute.String("domain", req.GetDomain()), attribute.Int("descriptors", len(req.GetDescriptors()))))
+	defer span.End()
+	resp, err := s.shouldRateLimit(ctx, req)
+	if err != nil {
+		span.SetStatus(otelcodes.Error, err.Error())
+	} else {
+		span.SetAttributes(attribute.String("overall_code", resp.OverallCode.String()))
+	}
+	if err != nil {
+		kind := "service_error"
+		if status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded {
+			kind = "redis_error"
+		}
+		s.metrics.callErrors.WithLabelValues(kind).Inc()
+	}
+	return resp, err
+}
+
+func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	if len(req.GetDescriptors()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	cfg := s.config.Load()
+	if cfg == nil {
+		return nil, status.Error(codes.FailedPrecondition, errNoConfig.Error())
+	}
+	plans, reqs := s.plan(cfg, req)
+
+	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(plans))}
+	var results []engine.Result
+	allowed := true
+	for _, p := range plans {
+		if p.over && !p.shadow {
+			allowed = false
+		}
+	}
+	if len(reqs) > 0 {
+		if !allowed { // a descriptor can never admit this request: only look at the others
+			for i := range reqs {
+				reqs[i].N = 0
+			}
+		}
+		dctx, cancel := s.decisionContext(ctx)
+		ok, rs, err := s.engine.AllowAll(dctx, reqs)
+		cancel()
+		switch {
+		case err != nil && rs == nil:
+			return nil, s.engineError(ctx, err)
+		case err != nil:
+			// A denial whose refunds failed (keys on several cluster primaries): it is still
+			// a denial, and answering it with an error would let Envoy admit the request. The
+			// events that could not be given back stay counted until they leave their windows.
+			s.opts.logger.Warn("rate limit denial could not give back what it held", "domain", req.Domain, "err", err)
+		}
+		allowed = allowed && ok
+		results = rs
+	}
+
+	code := pb.RateLimitResponse_OK
+	tightest := -1
+	var tightestRemaining uint64 = math.MaxUint64
+	for i, p := range plans {
+		st, hits := s.status(p, results, allowed)
+		resp.Statuses[i] = st
+		if p.present {
+			s.metrics.count(hits, s.opts.nearLimitRatio)
+		}
+		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
+			code = pb.RateLimitResponse_OVER_LIMIT
+		}
+		// The headers speak for the descriptor closest to its limit: an over-limit one first.
+		if p.present {
+			rem := uint64(st.LimitRemaining)
+			if st.Code == pb.RateLimitResponse_OVER_LIMIT {
+				rem = 0
+			}
+			if rem < tightestRemaining || (rem == tightestRemaining && st.Code == pb.RateLimitResponse_OVER_LIMIT) {
+				tightest, tightestRemaining = i, rem
+			}
+		}
+	}
+	if tightest >= 0 && s.opts.headers != HeadersOff {
+		resp.ResponseHeadersToAdd = s.headers(plans[tightest], resp.Statuses[tightest], results)
+	}
+	if code == pb.RateLimitResponse_OVER_LIMIT && s.opts.shadow {
+		code = pb.RateLimitResponse_OK
+		s.metrics.globalShadow.Inc()
+	}
+	resp.OverallCode = code
+	return resp, nil
+}
+
+// plan matches each descriptor with its rule, applies replaces, and makes the engine requests
+// of the limited ones (one per key: a key asked twice is asked once, for the hits of both).
+func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
+	plans := make([]descriptorPlan, len(req.Descriptors))
+	replaced := map[string]bool{}
+	for i, d := range req.Descriptors {
+		entries := make([]config.Entry, len(d.GetEntries()))
+		for j, e := range d.GetEntries() {
+			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		var m config.Match
+		if o := d.GetLimit(); o != nil {
+			m = cfg.Override(req.Domain, entries, o.GetRequestsPerUnit(), overrideUnit(o.GetUnit()))
+		} else {
+			m = cfg.Match(req.Domain, entries)
+		}
+		plans[i] = descriptorPlan{match: m, hits: hitsOf(req, i), req: -1}
+		if m.Limit != nil {
+			for _, r := range m.Limit.Replaces {
+				replaced[r] = true
+			}
+		}
+	}
+	var reqs []engine.Request
+	byKey := map[string]int{}
+	for i := range plans {
+		p := &plans[i]
+		r := p.match.Limit
+		if r == nil || r.Unlimited || (r.Name != "" && replaced[r.Name]) {
+			continue
+		}
+		p.present = true
+		p.shadow = r.ShadowMode
+		p.labels = statLabels(p.match.StatKey)
+		p.limit = s.limitOf(r)
+		// More hits than the limit can ever admit (a limit of 0, or a rule beyond
+		// engine.MaxEvents, which limits at that): over without asking.
+		if r.RequestsPerUnit == 0 || p.hits > uint64(p.limit.Max) {
+			p.over = p.hits > 0
+			if r.RequestsPerUnit == 0 {
+				continue
+			}
+		}
+		p.key = counterKey(s.opts.keyPrefix, req.Domain, p.match.Counter)
+		if j, ok := byKey[p.key]; ok && reqs[j].Policy[0] != p.limit {
+			// The same counter under another limit (a request's override beside the rule):
+			// a key of its own, shared with the descriptors under that limit.
+			p.key += "_" + p.limit.String()
+		}
+		n := int(p.hits)
+		if p.over {
+			n = 0
+		}
+		if j, ok := byKey[p.key]; ok {
+			if reqs[j].N+n > p.limit.Max { // together the hits are over the limit
+				p.over, n = true, 0
+			}
+			reqs[j].N += n
+			reqs[j].Advisory = reqs[j].Advisory && p.shadow
+			p.req = j
+			continue
+		}
+		byKey[p.key] = len(reqs)
+		p.req = len(reqs)
+		reqs = append(reqs, engine.Request{Key: p.key, Policy: engine.Policy{p.limit}, N: n, Advisory: p.shadow})
+	}
+	return plans, reqs
+}
+
+// hitsOf is descriptor i's hits: its own hits_addend when set (0 checks without counting),
+// else the request's, else 1.
+func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
+	d := req.Descriptors[i]
+	if d.GetIsNegativeHits() {
+		return 0 // giving quota back is not supported: the descriptor is only checked
+	}
+	if h := d.GetHitsAddend(); h != nil {
+		return h.GetValue()
+	}
+	return max(1, uint64(req.GetHitsAddend()))
+}
+
+// limitOf is a rule's limit in the engine: a sliding window of the unit's length (slotted
+// when the rule is larger than the slots asked), or a calendar period under WithCalendar.
+func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
+	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
+	if s.opts.calendar != nil {
+		if p, ok := calendarPeriod(r.Unit); ok {
+			return engine.Calendar(max, p, s.opts.calendar)
+		}
+	}
+	l := engine.Limit{Max: max, Window: r.Unit.Duration()}
+	if s.opts.slots > 0 && max > s.opts.slots {
+		l.Resolution = (l.Window / time.Duration(s.opts.slots)).Truncate(time.Microsecond)
+		if l.Resolution <= 0 {
+			l.Resolution = 0
+		}
+	}
+	return l
+}
+
+func calendarPeriod(u config.Unit) (engine.Period, bool) {
+	switch u {
+	case config.Day:
+		return engine.Day, true
+	case config.Week:
+		return engine.Week, true
+	case config.Month:
+		return engine.Month, true
+	case config.Year:
+		return engine.Year, true
+	}
+	return 0, false
+}
+
+// overrideUnit is the unit of a request's limit override.
+func overrideUnit(u typev3.RateLimitUnit) config.Unit {
+	switch u {
+	case typev3.RateLimitUnit_SECOND:
+		return config.Second
+	case typev3.RateLimitUnit_MINUTE:
+		return config.Minute
+	case typev3.RateLimitUnit_HOUR:
+		return config.Hour
+	case typev3.RateLimitUnit_DAY:
+		return config.Day
+	case typev3.RateLimitUnit_MONTH:
+		return config.Month
+	case typev3.RateLimitUnit_YEAR:
+		return config.Year
+	}
+	return config.UnitUnknown
+}
+
+func protoUnit(u config.Unit) pb.RateLimitResponse_RateLimit_Unit {
+	switch u {
+	case config.Second:
+		return pb.RateLimitResponse_RateLimit_SECOND
+	case config.Minute:
+		return pb.RateLimitResponse_RateLimit_MINUTE
+	case config.Hour:
+		return pb.RateLimitResponse_RateLimit_HOUR
+	case config.Day:
+		return pb.RateLimitResponse_RateLimit_DAY
+	case config.Week:
+		return pb.RateLimitResponse_RateLimit_WEEK
+	case config.Month:
+		return pb.RateLimitResponse_RateLimit_MONTH
+	case config.Year:
+		return pb.RateLimitResponse_RateLimit_YEAR
+	}
+	return pb.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// status makes a descriptor's status from the decision, and its counts for the metrics.
+func (s *Service) status(p descriptorPlan, results []engine.Result, allowed bool) (*pb.RateLimitResponse_DescriptorStatus, ruleHits) {
+	r := p.match.Limit
+	switch {
+	case r == nil:
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+	case r.Unlimited:
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, ruleHits{}
+	case !p.present: // replaced by another descriptor's rule
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+	}
+	st := &pb.RateLimitResponse_DescriptorStatus{
+		Code:         pb.RateLimitResponse_OK,
+		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)},
+	}
+	limit := uint64(r.RequestsPerUnit)
+	h := ruleHits{labels: p.labels, hits: p.hits, limit: limit, shadow: p.shadow}
+	var res engine.Result
+	if p.req >= 0 {
+		res = results[p.req]
+	}
+	room := uint64(max(res.Remaining, 0))
+	hasRoom := res.Allowed && !p.over
+	if p.req < 0 { // a limit of 0: room only for a check
+		room, hasRoom = 0, !p.over
+	}
+	recorded := allowed && hasRoom && p.hits > 0
+	switch {
+	case res.BackendErr != nil && !p.over: // fail-open answered without a count
+		h.admitted, h.before, h.after = allowed && p.hits > 0, 0, p.hits
+		st.LimitRemaining = uint32(min(limit, math.MaxUint32))
+	case recorded:
+		h.admitted = true
+		h.after = limit - min(room, limit)
+		h.before = h.after - min(p.hits, h.after)
+		st.LimitRemaining = uint32(min(room, math.MaxUint32))
+	default:
+		h.before = limit - min(room, limit)
+		h.after = h.before + p.hits
+		h.fromCache = res.FromCache
+		st.LimitRemaining = uint32(min(room, math.MaxUint32))
+		if !hasRoom {
+			st.Code = pb.RateLimitResponse_OVER_LIMIT
+			st.LimitRemaining = 0
+		}
+	}
+	st.DurationUntilReset = durationpb.New(untilReset(p.limit, res))
+	if st.Code == pb.RateLimitResponse_OVER_LIMIT && p.shadow {
+		st.Code = pb.RateLimitResponse_OK
+	}
+	return st, h
+}
+
+// untilReset is when a descriptor's limit next gets quota back: when the oldest event in its
+// window leaves it, or, for an empty window, a whole window away (for a calendar limit, the
+// end of the current period).
+func untilReset(l engine.Limit, r engine.Result) time.Duration {
+	if r.QuotaAfter > 0 {
+		return r.QuotaAfter
+	}
+	if r.RetryAfter > 0 {
+		return r.RetryAfter
+	}
+	if l.IsCalendar() { // the rest of the period the decision was taken in, on its clock
+		at := r.At
+		if at.IsZero() {
+			at = time.Now()
+		}
+		_, end := l.PeriodAt(at)
+		return end.Sub(at)
+	}
+	return l.Window
+}
+
+// headers are the header fields for the descriptor closest to its limit.
+func (s *Service) headers(p descriptorPlan, st *pb.RateLimitResponse_DescriptorStatus, results []engine.Result) []*corev3.HeaderValue {
+	if s.opts.headers == HeadersLegacy {
+		return []*corev3.HeaderValue{
+			{Key: s.opts.limitHeader, Value: fmt.Sprint(st.CurrentLimit.GetRequestsPerUnit())},
+			{Key: s.opts.remainingHeader, Value: fmt.Sprint(st.LimitRemaining)},
+			{Key: s.opts.resetHeader, Value: fmt.Sprint(fields.Seconds(st.DurationUntilReset.AsDuration()))},
+		}
+	}
+	f, err := s.fieldsOf(p.limit)
+	if err != nil {
+		return nil
+	}
+	var res engine.Result
+	if p.req >= 0 {
+		res = results[p.req]
+	}
+	res.Remaining = int(st.LimitRemaining)
+	if st.Code == pb.RateLimitResponse_OVER_LIMIT && res.RetryAfter == 0 {
+		res.RetryAfter = st.DurationUntilReset.AsDuration()
+	}
+	if res.At.IsZero() {
+		res.At = time.Now()
+	}
+	res.Allowed = st.Code == pb.RateLimitResponse_OK
+	res.Window = p.limit.Window
+	// The policy's fields are shared: the decision's are appended to a copy.
+	fs := append(make([]fields.Field, 0, 2), f.Policy(res.At)...)
+	var out []*corev3.HeaderValue
+	for _, fl := range f.AppendDecision(fs, res) {
+		out = append(out, &corev3.HeaderValue{Key: fl.Name, Value: fl.Value})
+	}
+	return out
+}
+
+// fieldsOf returns the fields writer of a rule's limit, made once per limit.
+func (s *Service) fieldsOf(l engine.Limit) (*fields.Dated, error) {
+	if f, ok := s.fields.Load(l); ok {
+		return f.(*fields.Dated), nil
+	}
+	f, err := fields.NewDated(engine.Policy{l}, fields.DefaultVersion)
+	if err != nil {
+		return nil, err
+	}
+	s.fields.Store(l, f)
+	return f, nil
+}
+
+// decisionContext bounds a decision: a little before the request's deadline, so that the
+// answer reaches Envoy in time, or the request timeout when it has none.
+func (s *Service) decisionContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok {
+		margin := max(time.Until(dl)/10, 2*time.Millisecond)
+		return context.WithDeadline(ctx, dl.Add(-margin))
+	}
+	return context.WithTimeout(ctx, s.opts.requestTimeout)
+}
+
+// engineError is the gRPC status of a decision the engine could not take: UNAVAILABLE, so
+// that Envoy's failure_mode_deny decides, or the caller's own cancellation.
+func (s *Service) engineError(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, engine.ErrInvalidArgument):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
