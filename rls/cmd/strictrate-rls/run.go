@@ -1,0 +1,395 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valkey-io/valkey-go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/rls"
+	"github.com/strictrate/strictrate/rls/config"
+	"github.com/strictrate/strictrate/rls/settings"
+	"github.com/strictrate/strictrate/rls/xds"
+)
+
+// denyCacheEntryBytes is what one entry of the engine's deny cache is counted as when
+// LOCAL_CACHE_SIZE_IN_BYTES is turned into a number of entries.
+const denyCacheEntryBytes = 256
+
+// healthInterval is how often the gRPC health service's status is brought up to date.
+const healthInterval = time.Second
+
+// run is the command: it reads the settings from lookup, serves until ctx ends, then drains.
+// Its log goes to logw.
+func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer) error {
+	s, warnings, err := settings.FromEnv(lookup)
+	logger := newLogger(s.SlogLevel(), s.LogFormat, logw)
+	for _, w := range warnings {
+		logger.Warn(w)
+	}
+	if err != nil {
+		return err // it starts with "settings:" and names every variable at fault
+	}
+
+	client, err := connect(ctx, s, logger)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return fmt.Errorf("metrics exporter: %w", err)
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer meters.Shutdown(context.Background())
+
+	tracer, shutdownTracing, err := setupTracing(ctx, s, logger)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing()
+
+	e, err := engine.New(client, engineOptions(s, logger, meters)...)
+	if err != nil {
+		return fmt.Errorf("rate limit engine: %w", err)
+	}
+	svc := rls.New(e, append(serviceOptions(s, logger, registry, client), rls.WithTracerProvider(tracer))...)
+
+	if err := loadConfig(ctx, s, svc, logger); err != nil {
+		return err
+	}
+	return serve(ctx, s, svc, registry, logger)
+}
+
+// connect makes the Valkey client, retrying until Valkey answers or ctx ends: a service
+// started before its storage waits for it (its health check fails meanwhile).
+func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (valkey.Client, error) {
+	opt, err := s.ValkeyOption()
+	if err != nil {
+		return nil, fmt.Errorf("valkey: %w", err)
+	}
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		client, err := valkey.NewClient(opt)
+		if err == nil {
+			return client, nil
+		}
+		if client != nil {
+			client.Close()
+		}
+		logger.Warn("valkey unreachable; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// engineOptions are the engine's options from the settings.
+func engineOptions(s settings.Settings, logger *slog.Logger, meters *sdkmetric.MeterProvider) []engine.Option {
+	opts := []engine.Option{
+		engine.WithBatching(s.Batching),
+		engine.WithFailOpen(s.FailOpen),
+		engine.WithLogger(logger),
+		engine.WithMeterProvider(meters),
+	}
+	if s.LocalCacheSizeInBytes > 0 {
+		opts = append(opts, engine.WithDenyCache(max(1, s.LocalCacheSizeInBytes/denyCacheEntryBytes)))
+	}
+	if s.ReplicaAck > 0 {
+		opts = append(opts, engine.WithReplicaAck(s.ReplicaAck, s.ReplicaAckTimeout))
+	}
+	if s.DurableAckLocal || s.DurableAckReplicas > 0 {
+		local := 0
+		if s.DurableAckLocal {
+			local = 1
+		}
+		opts = append(opts, engine.WithDurableAck(local, s.DurableAckReplicas, s.DurableAckTimeout))
+	}
+	return opts
+}
+
+// serviceOptions are the service's options from the settings.
+func serviceOptions(s settings.Settings, logger *slog.Logger, registry prometheus.Registerer, client valkey.Client) []rls.Option {
+	opts := []rls.Option{
+		rls.WithKeyPrefix(s.CacheKeyPrefix),
+		rls.WithNearLimitRatio(s.NearLimitRatio),
+		rls.WithShadowMode(s.ShadowMode),
+		rls.WithCalendar(s.Calendar),
+		rls.WithSlotsPerWindow(s.SlotsPerWindow),
+		rls.WithRequestTimeout(s.RequestTimeout),
+		rls.WithLogger(logger),
+		rls.WithHealthyWithAtLeastOneConfigLoaded(s.HealthyWithAtLeastOneConfigLoaded),
+		rls.WithLegacyHeaderNames(s.HeaderRateLimitLimit, s.HeaderRateLimitRemaining, s.HeaderRateLimitReset),
+		rls.WithPing(func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }),
+	}
+	if !s.DisableStats {
+		opts = append(opts, rls.WithMetrics(registry))
+	}
+	switch {
+	case !s.LimitResponseHeadersEnabled:
+	case s.LegacyHeaders:
+		opts = append(opts, rls.WithResponseHeaders(rls.HeadersLegacy))
+	default:
+		opts = append(opts, rls.WithResponseHeaders(rls.HeadersFields))
+	}
+	return opts
+}
+
+// loadConfig loads the first configuration and keeps it current: from the files, watched for
+// changes, or from the xDS server. Without FORCE_START_WITHOUT_INITIAL_CONFIG, a first
+// configuration that cannot be had stops the command (files) or is waited for (xDS).
+func loadConfig(ctx context.Context, s settings.Settings, svc *rls.Service, logger *slog.Logger) error {
+	if s.ConfigType == settings.ConfigXDS {
+		return watchXDS(ctx, s, svc, logger)
+	}
+	return watchFiles(ctx, s, svc, logger)
+}
+
+// watchFiles loads the files and reloads them as they change. The watch's own first load is the
+// one that decides whether the command starts, so that no change between the two is missed and
+// nothing is loaded or refused twice: a refused (or unreadable) configuration stops the command
+// unless FORCE_START_WITHOUT_INITIAL_CONFIG, with which it is counted and the command serves
+// without one. Each later load replaces the configuration, or is refused and counted while the
+// last good one stays.
+func watchFiles(ctx context.Context, s settings.Settings, svc *rls.Service, logger *slog.Logger) error {
+	w := config.WatchOptions{Root: s.RuntimeRoot, Subdirectory: s.RuntimeSubdirectory, AppDirectory: s.RuntimeAppDirectory,
+		WatchRoot: s.RuntimeWatchRoot, IgnoreDotFiles: s.RuntimeIgnoreDotFiles, MergeDomains: s.MergeDomainConfig}
+	first := make(chan error, 1)
+	firstDone := false // set by Watch's goroutine alone: its callbacks are called one at a time
+	onLoad := func(c *config.Config) {
+		svc.SetConfig(c)
+		if !firstDone {
+			firstDone = true
+			first <- nil
+		}
+	}
+	onError := func(err error) {
+		if !firstDone {
+			firstDone = true
+			first <- err
+			return
+		}
+		svc.ConfigError(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- config.Watch(wctx, w, onLoad, onError) }()
+
+	var err error
+	select {
+	case err = <-first:
+		go func() {
+			if err := <-stopped; err != nil && wctx.Err() == nil {
+				logger.Error("watching the rate limit configuration stopped; changes to it are not loaded", "dir", w.Dir(), "err", err)
+			}
+			cancel()
+		}()
+	case werr := <-stopped:
+		// The files cannot be watched (the directory that holds them is missing, say): they are
+		// loaded once, and served without reloads.
+		cancel()
+		logger.Error("the rate limit configuration cannot be watched; changes to it are not loaded", "dir", w.Dir(), "err", werr)
+		var c *config.Config
+		if c, err = config.LoadDir(w.Dir(), w.IgnoreDotFiles, config.WithMergeDomains(w.MergeDomains)); err == nil {
+			svc.SetConfig(c)
+		}
+	case <-ctx.Done():
+		cancel()
+		return ctx.Err()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case s.ForceStartWithoutInitialConfig:
+		svc.ConfigError(err)
+		return nil
+	}
+	cancel()
+	return fmt.Errorf("rate limit configuration in %s: %w", w.Dir(), err)
+}
+
+// watchXDS takes the configuration from the xDS server, waiting for the first one unless
+// FORCE_START_WITHOUT_INITIAL_CONFIG.
+func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger *slog.Logger) error {
+	o := xds.Options{
+		ServerURL: s.ConfigGRPCXDSServerURL, NodeID: s.ConfigGRPCXDSNodeID, NodeMetadata: s.ConfigGRPCXDSNodeMetadata,
+		Headers: s.ConfigGRPCXDSClientAdditionalHeaders, MaxRecvMsgSize: s.XDSClientMaxMsgSizeInBytes,
+		BackoffInitial: s.XDSClientBackoffInitialInterval, BackoffMax: s.XDSClientBackoffMaxInterval, Logger: logger,
+	}
+	if s.ConfigGRPCXDSServerUseTLS {
+		t, err := s.XDSClientTLS()
+		if err != nil {
+			return fmt.Errorf("xds client tls: %w", err)
+		}
+		o.TLS = t
+	}
+	first := make(chan struct{})
+	var once sync.Once
+	go func() {
+		err := xds.Watch(ctx, o, func(cfgs []*rlsconfv3.RateLimitConfig) error {
+			cfg, err := config.FromProto(cfgs, config.WithMergeDomains(s.MergeDomainConfig))
+			if err != nil {
+				svc.ConfigError(err)
+				return err
+			}
+			svc.SetConfig(cfg)
+			once.Do(func() { close(first) })
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			logger.Error("xds watch stopped", "err", err)
+		}
+	}()
+	if s.ForceStartWithoutInitialConfig {
+		return nil
+	}
+	logger.Info("waiting for the first rate limit configuration from the xds server", "server", o.ServerURL)
+	select {
+	case <-first:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// serve runs the gRPC, HTTP, debug and metrics servers until ctx ends, then stops taking
+// requests (health fails at once), drains for at most DrainTimeout, and returns.
+func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry *prometheus.Registry, logger *slog.Logger) error {
+	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge: s.GRPCMaxConnectionAge, MaxConnectionAgeGrace: s.GRPCMaxConnectionAgeGrace,
+	})}
+	if s.GRPCServerUseTLS {
+		t, err := s.ServerTLS()
+		if err != nil {
+			return fmt.Errorf("grpc server tls: %w", err)
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(t)))
+	}
+	g := grpc.NewServer(grpcOpts...)
+	pb.RegisterRateLimitServiceServer(g, svc)
+	healthSrv := health.NewServer()
+	healthpb.RegisterHealthServer(g, healthSrv)
+
+	grpcLn, err := listenGRPC(s)
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{{Addr: s.HTTPAddr(), Handler: svc.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}}
+	debug := http.NewServeMux()
+	debug.Handle("/", svc.DebugHandler())
+	if !s.DisableStats {
+		debug.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	}
+	servers = append(servers, &http.Server{Addr: s.DebugAddr(), Handler: debug, ReadHeaderTimeout: 10 * time.Second})
+	if s.UsePrometheus && !s.DisableStats {
+		mux := http.NewServeMux()
+		mux.Handle(s.PrometheusPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+		servers = append(servers, &http.Server{Addr: s.PrometheusAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+	}
+	var listeners []net.Listener
+	for _, srv := range servers {
+		ln, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			grpcLn.Close()
+			for _, l := range listeners {
+				l.Close()
+			}
+			return fmt.Errorf("listen on %s: %w", srv.Addr, err)
+		}
+		listeners = append(listeners, ln)
+	}
+
+	errc := make(chan error, len(servers)+1)
+	go func() { errc <- g.Serve(grpcLn) }()
+	for i, srv := range servers {
+		go func() {
+			if err := srv.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	go keepHealth(ctx, svc, healthSrv)
+	attrs := []any{"grpc", grpcLn.Addr().String(), "http", listeners[0].Addr().String(), "debug", listeners[1].Addr().String()}
+	if len(listeners) > 2 {
+		attrs = append(attrs, "prometheus", listeners[2].Addr().String()+s.PrometheusPath)
+	}
+	logger.Info("serving", attrs...)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	svc.Stop()
+	healthSrv.Shutdown()
+	logger.Info("shutting down: draining requests in flight", "timeout", s.DrainTimeout)
+	drained := make(chan struct{})
+	go func() { g.GracefulStop(); close(drained) }()
+	dctx, cancel := context.WithTimeout(context.Background(), s.DrainTimeout)
+	defer cancel()
+	for _, srv := range servers {
+		srv.Shutdown(dctx)
+	}
+	select {
+	case <-drained:
+	case <-dctx.Done():
+		g.Stop()
+	}
+	return serveErr
+}
+
+// listenGRPC listens where the gRPC server is asked to: GRPC_UDS, else GRPC_HOST:GRPC_PORT.
+func listenGRPC(s settings.Settings) (net.Listener, error) {
+	network, addr := "tcp", s.GRPCAddr()
+	if s.GRPCUDS != "" {
+		network, addr = "unix", s.GRPCUDS
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// keepHealth keeps the gRPC health service's status in step with the service's health.
+func keepHealth(ctx context.Context, svc *rls.Service, h *health.Server) {
+	t := time.NewTicker(healthInterval)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		if svc.Healthy(ctx) != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		h.SetServingStatus("", st)
+		h.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
