@@ -2,7 +2,9 @@
 --
 -- peek_request is decide_request without recording or writing anything; its reset_after is 0
 -- when the longest window holds no event, and its quota_after 0 when the tightest one holds
--- none. The common peek (one limit, a log whose entries all sit in a small header) is
+-- none. Its arguments are decide_request's, so that run_batch takes either: the fifth, whether
+-- now is the server's clock, does not bear on a peek; h is the key's header when the caller has
+-- read it (read_header), nil else. The common peek (one limit, a log whose entries all sit in a small header) is
 -- peek_small, on the header string alone; the rest goes through general(), whose log costs
 -- the server three times as much to make.
 -- peek_small is the read-only decision of one limit on a small header h (read_header's reply:
@@ -55,10 +57,18 @@ local function peek_small(h, now, n, window, max)
   return math.max(max - total, 0), retry_after, quota_after, newest + math.max(window, horizon) - now
 end
 
-local function peek_request(key, now, n, limits)
-  local h = read_header(key)
-  if #limits == 2 then
-    local remaining, retry_after, quota_after, reset_after = peek_small(h, now, n, limits[1], limits[2])
+local function peek_request(key, now, n, limits, _, h)
+  if h == nil then
+    h = read_header(key)
+  end
+  -- One limit, with or without a resolution (-1, res before its pair): a resolution changes
+  -- where an entry is recorded, not how the window counts.
+  local window, max = limits[1], limits[2]
+  if #limits == 4 and window == -1 then
+    window, max = limits[3], limits[4]
+  end
+  if #limits == 2 or #limits == 4 and limits[1] == -1 then
+    local remaining, retry_after, quota_after, reset_after = peek_small(h, now, n, window, max)
     if remaining ~= nil then
       return remaining, retry_after, quota_after, reset_after, 1, 1
     end
