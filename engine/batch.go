@@ -336,7 +336,7 @@ func (c *committer) gather(q *queue) {
 // the committer's, where a panic would end the process and leave the callers waiting: one is
 // handed to every caller of the batch as its error instead.
 func (c *committer) sendCalls(q *queue, b *batch) {
-	ctx, cancel := batchContext(b.calls)
+	ctx, cancel := batchContext(b.calls, func(cl *call) context.Context { return cl.ctx })
 	defer func() {
 		if p := recover(); p != nil {
 			err := fmt.Errorf("strictrate: the batch call failed: panic: %v", p)
@@ -495,10 +495,10 @@ func (c *committer) retryAlone(ctx context.Context, calls []*call) {
 
 // batchContext is the context of a call of calls: it ends at the latest deadline of theirs,
 // and not at all when one of them has none.
-func batchContext(calls []*call) (context.Context, context.CancelFunc) {
+func batchContext[T any](calls []T, ctxOf func(T) context.Context) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, cl := range calls {
-		deadline, ok := cl.ctx.Deadline()
+		deadline, ok := ctxOf(cl).Deadline()
 		if !ok {
 			return context.Background(), func() {}
 		}

@@ -135,6 +135,7 @@ type Engine struct {
 	decides  *committer     // decide.lua and decide_batch.lua: Allow, AllowN, AllowPolicy
 	peeks    *committer     // peek.lua and peek_batch.lua: Peek, Check
 	all      *loader.Script // decide_all.lua: AllowAll
+	groups   *allCommitter  // AllowAll's group commit, of decide_all.lua's calls
 	settle   *loader.Script // settle.lua: Refund, Settle
 	inspect  *loader.Script // inspect.lua: Inspect
 	acquire  *loader.Script // lease_acquire.lua: Acquire
@@ -210,6 +211,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		loader.New("decide_batch", scripts.DecideBatchWriting(o.writeLayout)))
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	e.all = loader.New("decide_all", scripts.DecideAllWriting(o.writeLayout))
+	e.groups = newAllCommitter(e)
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
 	needAOF := o.ack.aofLocal > 0

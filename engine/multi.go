@@ -175,12 +175,20 @@ type allPart struct {
 	kept     bool // its entry is in its key's log
 }
 
-// allCall is one call of decide_all.lua: the requests whose keys one node holds.
+// allCall is one group of decide_all.lua: the requests of an AllowAll whose keys one node
+// holds, decided all or nothing in one call, alone or with other AllowAlls' groups for the
+// same node (the group commit, allCommitter).
 type allCall struct {
 	node    string     // the primary's address, keys undeclared; "" for the engine's client, keys declared
 	parts   []*allPart // in KEYS order
+	check   bool       // peek only: the AllowAll is already denied on another node
 	callErr error      // the call's whole reply, when it was an error
 	ack     ackReplies
+
+	// While it waits in the group commit's queue (allCommitter.do):
+	ctx  context.Context
+	sent bool          // taken into a call; under allCommitter.mu
+	done chan struct{} // buffered, 1: receives once the call that carried it came back
 }
 
 // allowAll takes the decision of AllowAll on validated requests; shadowed reports that shadow
@@ -201,7 +209,15 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 		c := calls[0]
 		calls = calls[1:]
 		check := !admitted
-		e.sendAll(ctx, c, check)
+		if err := e.groups.do(ctx, c, check); err != nil {
+			// The caller gave up while its group was queued (nothing was sent) or in a call
+			// (which may record: as for a call that timed out, that can only under-admit).
+			if check {
+				continue // the denial stands
+			}
+			failure = classify(ctx, "strictrate: allow_all on "+c.describe(), err)
+			break
+		}
 		if c.node != "" && c.notTaken() {
 			// The node does not serve every key (a slot moved): nothing was recorded there.
 			e.decides.slots.reload()
@@ -320,98 +336,132 @@ func slotOf(key string) uint16 {
 // was sent.
 var errNodeGone = errors.New("strictrate: the node is no longer in the cluster client's topology")
 
-// sendAll runs c as one call of decide_all.lua: to decide, or, with check, to peek only.
-func (e *Engine) sendAll(ctx context.Context, c *allCall, check bool) {
-	for _, p := range c.parts {
-		p.out, p.recorded = outcome{}, false
-	}
-	c.callErr, c.ack = nil, ackReplies{}
-	mode := "decide"
-	if check {
-		mode = "check"
+// sendGroups runs groups, bound for node (a primary's address, keys undeclared; "" for the
+// engine's client, keys declared), as one call of decide_all.lua: each group decides, or, with
+// its check, peeks only. Each group's outcomes, call error and acknowledgements are its own
+// afterwards, as if it had been sent alone.
+func (e *Engine) sendGroups(ctx context.Context, node string, groups allGroups) {
+	ack := false
+	nkeys := 0
+	for _, c := range groups {
+		for _, p := range c.parts {
+			p.out, p.recorded = outcome{}, false
+		}
+		c.callErr, c.ack = nil, ackReplies{}
+		ack = ack || e.decides.ack && !c.check
+		nkeys += len(c.parts)
 	}
 	// The limit sets of the call, each once; requests name theirs by its position.
 	var sets []*limitSet
-	setOf := make([]int, len(c.parts))
-	for i, p := range c.parts {
-		setOf[i] = slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
-		if setOf[i] < 0 {
-			setOf[i] = len(sets)
-			sets = append(sets, p.req.set)
+	setOf := make([]int, 0, nkeys)
+	for _, c := range groups {
+		for _, p := range c.parts {
+			i := slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
+			if i < 0 {
+				i = len(sets)
+				sets = append(sets, p.req.set)
+			}
+			setOf = append(setOf, i)
 		}
 	}
-	keys := make([]string, 0, len(c.parts))
-	args := make([]string, 0, 3+len(sets)*(1+2*MaxPolicyLimits)+3*len(c.parts))
-	args = append(args, c.parts[0].req.now, mode, itoa(len(sets)))
+	keys := make([]string, 0, nkeys)
+	args := make([]string, 0, 2+len(sets)*(1+2*MaxPolicyLimits)+3*len(groups)+3*nkeys)
+	args = append(args, itoa(len(sets)))
 	for _, s := range sets {
 		args = append(args, itoa(len(s.nums)))
 		args = append(args, s.nums...)
 	}
-	for i, p := range c.parts {
-		keys = append(keys, p.req.key)
-		advisory := "0"
-		if p.advisory {
-			advisory = "1"
+	args = append(args, itoa(len(groups)))
+	for _, c := range groups {
+		mode := "decide"
+		if c.check {
+			mode = "check"
 		}
-		args = append(args, p.req.cost, itoa(setOf[i]+1), advisory)
+		args = append(args, c.parts[0].req.now, mode, itoa(len(c.parts)))
+		for _, p := range c.parts {
+			keys = append(keys, p.req.key)
+			advisory := "0"
+			if p.advisory {
+				advisory = "1"
+			}
+			args = append(args, p.req.cost, itoa(setOf[len(keys)-1]+1), advisory)
+		}
 	}
-	ack := e.decides.ack && !check
-	if c.node == "" {
-		c.ack = e.execAckedTo(ctx, e.all, ack, keys, args, c)
+	var replies ackReplies
+	if node == "" {
+		replies = e.execAckedTo(ctx, e.all, ack, keys, args, groups)
+	} else if client := e.decides.slots.nodeClient(node); client != nil {
+		replies = e.execAckedOnNode(ctx, client, e.all, ack, keys, args, groups)
+	} else {
+		for _, c := range groups {
+			c.callErr = errNodeGone
+		}
 		return
 	}
-	node := e.decides.slots.nodeClient(c.node)
-	if node == nil {
-		c.callErr = errNodeGone
-		return
+	for _, c := range groups {
+		c.ack = replies
 	}
-	c.ack = e.execAckedOnNode(ctx, node, e.all, ack, keys, args, c)
 }
 
+// allGroups is the groups of one call of decide_all.lua, in KEYS order: one AllowAll's (the
+// requests one node holds), or, with the group commit, several AllowAlls' bound for one node.
+type allGroups []*allCall
+
 // readReply reads a reply of decide_all.lua (the script's header documents it) into the
-// outcomes of c's requests, and reports whether the call recorded any of them.
-func (c *allCall) readReply(reply valkey.ValkeyResult) bool {
+// outcomes of the groups' requests, and reports whether the call recorded any of them.
+func (groups allGroups) readReply(reply valkey.ValkeyResult) bool {
 	fail := func(err error) bool {
-		for _, p := range c.parts {
-			p.out.replyErr = err
+		for _, c := range groups {
+			for _, p := range c.parts {
+				p.out.replyErr = err
+			}
 		}
 		return false
 	}
 	if err := reply.Error(); err != nil {
-		c.callErr = err
+		for _, c := range groups {
+			c.callErr = err
+		}
 		return false
 	}
 	vals, err := reply.ToArray()
 	if err != nil {
 		return fail(fmt.Errorf("script reply: %w", err))
 	}
-	if len(vals) != 2+len(c.parts) {
-		return fail(fmt.Errorf("script reply has %d values for %d requests", len(vals), len(c.parts)))
+	want := 1
+	for _, c := range groups {
+		want += 1 + len(c.parts)
+	}
+	if len(vals) != want {
+		return fail(fmt.Errorf("script reply has %d values for %d groups of %d values", len(vals), len(groups), want-1))
 	}
 	serverNow, err := vals[0].AsInt64()
 	if err != nil {
 		return fail(fmt.Errorf("script reply: the server's now: %w", err))
 	}
-	flags, err := vals[1].ToString()
-	if err != nil || len(flags) != len(c.parts) {
-		return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(c.parts), err))
-	}
-	recordedAny := false
-	for i, p := range c.parts {
-		p.recorded = flags[i] == '1'
-		recordedAny = recordedAny || p.recorded
-		v := &vals[2+i]
-		if err := v.Error(); err != nil {
-			p.out.err = err
-			continue
+	recordedAny, at := false, 1
+	for _, c := range groups {
+		flags, err := vals[at].ToString()
+		if err != nil || len(flags) != len(c.parts) {
+			return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(c.parts), err))
 		}
-		s, err := v.ToString()
-		if err == nil {
-			err = p.out.read(s, serverNow, &p.req)
+		for i, p := range c.parts {
+			p.recorded = flags[i] == '1'
+			recordedAny = recordedAny || p.recorded
+			v := &vals[at+1+i]
+			if err := v.Error(); err != nil {
+				p.out.err = err
+				continue
+			}
+			s, err := v.ToString()
+			if err == nil {
+				err = p.out.read(s, serverNow, &p.req)
+			}
+			if err != nil {
+				p.out.replyErr = fmt.Errorf("script reply value %d: %w", at+2+i, err)
+			}
 		}
-		if err != nil {
-			p.out.replyErr = fmt.Errorf("script reply value %d: %w", 3+i, err)
-		}
+		at += 1 + len(c.parts)
 	}
 	return recordedAny
 }

@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +42,68 @@ func TestAllowAllIsOneCallOnOneServer(t *testing.T) {
 	stats := info.CommandStats()
 	if calls := stats["evalsha"].Calls + stats["eval"].Calls; calls != 1 {
 		t.Fatalf("%d script calls for one AllowAll, want 1", calls)
+	}
+}
+
+// With the group commit (WithBatching, the default), concurrent AllowAlls bound for one server
+// share script calls, each group still decided all or nothing: fewer calls than decisions, and
+// exactly what a decision alone would record. Without it, one call per AllowAll.
+func TestAllowAllGroupCommit(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	c := srv.Client(t)
+	ctx := context.Background()
+	for _, batching := range []bool{true, false} {
+		e, err := New(c, WithPersistenceCheck(PersistenceIgnore), WithBatching(batching), WithPrefix("group-commit:"+strconv.FormatBool(batching)+":"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		const goroutines, each, max = 32, 20, 100
+		shared := Policy{PerHour(max)}
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Go(func() {
+				for i := range each {
+					reqs := []Request{
+						{Key: "shared", Policy: shared, N: 1},
+						{Key: "own:" + itoa(g), Policy: Policy{PerHour(each)}, N: 1},
+						{Key: "round:" + itoa(i), Policy: Policy{PerHour(goroutines)}, N: 1},
+					}
+					allowed, _, err := e.AllowAll(ctx, reqs)
+					if err != nil {
+						t.Errorf("AllowAll: %v", err)
+						return
+					}
+					if allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stats := info.CommandStats()
+		calls := stats["evalsha"].Calls + stats["eval"].Calls
+		t.Logf("batching %v: %d AllowAlls in %d script calls, %d admitted", batching, goroutines*each, calls, admitted.Load())
+		// Every request fits its own and its round's limit; the shared key admits max.
+		if got := admitted.Load(); got != max {
+			t.Fatalf("batching %v: %d admitted, want the shared key's Max %d", batching, got, max)
+		}
+		switch {
+		case batching && calls >= goroutines*each:
+			t.Fatalf("batching: %d script calls for %d AllowAlls: no call carried several", calls, goroutines*each)
+		case !batching && calls != goroutines*each:
+			t.Fatalf("without batching: %d script calls for %d AllowAlls, want one each", calls, goroutines*each)
+		}
 	}
 }
 

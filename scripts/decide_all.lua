@@ -1,37 +1,45 @@
 #!lua flags=allow-cross-slot-keys
--- decide_all.lua: one all-or-nothing decision over several keys (the engine's AllowAll): every
--- request is peeked first, with its cost, as peek.lua takes it; only when every request that
--- is not advisory has room is each request with room decided, as decide.lua takes it, in KEYS
--- order. Nothing can interleave within one call, so each decision admits what its peek saw:
--- a denied group records nothing on any key, and an advisory request (a shadow rule) that
--- has no room records nothing and denies nothing else.
+-- decide_all.lua: all-or-nothing decisions over several keys (the engine's AllowAll), one group
+-- of requests each, one or several groups a call: every request of a group is peeked first,
+-- with its cost, as peek.lua takes it; only when every request of the group that is not
+-- advisory has room is each request with room decided, as decide.lua takes it (one of them,
+-- the group's lead, is decided without a peek: see below). Nothing can interleave within one
+-- call, so each decision admits what its peek saw: a denied group records nothing on any key,
+-- and an advisory request (a shadow rule) that has no room records nothing and denies nothing
+-- else.
 --
 -- The first line is the script's flags (a shebang, Valkey 7 and later): allow-cross-slot-keys
 -- lets one call reach keys of several slots of one node (a group of keys that a cluster keeps
 -- on one primary); without allow-oom the server refuses the whole call when over maxmemory,
 -- before it runs, so nothing is half recorded.
 --
--- KEYS[i]  the log of request i, every key once: declared (a standalone server, or keys of one
---          slot), or, of several slots of the node the call goes to, passed in ARGV instead
---          (lib_keys.lua: numkeys 0, ARGV[1] their number, then the keys, then the ARGV below)
--- ARGV[1]  now in integer microseconds, the same for every request, or "" for the server's
---          clock (read once)
--- ARGV[2]  "decide", or "check": peek every request and record nothing (a group already
---          denied on another node)
--- ARGV[3]  the number of limit sets S, then S sets: a set's number of values L, then its L
+-- KEYS     the logs of every group's requests, group after group, each group's in its order
+--          (no key twice within a group; groups may share keys): declared (a standalone
+--          server, or keys of one slot), or, of several slots of the node the call goes to,
+--          passed in ARGV instead (lib_keys.lua: numkeys 0, ARGV[1] their number, then the
+--          keys, then the ARGV below)
+-- ARGV[1]  the number of limit sets S, then S sets: a set's number of values L, then its L
 --          values, decide.lua's limits in decimal (as its decimal ARGV[3..])
---          ... then per request, in KEYS order: its cost n (0: peeked, never recorded); the
---          1-based index of its set; "1" when it is advisory, else "0"
+--          ... then the number of groups G, then per group: its now in integer microseconds,
+--          or "" for the server's clock (read once, shared by every such group of the call);
+--          "decide", or "check": peek every request and record nothing (a group already
+--          denied on another node); its number of requests k; then per request of the group,
+--          in KEYS order: its cost n (0: peeked, never recorded); the 1-based index of its
+--          set; "1" when it is advisory, else "0"
 --
--- Reply: {the server's now (0 when the call carried its own now), a string of one byte per
--- request in KEYS order, "1" when that request was recorded, else "0"; then per request its
--- decision (a string, lib_reply.lua's encoding), or an error reply for a request that
--- failed (its key holds something else: BADLAYOUT; or is not on the node)}. A recorded
--- request's decision is decide.lua's (remaining after it, its entry's seq); every other one is
--- peek.lua's (remaining is the room now). A request that failed its peek records nothing, and
--- then no request of the call is recorded; one that failed its decision (the server refused a
--- write) stops the decisions there: the requests recorded before it say so, and the engine
--- gives them back.
+-- The groups are decided one after the other, in order, each all or nothing on its own: a
+-- call of several groups is the group commit of several AllowAll decisions (the engine's
+-- WithBatching), each seeing what the groups before it recorded.
+--
+-- Reply: {the server's now (0 when no group took the server's clock), then per group: a
+-- string of one byte per request of the group, "1" when that request was recorded, else
+-- "0"; then per request its decision (a string, lib_reply.lua's encoding), or an error reply
+-- for a request that failed (its key holds something else: BADLAYOUT; or is not on the
+-- node)}. A recorded request's decision is decide.lua's (remaining after it, its entry's seq);
+-- every other one is peek.lua's (remaining is the room now). A request that failed its peek
+-- records nothing, and then no request of its group is recorded; one that failed its decision
+-- (the server refused a write) stops its group's decisions there: the requests recorded before
+-- it say so, and the engine gives them back. Either leaves the other groups as they are.
 
 -- include: lib_keys.lua
 -- include: lib_request.lua
@@ -51,8 +59,8 @@ local function error_of(e)
   return {err = tostring(e)}
 end
 
-local sets, a = {}, 4
-for s = 1, tonumber(ARGV[3]) do
+local sets, a = {}, 2
+for s = 1, tonumber(ARGV[1]) do
   local count, limits = tonumber(ARGV[a]), {}
   for j = 1, count do
     limits[j] = tonumber(ARGV[a + j])
@@ -60,56 +68,116 @@ for s = 1, tonumber(ARGV[3]) do
   sets[s] = limits
   a = a + 1 + count
 end
-local now, server_clock = read_clock(ARGV[1])
-local server_now = 0
-if server_clock then
-  server_now = now
+-- weight is what a request's peek would cost the server, for choosing its group's lead (the
+-- request decided without a peek): 2 for a log that takes the general path (lib_log.lua), 1
+-- for a small header, 0 for no log.
+local function weight(r)
+  local h = r.header
+  if type(h) ~= 'string' then
+    return 0
+  end
+  local kind = string.byte(h, 1)
+  if (kind == KIND_T or kind == KIND_U or kind == KIND_V) and (#r.limits == 2 or #r.limits == 4 and r.limits[1] == -1) then
+    return 1
+  end
+  return 2
 end
 
--- The peeks: every request, with its cost.
-local reqs, admit = {}, ARGV[2] == 'decide'
-for i = 1, #KEYS do
-  local r = {n = tonumber(ARGV[a]), limits = sets[tonumber(ARGV[a + 1])], advisory = ARGV[a + 2] == '1'}
+local groups = tonumber(ARGV[a])
+a = a + 1
+
+local server_now, reply, first = 0, {0}, 1
+for _ = 1, groups do
+  local now, server_clock = tonumber(ARGV[a]), false
+  if now == nil then
+    if server_now == 0 then
+      server_now = read_clock('')
+      reply[1] = server_now
+    end
+    now, server_clock = server_now, true
+  end
+  local admit, k = ARGV[a + 1] == 'decide', tonumber(ARGV[a + 2])
   a = a + 3
-  local ok, remaining, retry, quota, reset, tightest, seq = pcall(peek_request, KEYS[i], now, r.n, r.limits)
-  if ok then
-    r.room = retry == 0
-    r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
-    if not r.room and not r.advisory then
+
+  -- The headers, then the request decided without a peek (lead, below).
+  local reqs, lead = {}, nil
+  for i = 1, k do
+    local r = {key = KEYS[first + i - 1], n = tonumber(ARGV[a]), limits = sets[tonumber(ARGV[a + 1])], advisory = ARGV[a + 2] == '1'}
+    a = a + 3
+    r.header = read_header(r.key)
+    reqs[i] = r
+    if admit and r.n > 0 and not r.advisory and (lead == nil or weight(r) > weight(reqs[lead])) then
+      lead = i
+    end
+  end
+
+  -- The peeks: every request of the group but the lead, with its cost. A peek's header serves
+  -- its decision: nothing writes that key in between.
+  local function peek(r)
+    local ok, remaining, retry, quota, reset, tightest, seq = pcall(peek_request, r.key, now, r.n, r.limits, server_clock, r.header)
+    if ok then
+      r.room = retry == 0
+      r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
+      if not r.room and not r.advisory then
+        admit = false
+      end
+    else
+      r.decision = error_of(remaining)
       admit = false
     end
-  else
-    r.decision = error_of(remaining)
-    admit = false
   end
-  reqs[i] = r
-end
+  for i = 1, k do
+    if i ~= lead then
+      peek(reqs[i])
+    end
+  end
 
--- The decisions: only when every request that is not advisory has room, and then each request
--- with room and a cost.
-local recorded = {}
-for i = 1, #KEYS do
-  recorded[i] = '0'
-end
-if admit then
-  for i = 1, #KEYS do
+  -- The lead is decided once every other request is known to have room: when it has none too,
+  -- its decision records nothing and denies the group (a denial says what its peek would), and
+  -- else it is recorded first. Keys are distinct within a group, so the order of the group's
+  -- decisions changes nothing. The lead is the request whose peek would cost the most, one
+  -- with a cost that is not advisory: a group pays for one peek fewer than it has requests.
+  local recorded = {}
+  for i = 1, k do
+    recorded[i] = '0'
+  end
+  local function decide(i)
     local r = reqs[i]
-    if r.room and r.n > 0 then
-      local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide_request, KEYS[i], now, r.n, r.limits, server_clock)
-      if not ok then
-        r.decision = error_of(remaining)
+    local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide_request, r.key, now, r.n, r.limits, server_clock, r.header)
+    if not ok then
+      r.decision = error_of(remaining)
+      return false
+    end
+    r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
+    if retry == 0 then
+      recorded[i] = '1'
+    end
+    return true, retry == 0
+  end
+  if lead ~= nil then
+    if not admit then
+      peek(reqs[lead])
+    else
+      local ok, room = decide(lead)
+      admit = ok and room
+    end
+  end
+
+  -- The decisions: only when every request of the group that is not advisory has room, and
+  -- then each other request with room and a cost.
+  if admit then
+    for i = 1, k do
+      local r = reqs[i]
+      if i ~= lead and r.room and r.n > 0 and not decide(i) then
         break
-      end
-      r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
-      if retry == 0 then
-        recorded[i] = '1'
       end
     end
   end
-end
 
-local reply = {server_now, table.concat(recorded)}
-for i = 1, #KEYS do
-  reply[i + 2] = reqs[i].decision
+  reply[#reply + 1] = table.concat(recorded)
+  for i = 1, k do
+    reply[#reply + 1] = reqs[i].decision
+  end
+  first = first + k
 end
 return reply

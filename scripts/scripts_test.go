@@ -433,7 +433,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	set := []string{"1", "2", "1000000", "2"}
 	call := func(mode string, keys []string, reqs ...string) []string {
 		t.Helper()
-		args := append([]string{strconv.Itoa(now), mode}, set...)
+		args := append(append([]string{}, set...), "1", strconv.Itoa(now), mode, strconv.Itoa(len(keys)))
 		args = append(args, reqs...)
 		got, err := c.Do(ctx, c.B().Eval().Script(DecideAll()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 		if err != nil {
@@ -489,6 +489,81 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	got = call("check", []string{a}, "1", "1", "0")
 	if want := []string{"0", "0", "[1 1]"}; fmt.Sprint(got) != fmt.Sprint(want) || events(a) != 1 {
 		t.Fatalf("check: %v (a holds %d), want %v and nothing recorded", got, events(a), want)
+	}
+}
+
+// decide_all.lua decides the groups of one call one after the other, each all or nothing on
+// its own: a group sees what the groups before it recorded on a key they share, a denied
+// group records nothing while the groups around it do, a group that fails (its key holds a
+// string) fails alone, and groups on the server's clock share one reading while a group with
+// its own now keeps it.
+func TestDecideAllGroupsInOneCall(t *testing.T) {
+	c := server.Client(t)
+	ctx := context.Background()
+	id := uuid.NewString()
+	a, b, poisoned := "scripts-test:groups:a:"+id, "scripts-test:groups:b:"+id, "scripts-test:groups:poisoned:"+id
+	if err := c.Do(ctx, c.B().Set().Key(poisoned).Value("not a log").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	const now = 1_790_000_000_000_000
+	// One set: 2 per second.
+	args := []string{"1", "2", "1000000", "2", "5"}
+	group := func(now, mode string, reqs ...string) {
+		args = append(args, now, mode, strconv.Itoa(len(reqs)/3))
+		args = append(args, reqs...)
+	}
+	keys := []string{}
+	at := strconv.Itoa(now)
+	group(at, "decide", "1", "1", "0", "1", "1", "0") // a, b: both recorded, 1 left each
+	keys = append(keys, a, b)
+	group(at, "decide", "2", "1", "0", "1", "1", "0") // a (2, no room), b: denied, nothing
+	keys = append(keys, a, b)
+	group(at, "decide", "1", "1", "0") // a: the last one
+	keys = append(keys, a)
+	group("", "decide", "1", "1", "0", "1", "1", "0") // poisoned fails, b not recorded
+	keys = append(keys, poisoned, b)
+	group("", "decide", "1", "1", "0") // b on the server's clock: a log of another time, its own room
+	keys = append(keys, "scripts-test:groups:c:"+id)
+	got, err := c.Do(ctx, c.B().Eval().Script(DecideAll()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1+3+3+2+3+2 {
+		t.Fatalf("reply of %d values, want 13: %v", len(got), got)
+	}
+	serverNow, err := got[0].AsInt64()
+	if err != nil || serverNow < now-1_000_000_000_000 {
+		t.Fatalf("server's now %d (%v): want the server's clock, read for the groups without a now", serverNow, err)
+	}
+	flags := func(i int) string {
+		s, err := got[i].ToString()
+		if err != nil {
+			t.Fatalf("value %d: %v", i, err)
+		}
+		return s
+	}
+	remaining := func(i int) int64 {
+		return unpackDecision(t, flags(i))[1]
+	}
+	if f := flags(1); f != "11" || remaining(2) != 1 || remaining(3) != 1 {
+		t.Errorf("group 1: flags %q, remaining %d and %d; want 11, 1 and 1", f, remaining(2), remaining(3))
+	}
+	if f := flags(4); f != "00" || remaining(5) != 1 || remaining(6) != 1 {
+		t.Errorf("group 2: flags %q, remaining %d and %d; want 00 and the room the first group left (1, 1)", f, remaining(5), remaining(6))
+	}
+	if f := flags(7); f != "1" || remaining(8) != 0 {
+		t.Errorf("group 3: flags %q, remaining %d; want 1 and 0", f, remaining(8))
+	}
+	if f := flags(9); f != "00" || got[10].Error() == nil {
+		t.Errorf("group 4: flags %q, first decision error %v; want 00 and its key's error", f, got[10].Error())
+	}
+	if f := flags(12); f != "1" || remaining(13) != 1 {
+		t.Errorf("group 5: flags %q, remaining %d; want 1 and 1", f, remaining(13))
+	}
+	for key, want := range map[string]int64{a: 2, b: 1} {
+		if n := evalInts(t, c, Inspect(), key, strconv.Itoa(now))[0]; n != want {
+			t.Errorf("%s holds %d events, want %d", key, n, want)
+		}
 	}
 }
 
