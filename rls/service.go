@@ -92,9 +92,9 @@ type descriptorPlan struct {
 	limit   engine.Limit
 	hits    uint64
 	key     string
-	req     int  // index in the engine requests; -1 when not sent
-	over    bool // denied without a call: hits above the rule's limit, or a limit of 0
-	labels  map[string]string
+	req     int           // index in the engine requests; -1 when not sent
+	over    bool          // denied without a call: hits above the rule's limit, or a limit of 0
+	metrics *ruleCounters // the rule's counters
 	shadow  bool
 	present bool // the descriptor is limited (a rule that is neither nil nor unlimited)
 }
@@ -244,7 +244,7 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		}
 		p.present = true
 		p.shadow = r.ShadowMode
-		p.labels = statLabels(p.match.StatKey)
+		p.metrics = s.metrics.rule(p.match.StatKey)
 		p.limit = s.limitOf(r)
 		// More hits than the limit can ever admit (a limit of 0, or a rule beyond
 		// engine.MaxEvents, which limits at that): over without asking.
@@ -381,7 +381,7 @@ func (s *Service) status(p descriptorPlan, results []engine.Result, allowed bool
 		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)},
 	}
 	limit := uint64(r.RequestsPerUnit)
-	h := ruleHits{labels: p.labels, hits: p.hits, limit: limit, shadow: p.shadow}
+	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
 	if p.req >= 0 {
 		res = results[p.req]
