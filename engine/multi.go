@@ -96,10 +96,12 @@ type Request struct {
 // AllowPolicy's decision exactly, and goes the same way: through the deny cache
 // (WithDenyCache) and the group commit (WithBatching). Several requests neither ask nor fill
 // the deny cache: a cached denial could tell the group's answer, but not the other requests'
-// Results; and their calls are their own, not batched with other decisions. The metrics count one decision per call, of operation policy, whose
-// outcome is the group's: allowed, denied, shadow_denied, fail_open or error. WithClock's
-// clock is read once, and every request is decided at that time; else every call reads the
-// server's clock once for its requests.
+// Results. With the group commit (WithBatching), concurrent AllowAlls bound for one node share
+// a call, each decided all or nothing in turn, none seeing another half done. The metrics
+// count one decision per AllowAll, of operation policy, whose outcome is the group's:
+// allowed, denied, shadow_denied, fail_open or error. WithClock's clock is read once, and
+// every request is decided at that time; else every call reads the server's clock once for
+// its requests.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, err error) {
 	if err := e.checkAllowAll(ctx, reqs); err != nil {
 		return false, nil, err
