@@ -279,9 +279,9 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 func (e *Engine) allCalls(parts []allPart) []*allCall {
 	slots := e.decides.slots
 	if slots == nil {
-		c := &allCall{}
+		c := &allCall{parts: make([]*allPart, len(parts))}
 		for i := range parts {
-			c.parts = append(c.parts, &parts[i])
+			c.parts[i] = &parts[i]
 		}
 		return []*allCall{c}
 	}

@@ -234,8 +234,8 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 			}
 		}
 	}
-	var reqs []engine.Request
-	byKey := map[string]int{}
+	reqs := make([]engine.Request, 0, len(plans))
+	byKey := make(map[string]int, len(plans))
 	for i := range plans {
 		p := &plans[i]
 		r := p.match.Limit

@@ -51,8 +51,8 @@ func (r *report) markdown() string {
 		"The CPU columns are µs of CPU time per decision: Valkey's (INFO cpu), the server process's, the callers' (the bench's own process); "+
 		"Valkey cmds is the commands Valkey processed per decision (INFO stats), those that scripts call included. "+
 		"Defaults that bear on the figures: the reference keeps 10 connections to Valkey and no pipelining window "+
-		"(REDIS_POOL_SIZE, REDIS_PIPELINE_WINDOW); strictrate-rls decides concurrent one-descriptor requests together in one script call "+
-		"(STRICTRATE_BATCHING), a request of several descriptors in a call of its own (all or nothing), and keeps a rule above 3,600 "+
+		"(REDIS_POOL_SIZE, REDIS_PIPELINE_WINDOW); strictrate-rls decides concurrent requests together in one script call "+
+		"(STRICTRATE_BATCHING), each request's descriptors all or nothing, and keeps a rule above 3,600 "+
 		"per unit in 3,600 slots (STRICTRATE_SLOTS_PER_WINDOW: here path and tenant).\n\n",
 		r.cfg.Concurrency, r.cfg.Conns, r.cfg.Duration, r.cfg.Rounds, r.cfg.Warmup,
 		thousands(float64(r.cfg.Keys)), thousands(float64(max(1, r.cfg.Keys/10))), thousands(float64(max(1, r.cfg.Keys/100))))
