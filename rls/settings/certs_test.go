@@ -2,71 +2,42 @@ package settings
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/rls/internal/testpki"
 )
 
 // testCA is a certificate authority a test makes, with its certificate in a PEM file.
 type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+	ca   *testpki.CA
 	file string
 	dir  string
+	n    int // certificates issued to files named by issue
 }
 
 func newTestCA(t *testing.T, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(t),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	ca := &testCA{cert: cert, key: key, dir: dir, file: filepath.Join(dir, name+"-ca.pem")}
-	writePEM(t, ca.file, "CERTIFICATE", der)
+	ca := &testCA{ca: testpki.New(t, name), dir: dir, file: filepath.Join(dir, name+"-ca.pem")}
+	ca.ca.WriteCA(t, ca.file)
 	return ca
 }
 
-// leaf describes a certificate to issue. No usages means none listed, as Envoy Gateway's
-// certgen issues them (valid for any use).
-type leaf struct {
-	cn     string
-	dns    []string
-	ips    []net.IP
-	usages []x509.ExtKeyUsage
-}
+// leaf describes a certificate to issue (testpki.Leaf).
+type leaf = testpki.Leaf
 
 // issue signs a certificate for l and writes it and its key to two files.
 func (ca *testCA) issue(t *testing.T, l leaf) (certFile, keyFile string) {
 	t.Helper()
-	certFile = filepath.Join(ca.dir, l.cn+"-"+serial(t).String()+".crt")
+	ca.n++
+	certFile = filepath.Join(ca.dir, l.CN+"-"+strconv.Itoa(ca.n)+".crt")
 	keyFile = certFile[:len(certFile)-len(".crt")] + ".key"
 	ca.issueTo(t, l, certFile, keyFile)
 	return certFile, keyFile
@@ -75,54 +46,11 @@ func (ca *testCA) issue(t *testing.T, l leaf) (certFile, keyFile string) {
 // issueTo is issue into given files, overwriting them.
 func (ca *testCA) issueTo(t *testing.T, l leaf, certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(t),
-		Subject:      pkix.Name{CommonName: l.cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		DNSNames:     l.dns,
-		IPAddresses:  l.ips,
-		ExtKeyUsage:  l.usages,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
-}
-
-func serial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func writePEM(t *testing.T, file, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	testpki.Write(t, ca.ca.Issue(t, l), certFile, keyFile)
 }
 
 // pool is a pool holding ca's certificate alone.
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
+func (ca *testCA) pool() *x509.CertPool { return ca.ca.Pool }
 
 // handshakeResult is what each side of a TLS handshake saw.
 type handshakeResult struct {

@@ -103,11 +103,11 @@ func envoyGateway(c serverCerts, redisCert, redisKey string, prometheus bool) []
 
 func TestEnvoyGatewayDeployment(t *testing.T) {
 	// Envoy Gateway's certgen issues every certificate from one CA, without extended key
-	// usages: the same files serve the gRPC server, the xDS client and Envoy's client side.
+	// Usages: the same files serve the gRPC server, the xDS client and Envoy's client side.
 	ca := newTestCA(t, "envoy-gateway")
-	serverCert, serverKey := ca.issue(t, leaf{cn: "*", dns: []string{"*.envoy-gateway-system", "localhost"}})
-	envoyCert, envoyKey := ca.issue(t, leaf{cn: "*", dns: []string{"*.envoy-gateway-system"}})
-	redisCert, redisKey := ca.issue(t, leaf{cn: "redis-client"})
+	serverCert, serverKey := ca.issue(t, leaf{CN: "*", DNS: []string{"*.envoy-gateway-system", "localhost"}})
+	envoyCert, envoyKey := ca.issue(t, leaf{CN: "*", DNS: []string{"*.envoy-gateway-system"}})
+	redisCert, redisKey := ca.issue(t, leaf{CN: "redis-client"})
 	c := serverCerts{ca: ca, serverCert: serverCert, serverKey: serverKey}
 
 	s, warnings, err := FromEnv(env(envoyGateway(c, redisCert, redisKey, false)...))

@@ -20,10 +20,10 @@ type serverCerts struct {
 func newServerCerts(t *testing.T) serverCerts {
 	t.Helper()
 	ca := newTestCA(t, "rls")
-	sc, sk := ca.issue(t, leaf{cn: "server", dns: []string{"localhost"}, ips: []net.IP{net.IPv4(127, 0, 0, 1)},
-		usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	cc, ck := ca.issue(t, leaf{cn: "client", dns: []string{"client.example"},
-		usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	sc, sk := ca.issue(t, leaf{CN: "server", DNS: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	cc, ck := ca.issue(t, leaf{CN: "client", DNS: []string{"client.example"},
+		Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	return serverCerts{ca: ca, serverCert: sc, serverKey: sk, clientCert: cc, clientKey: ck}
 }
 
@@ -59,8 +59,8 @@ func TestServerTLSOffWithoutUseTLS(t *testing.T) {
 func TestServerTLSMutual(t *testing.T) {
 	c := newServerCerts(t)
 	other := newTestCA(t, "other")
-	strangerCert, strangerKey := other.issue(t, leaf{cn: "stranger", dns: []string{"client.example"},
-		usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	strangerCert, strangerKey := other.issue(t, leaf{CN: "stranger", DNS: []string{"client.example"},
+		Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 
 	for _, caVar := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT"} {
 		t.Run(caVar, func(t *testing.T) {
@@ -152,7 +152,7 @@ func TestServerTLSReloadsRotatedCertificate(t *testing.T) {
 		t.Fatalf("first certificate %q, want server", got)
 	}
 
-	c.ca.issueTo(t, leaf{cn: "rotated", dns: []string{"localhost"}}, c.serverCert, c.serverKey)
+	c.ca.issueTo(t, leaf{CN: "rotated", DNS: []string{"localhost"}}, c.serverCert, c.serverKey)
 	touchLater(t, time.Hour, c.serverCert, c.serverKey)
 	if got := served(); got != "rotated" {
 		t.Fatalf("after rotation %q, want rotated", got)
@@ -231,7 +231,7 @@ func TestXDSClientTLSMutual(t *testing.T) {
 
 	// A server of another CA is refused.
 	other := newTestCA(t, "other")
-	oc, ok := other.issue(t, leaf{cn: "impostor", dns: []string{"localhost"}})
+	oc, ok := other.issue(t, leaf{CN: "impostor", DNS: []string{"localhost"}})
 	impostor := &tls.Config{Certificates: []tls.Certificate{keyPairOf(t, oc, ok)}}
 	s = mustSettings(t, append(base, "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "localhost")...)
 	if cfg, err = s.XDSClientTLS(); err != nil {
@@ -246,7 +246,7 @@ func TestRedisTLS(t *testing.T) {
 	c := newServerCerts(t)
 	other := newTestCA(t, "other")
 	server := &tls.Config{Certificates: []tls.Certificate{keyPairOf(t, c.serverCert, c.serverKey)}}
-	oc, ok := other.issue(t, leaf{cn: "impostor", dns: []string{"localhost"}})
+	oc, ok := other.issue(t, leaf{CN: "impostor", DNS: []string{"localhost"}})
 	impostor := &tls.Config{Certificates: []tls.Certificate{keyPairOf(t, oc, ok)}}
 
 	s := mustSettings(t, "REDIS_TLS_CACERT", c.ca.file)

@@ -154,9 +154,9 @@ func TestValkeyUnixSocket(t *testing.T) {
 func TestValkeyTLS(t *testing.T) {
 	ca := newTestCA(t, "valkey")
 	// The certificate names localhost, not 127.0.0.1: dialed by address, its name does not match.
-	serverCert, serverKey := ca.issue(t, leaf{cn: "valkey", dns: []string{"localhost"},
-		usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	clientCert, clientKey := ca.issue(t, leaf{cn: "rls", usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	serverCert, serverKey := ca.issue(t, leaf{CN: "valkey", DNS: []string{"localhost"},
+		Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	clientCert, clientKey := ca.issue(t, leaf{CN: "rls", Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	port := freeTCPPort(t)
 	valkeytest.New(t, valkeytest.ServerArgs("--tls-port", port, "--tls-cert-file", serverCert, "--tls-key-file", serverKey,
 		"--tls-ca-cert-file", ca.file, "--tls-auth-clients", "yes"))
