@@ -15,6 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strictrate/strictrate/rls/xds"
+
+	"github.com/strictrate/strictrate/rls/internal/testxds"
 )
 
 // node is the node id Envoy Gateway serves its rate limit configuration to.
@@ -104,11 +106,11 @@ func (w *watcher) none(t *testing.T, d time.Duration) {
 }
 
 func TestWatchAppliesInitialConfigAndUpdates(t *testing.T) {
-	cp := startControlPlane(t, "127.0.0.1:0", nil)
+	cp := testxds.Start(t, "127.0.0.1:0", nil)
 	want := rateLimitConfig("api", 10)
-	cp.set(node, "1", want)
+	cp.Set(node, "1", want)
 
-	o := testOptions(t, cp.addr)
+	o := testOptions(t, cp.Addr)
 	o.NodeMetadata = map[string]string{"cluster": "edge"}
 	o.Headers = map[string]string{"x-tenant": "blue"}
 	w := startWatch(t, o)
@@ -121,14 +123,14 @@ func TestWatchAppliesInitialConfigAndUpdates(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("initial configuration not applied within 5s")
 	}
-	ack := cp.waitRequest("ACK of version 1", isACK("1"))
+	ack := cp.WaitRequest("ACK of version 1", isACK("1"))
 	if ack.GetTypeUrl() != resourcev3.RateLimitConfigType {
 		t.Errorf("ACK type = %q, want %q", ack.GetTypeUrl(), resourcev3.RateLimitConfigType)
 	}
 
 	// The subscription: the node as the server keys it, with its metadata, for every
 	// RateLimitConfig (wildcard), from the empty version.
-	sub := cp.seen()[0]
+	sub := cp.Seen()[0]
 	if sub.GetResponseNonce() != "" || sub.GetVersionInfo() != "" || len(sub.GetResourceNames()) != 0 {
 		t.Errorf("subscription = %v, want a wildcard request with no version or nonce", sub)
 	}
@@ -136,25 +138,25 @@ func TestWatchAppliesInitialConfigAndUpdates(t *testing.T) {
 	if n.GetId() != node || n.GetMetadata().GetFields()["cluster"].GetStringValue() != "edge" || n.GetUserAgentName() == "" {
 		t.Errorf("node = %v, want id %q, metadata cluster=edge and a user agent", n, node)
 	}
-	if h := cp.streamHeaders(); len(h) == 0 || strings.Join(h[0].Get("x-tenant"), ",") != "blue" {
+	if h := cp.StreamHeaders(); len(h) == 0 || strings.Join(h[0].Get("x-tenant"), ",") != "blue" {
 		t.Errorf("stream headers = %v, want x-tenant: blue", h)
 	}
 
 	// An update replaces the whole state: two resources now.
-	cp.set(node, "2", rateLimitConfig("api", 20), rateLimitConfig("web", 5))
+	cp.Set(node, "2", rateLimitConfig("api", 20), rateLimitConfig("web", 5))
 	if got := w.next(t); strings.Join(got, ",") != "api,web" && strings.Join(got, ",") != "web,api" {
 		t.Fatalf("update applied domains %v, want api and web", got)
 	}
-	cp.waitRequest("ACK of version 2", isACK("2"))
+	cp.WaitRequest("ACK of version 2", isACK("2"))
 
 	// Removing every resource is a configuration too: an empty one.
-	cp.set(node, "3")
+	cp.Set(node, "3")
 	if got := w.next(t); len(got) != 0 {
 		t.Fatalf("empty snapshot applied %v, want no configuration", got)
 	}
-	cp.waitRequest("ACK of version 3", isACK("3"))
+	cp.WaitRequest("ACK of version 3", isACK("3"))
 
-	for _, r := range cp.seen() {
+	for _, r := range cp.Seen() {
 		if r.GetErrorDetail() != nil {
 			t.Errorf("request %v is a NACK; every configuration was good", r)
 		}
@@ -162,16 +164,16 @@ func TestWatchAppliesInitialConfigAndUpdates(t *testing.T) {
 }
 
 func TestWatchNACKsRejectedConfigAndKeepsGoing(t *testing.T) {
-	cp := startControlPlane(t, "127.0.0.1:0", nil)
-	cp.set(node, "1", rateLimitConfig("api", 10))
-	w := startWatch(t, testOptions(t, cp.addr))
+	cp := testxds.Start(t, "127.0.0.1:0", nil)
+	cp.Set(node, "1", rateLimitConfig("api", 10))
+	w := startWatch(t, testOptions(t, cp.Addr))
 	if got := w.next(t); strings.Join(got, ",") != "api" {
 		t.Fatalf("initial configuration domains %v, want [api]", got)
 	}
-	cp.waitRequest("ACK of version 1", isACK("1"))
+	cp.WaitRequest("ACK of version 1", isACK("1"))
 
-	cp.set(node, "2", rateLimitConfig("bad-units", 10))
-	nack := cp.waitRequest("NACK", isNACK)
+	cp.Set(node, "2", rateLimitConfig("bad-units", 10))
+	nack := cp.WaitRequest("NACK", isNACK)
 	// A NACK repeats the version last accepted, and carries apply's error.
 	if nack.GetVersionInfo() != "1" {
 		t.Errorf("NACK version = %q, want the last accepted version 1", nack.GetVersionInfo())
@@ -189,7 +191,7 @@ func TestWatchNACKsRejectedConfigAndKeepsGoing(t *testing.T) {
 		t.Errorf("apply rejected %d configurations, want the one bad version applied once", n)
 	}
 	nacks := 0
-	for _, r := range cp.seen() {
+	for _, r := range cp.Seen() {
 		if isNACK(r) {
 			nacks++
 			if r.GetVersionInfo() != "1" || r.GetErrorDetail().GetMessage() != nack.GetErrorDetail().GetMessage() {
@@ -201,12 +203,12 @@ func TestWatchNACKsRejectedConfigAndKeepsGoing(t *testing.T) {
 		t.Errorf("%d NACKs of the resent version 2 in 500ms, want it NACKed again but paced (2 to 5)", nacks)
 	}
 
-	cp.set(node, "3", rateLimitConfig("api", 30))
+	cp.Set(node, "3", rateLimitConfig("api", 30))
 	if got := w.next(t); strings.Join(got, ",") != "api" {
 		t.Fatalf("configuration after the NACK: domains %v, want [api]", got)
 	}
-	cp.waitRequest("ACK of version 3", isACK("3"))
-	for _, r := range cp.seen() {
+	cp.WaitRequest("ACK of version 3", isACK("3"))
+	for _, r := range cp.Seen() {
 		if isACK("2")(r) {
 			t.Errorf("version 2 was ACKed: %v", r)
 		}
@@ -214,34 +216,34 @@ func TestWatchNACKsRejectedConfigAndKeepsGoing(t *testing.T) {
 }
 
 func TestWatchReconnectsToARestartedServer(t *testing.T) {
-	cp := startControlPlane(t, "127.0.0.1:0", nil)
-	cp.set(node, "1", rateLimitConfig("before", 10))
-	w := startWatch(t, testOptions(t, cp.addr))
+	cp := testxds.Start(t, "127.0.0.1:0", nil)
+	cp.Set(node, "1", rateLimitConfig("before", 10))
+	w := startWatch(t, testOptions(t, cp.Addr))
 	if got := w.next(t); strings.Join(got, ",") != "before" {
 		t.Fatalf("initial configuration domains %v, want [before]", got)
 	}
 
 	// The restarted server starts its versions over, as Envoy Gateway's does: the same version
 	// with another configuration must still reach the client.
-	cp.stop()
-	restarted := startControlPlane(t, cp.addr, nil)
-	restarted.set(node, "1", rateLimitConfig("after", 10))
+	cp.Stop()
+	restarted := testxds.Start(t, cp.Addr, nil)
+	restarted.Set(node, "1", rateLimitConfig("after", 10))
 	if got := w.next(t); strings.Join(got, ",") != "after" {
 		t.Fatalf("configuration after the restart: domains %v, want [after]", got)
 	}
-	restarted.waitRequest("ACK of version 1", isACK("1"))
+	restarted.WaitRequest("ACK of version 1", isACK("1"))
 }
 
 func TestWatchRetriesUntilTheServerIsUp(t *testing.T) {
 	// Reserve a port, and serve on it only after the client has failed a few times.
-	cp := startControlPlane(t, "127.0.0.1:0", nil)
-	addr := cp.addr
-	cp.stop()
+	cp := testxds.Start(t, "127.0.0.1:0", nil)
+	addr := cp.Addr
+	cp.Stop()
 
 	w := startWatch(t, testOptions(t, addr))
 	w.none(t, 200*time.Millisecond)
-	late := startControlPlane(t, addr, nil)
-	late.set(node, "7", rateLimitConfig("late", 1))
+	late := testxds.Start(t, addr, nil)
+	late.Set(node, "7", rateLimitConfig("late", 1))
 	if got := w.next(t); strings.Join(got, ",") != "late" {
 		t.Fatalf("configuration domains %v, want [late]", got)
 	}
@@ -249,23 +251,23 @@ func TestWatchRetriesUntilTheServerIsUp(t *testing.T) {
 
 func TestWatchMutualTLS(t *testing.T) {
 	pki := newTestPKI(t)
-	cp := startControlPlane(t, "127.0.0.1:0", pki.serverTLS())
-	cp.set(node, "1", rateLimitConfig("secure", 10))
+	cp := testxds.Start(t, "127.0.0.1:0", pki.serverTLS())
+	cp.Set(node, "1", rateLimitConfig("secure", 10))
 
 	t.Run("client certificate", func(t *testing.T) {
-		o := testOptions(t, cp.addr)
+		o := testOptions(t, cp.Addr)
 		o.TLS = pki.clientTLS(true)
 		w := startWatch(t, o)
 		if got := w.next(t); strings.Join(got, ",") != "secure" {
 			t.Fatalf("configuration domains %v, want [secure]", got)
 		}
-		cp.waitRequest("ACK of version 1", isACK("1"))
+		cp.WaitRequest("ACK of version 1", isACK("1"))
 	})
 
 	t.Run("no client certificate", func(t *testing.T) {
 		const stranger = "no-certificate"
-		cp.set(stranger, "1", rateLimitConfig("secure", 10))
-		o := testOptions(t, cp.addr)
+		cp.Set(stranger, "1", rateLimitConfig("secure", 10))
+		o := testOptions(t, cp.Addr)
 		o.NodeID = stranger
 		o.TLS = pki.clientTLS(false)
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -281,7 +283,7 @@ func TestWatchMutualTLS(t *testing.T) {
 		if applied {
 			t.Error("a client without a certificate was given a configuration")
 		}
-		for _, r := range cp.seen() {
+		for _, r := range cp.Seen() {
 			if r.GetNode().GetId() == stranger {
 				t.Errorf("the server accepted a request from a client without a certificate: %v", r)
 			}
@@ -289,7 +291,7 @@ func TestWatchMutualTLS(t *testing.T) {
 	})
 
 	t.Run("plaintext", func(t *testing.T) {
-		o := testOptions(t, cp.addr)
+		o := testOptions(t, cp.Addr)
 		o.NodeID = "plaintext"
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()

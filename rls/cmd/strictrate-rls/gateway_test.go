@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/strictrate/strictrate/rls/internal/testxds"
 )
 
 // gatewayNode is the node id Envoy Gateway serves its rate limit configuration to.
@@ -52,9 +54,9 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 	pki := newTestPKI(t)
 	certs := t.TempDir() // the envoy-rate-limit Secret, mounted at /certs
 	pki.writeSecret(certs, pki.issue("envoy-ratelimit"))
-	cp := startControlPlane(t, pki.serverTLS(pki.issue("envoy-gateway")))
+	cp := testxds.Start(t, "127.0.0.1:0", pki.serverTLS(pki.issue("envoy-gateway")))
 	domain := fmt.Sprintf("default/eg/http-%d", time.Now().UnixNano())
-	cp.set(gatewayNode, "1", gatewayConfig(domain, rlsconfv3.RateLimitUnit_MINUTE, 2))
+	cp.Set(gatewayNode, "1", gatewayConfig(domain, rlsconfv3.RateLimitUnit_MINUTE, 2))
 
 	p := start(t, env{
 		"RUNTIME_ROOT":                       "/data",
@@ -64,7 +66,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		"LOG_LEVEL":                          "info",
 		"USE_STATSD":                         "false",
 		"CONFIG_TYPE":                        "GRPC_XDS_SOTW",
-		"CONFIG_GRPC_XDS_SERVER_URL":         cp.addr,
+		"CONFIG_GRPC_XDS_SERVER_URL":         cp.Addr,
 		"CONFIG_GRPC_XDS_NODE_ID":            gatewayNode,
 		"GRPC_SERVER_USE_TLS":                "true",
 		"GRPC_SERVER_TLS_CERT":               filepath.Join(certs, "tls.crt"),
@@ -114,7 +116,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 	}
 
 	// A new snapshot changes the limit while serving: the address's 2 admissions leave 2 of 4.
-	cp.set(gatewayNode, "2", gatewayConfig(domain, rlsconfv3.RateLimitUnit_MINUTE, 4))
+	cp.Set(gatewayNode, "2", gatewayConfig(domain, rlsconfv3.RateLimitUnit_MINUTE, 4))
 	p.waitConfig("requests_per_unit=4")
 	if got := decisions(t, c, req, 3); got != want(2, 1) {
 		t.Errorf("3 more requests after the limit was raised to 4: %s, want %s", got, want(2, 1))
@@ -122,7 +124,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 
 	// A snapshot the reference would refuse is rejected (NACK): counted, and the 4 stay.
 	errorsBefore := p.metric("/metrics", "ratelimit_service_config_load_error")
-	cp.set(gatewayNode, "3", gatewayConfig(domain, rlsconfv3.RateLimitUnit_UNKNOWN, 1))
+	cp.Set(gatewayNode, "3", gatewayConfig(domain, rlsconfv3.RateLimitUnit_UNKNOWN, 1))
 	p.waitFor("config_load_error to count the refused snapshot", func() bool {
 		return p.metric("/metrics", "ratelimit_service_config_load_error") > errorsBefore
 	})
