@@ -53,6 +53,7 @@ type limitSet struct {
 	pairs     []int64
 	oneNow    string
 	res       int64 // the resolution entries are recorded at, in µs; 0: exact
+	hold      int64 // for a reservation, how long after the decision its entry is recorded, in µs
 	calendars int   // how many of limits are calendar limits (the last ones)
 	// current is, for a set with calendar limits, the set with the boundaries around the
 	// latest time asked (at), and the span of times it serves.
@@ -92,6 +93,16 @@ func newLimitSet(limits []Limit) *limitSet {
 	}
 	s.setValues(values)
 	return s
+}
+
+// withHold is s for a reservation held for hold (local quota): its entry is recorded hold
+// after the decision (decide.lua's -3), so that it counts in every window that holds an
+// admission made from it. s holds no calendar limit (a reservation counts in its decision's
+// period alone, while admissions made from it may fall in the next).
+func (s *limitSet) withHold(hold time.Duration) *limitSet {
+	h := &limitSet{limits: s.limits, res: s.res, hold: ceilMicros(hold)}
+	h.setValues(append([]int64{-3, h.hold}, s.pairs...))
+	return h
 }
 
 // setValues formats values as the scripts read them.
@@ -424,9 +435,12 @@ func (d decision) result(req *request) (Result, error) {
 		if req.set.shared() {
 			r.Entry.Shared, r.Entry.Decided = true, r.At
 		}
-		if req.set.res > 0 && d.seq > 0 {
-			// Recorded at the end of its slot: the decision's time rounded up.
-			r.Entry.At = time.UnixMicro(slotEnd(d.now, req.set.res))
+		if at := d.now + req.set.hold; req.set.res > 0 && d.seq > 0 {
+			// Recorded at the end of its slot: the decision's time (plus a reservation's
+			// hold) rounded up.
+			r.Entry.At = time.UnixMicro(slotEnd(at, req.set.res))
+		} else if req.set.hold > 0 {
+			r.Entry.At = time.UnixMicro(at)
 		}
 	}
 	return r, nil

@@ -12,9 +12,10 @@
 --            n      the request's cost in events, all or nothing (1 <= n <= every max)
 --            then the limits: per sliding limit, windows strictly ascending, its window in
 --            integer microseconds (>= 1000) and its max, the events admitted in any
---            trailing window (>= 1); before them, optionally, -1 and the resolution in
---            microseconds (entries are recorded at the end of their slot: lib_log.lua's
---            decide); after them, per calendar limit, -2, its max, then four times in
+--            trailing window (>= 1); before them, optionally, -3 and a hold in microseconds
+--            (a reservation: the entry is recorded at now + hold, lib_log.lua's decide), and
+--            optionally -1 and the resolution in microseconds (entries are recorded at the
+--            end of their slot: lib_log.lua's decide); after them, per calendar limit, -2, its max, then four times in
 --            microseconds, strictly ascending: the start of the period before the current
 --            one, the current one's start and end, and the next one's end, as the engine's
 --            clock sees them (the server's now picks the period that holds it)

@@ -452,14 +452,17 @@ local function general()
 
   -- view splits a request's flat limits (decide.lua documents them) once: sliding, the
   -- (window, max) pairs, windows ascending; res, the resolution entries are recorded at (0:
-  -- exact); cals, the calendar limits, each {max, b0, b1, b2, b3}.
+  -- exact); cals, the calendar limits, each {max, b0, b1, b2, b3}; hold, how long after now
+  -- the entry is recorded (a reservation; 0 for an admission).
   function g.view(limits)
     if limits.sliding == nil then
-      local sliding, cals, res, i = {}, {}, 0, 1
+      local sliding, cals, res, hold, i = {}, {}, 0, 0, 1
       while i <= #limits do
         local v = limits[i]
         if v == -1 then
           res, i = limits[i + 1], i + 2
+        elseif v == -3 then
+          hold, i = limits[i + 1], i + 2
         elseif v == -2 then
           cals[#cals + 1] = {limits[i + 1], limits[i + 2], limits[i + 3], limits[i + 4], limits[i + 5]}
           i = i + 6
@@ -469,9 +472,9 @@ local function general()
           i = i + 2
         end
       end
-      limits.sliding, limits.res, limits.cals = sliding, res, cals
+      limits.sliding, limits.res, limits.cals, limits.hold = sliding, res, cals, hold
     end
-    return limits.sliding, limits.res, limits.cals
+    return limits.sliding, limits.res, limits.cals, limits.hold
   end
 
   -- shift_cursors moves every cursor back by dropped entries of cost cost that left the log's
@@ -1023,9 +1026,12 @@ local function general()
   -- With a resolution, the entry is recorded at the end of its slot, now rounded up to a
   -- multiple of res, and joins the entry of that slot (g.merge_slot) when there is one: it counts at
   -- least as long as the request would, so no window ever admits more than its max, and at
-  -- most res longer. Calendar limits count their period's counter (see above).
+  -- most res longer. A reservation (a hold, the engine's local quota) is recorded at now +
+  -- hold (then rounded up to its slot): every admission made from it happens in [now, now +
+  -- hold], so its entry counts at least as long as each of them would, by the same argument.
+  -- Calendar limits count their period's counter (see above).
   function g.decide(log, now, n, limits, write)
-    local sliding, res, cals = g.view(limits)
+    local sliding, res, cals, hold = g.view(limits)
     local last = #sliding / 2
     -- The log keeps every entry the longest window ever counted on the key still counts
     -- (its horizon), so that no limit on the key ever trims what another one counts.
@@ -1114,9 +1120,9 @@ local function general()
       end
     end
     g.count_in(log, now, n)
-    local t = now
-    if res > 0 and now % res ~= 0 then
-      t = now - now % res + res
+    local t = now + hold
+    if res > 0 and t % res ~= 0 then
+      t = t - t % res + res
     end
     if log.exists then
       -- The expiry the key needs once the entry is in, set before it goes in: a server that
