@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,6 +145,8 @@ type Engine struct {
 	batching bool           // WithBatching: decisions go through the committers' queues
 	shadow   bool           // WithShadow: denials are admitted, marked ShadowDenied
 	denials  *denyCache     // WithDenyCache; nil when off
+	local    *localQuotas   // WithLocalQuota, in Atomic mode; nil when off
+	logger   *slog.Logger   // WithLogger; nil: silent
 	metrics  *metrics
 
 	// limitSets caches the formatted arguments of single limits (oneLimit).
@@ -197,6 +200,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 
 		failOpen:  o.failOpen,
 		ackPolicy: o.ack,
+		logger:    o.logger,
 	}
 	var err error
 	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
@@ -212,6 +216,11 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
 	e.all = loader.New("decide_all", scripts.DecideAllWriting(o.writeLayout))
 	e.groups = newAllCommitter(e)
+	if o.localQuota != nil && o.mode == Atomic {
+		if e.local, err = newLocalQuotas(e, *o.localQuota); err != nil {
+			return nil, err
+		}
+	}
 	id := uuid.New()
 	copy(e.memberID[:], id[:8])
 	needAOF := o.ack.aofLocal > 0
@@ -437,6 +446,17 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 			return Result{}, err
 		}
 		return e.allowPipelined(ctx, key, l, n, at)
+	}
+	if e.local != nil && !at.set {
+		r, ok, h := e.local.allow(ctx, key, e.oneLimit(l), n)
+		if ok {
+			return r, nil
+		}
+		r, err := e.runScript(ctx, e.decides, "allow", key, l, n, at)
+		if err == nil {
+			h.observe(r)
+		}
+		return r, err
 	}
 	return e.runScript(ctx, e.decides, "allow", key, l, n, at)
 }

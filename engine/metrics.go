@@ -15,18 +15,25 @@ import (
 //	strictrate.decisions            counter    {decision}  every decision, by operation and outcome
 //	strictrate.decision.duration    histogram  s           the call's time, queueing included
 //	strictrate.batch.size           histogram  {decision}  decisions per script call (WithBatching)
+//	strictrate.local.reservations   counter    {reservation}  reservations taken (WithLocalQuota)
+//	strictrate.local.events         counter    {event}     events reserved, used and given back
 //
 // Attributes: strictrate.operation (allow: Allow, AllowN, Record, Wait; policy: AllowPolicy;
 // peek: Peek, Check; acquire, extend and release: the lease calls) and, on the first two,
 // strictrate.outcome (allowed, denied, error, fail_open, shadow_denied, cache_denied; for
 // leases: allowed when granted, extended or released, denied when the key was full, the lease
-// had expired or there was none to release). Never the key: keys are unbounded.
+// had expired or there was none to release); on strictrate.local.events, strictrate.local
+// (reserved, used: admitted from a reservation, returned: given back unused). Never the key:
+// keys are unbounded.
 const (
 	meterName = "github.com/strictrate/strictrate/engine"
 
 	metricDecisions = "strictrate.decisions"
 	metricDuration  = "strictrate.decision.duration"
 	metricBatchSize = "strictrate.batch.size"
+	metricLocalRes  = "strictrate.local.reservations"
+	metricLocalEvts = "strictrate.local.events"
+	attrLocal       = "strictrate.local"
 
 	attrOperation = "strictrate.operation"
 	attrOutcome   = "strictrate.outcome"
@@ -71,6 +78,10 @@ type metrics struct {
 	added     [numOperations][numOutcomes][]metric.AddOption
 	recorded  [numOperations][numOutcomes][]metric.RecordOption
 	byOp      [numOperations][]metric.RecordOption
+
+	localReservations                       metric.Int64Counter
+	localEvents                             metric.Int64Counter
+	localReserved, localUsed, localReturned []metric.AddOption
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -94,6 +105,18 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128)); err != nil {
 		return nil, err
 	}
+	if m.localReservations, err = meter.Int64Counter(metricLocalRes, metric.WithUnit("{reservation}"),
+		metric.WithDescription("Local quota's reservations taken.")); err != nil {
+		return nil, err
+	}
+	if m.localEvents, err = meter.Int64Counter(metricLocalEvts, metric.WithUnit("{event}"),
+		metric.WithDescription("Local quota's events: reserved, used (admitted from a reservation) and returned (given back unused).")); err != nil {
+		return nil, err
+	}
+	local := func(kind string) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String(attrLocal, kind)))}
+	}
+	m.localReserved, m.localUsed, m.localReturned = local("reserved"), local("used"), local("returned")
 	for op := range numOperations {
 		opAttr := attribute.String(attrOperation, operationNames[op])
 		m.byOp[op] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(opAttr))}

@@ -19,7 +19,8 @@ import (
 )
 
 // collected reads every metric point the reader has: a counter's value, or a histogram's count
-// of recordings, by metric name and its attributes "operation/outcome" (or "operation").
+// of recordings, by metric name and its attributes "operation/outcome" (or "operation", or
+// local quota's kind of events).
 func collected(t *testing.T, reader *sdkmetric.ManualReader) map[string]map[string]int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -27,6 +28,9 @@ func collected(t *testing.T, reader *sdkmetric.ManualReader) map[string]map[stri
 		t.Fatal(err)
 	}
 	label := func(set attribute.Set) string {
+		if kind, ok := set.Value("strictrate.local"); ok {
+			return kind.AsString()
+		}
 		op, _ := set.Value("strictrate.operation")
 		s := op.AsString()
 		if oc, ok := set.Value("strictrate.outcome"); ok {

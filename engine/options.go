@@ -51,6 +51,7 @@ type options struct {
 	denyCacheEntries int
 	meterProvider    metric.MeterProvider
 	writeLayout      int
+	localQuota       *LocalQuota // WithLocalQuota; nil when off
 }
 
 func defaultOptions() options {

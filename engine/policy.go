@@ -131,11 +131,24 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 	if len(p) == 1 {
 		return e.allowAt(ctx, key, p[0], n, now)
 	}
-	req, err := newRequest(e.prefix+key, now, n, true, e.policySet(p))
+	set := e.policySet(p)
+	var h *holder
+	if e.local != nil && !now.set {
+		var r Result
+		var ok bool
+		if r, ok, h = e.local.allow(ctx, key, set, n); ok {
+			return r, nil
+		}
+	}
+	req, err := newRequest(e.prefix+key, now, n, true, set)
 	if err != nil {
 		return Result{}, err
 	}
-	return e.runDecision(ctx, e.decides, "allow_policy", req)
+	r, err := e.runDecision(ctx, e.decides, "allow_policy", req)
+	if err == nil {
+		h.observe(r)
+	}
+	return r, err
 }
 
 // PeekPolicy returns the decision AllowPolicy would take for n events of key now, and records

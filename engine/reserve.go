@@ -36,9 +36,19 @@ func (e *Engine) reserve(ctx context.Context, key string, p Policy, k int, hold 
 	case slices.ContainsFunc(p, Limit.IsCalendar):
 		return Result{}, fmt.Errorf("%w: reserve %s: a policy with calendar limits takes no reservation", ErrInvalidArgument, quoteKey(key))
 	}
-	req, err := newRequest(e.prefix+key, e.decisionClock(), k, true, e.policySet(p).withHold(hold))
+	return e.reserveSet(ctx, key, e.policySet(p), k, hold)
+}
+
+// reserveSet is reserve on a validated request, its policy's limit set set.
+func (e *Engine) reserveSet(ctx context.Context, key string, set *limitSet, k int, hold time.Duration) (Result, error) {
+	req, err := newRequest(e.prefix+key, e.decisionClock(), k, true, set.withHold(hold))
 	if err != nil {
 		return Result{}, err
 	}
 	return e.runDecision(ctx, e.decides, "reserve", req)
+}
+
+// settleEntry is Settle of the request that recorded entry.
+func (e *Engine) settleEntry(ctx context.Context, key string, entry EntryID, actual int) error {
+	return e.Settle(ctx, key, Result{Allowed: true, Entry: entry}, actual)
 }

@@ -61,6 +61,9 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	case actual < 0 || actual > id.Cost:
 		return fmt.Errorf("%w: settle to %d events, outside 0 to the entry's cost %d", ErrInvalidArgument, actual, id.Cost)
 	}
+	if e.local != nil && id.Shared && e.local.settleLocal(id, actual) {
+		return nil // a local admission, given back to the reservation it came from
+	}
 	at, err := clockReading{t: id.At, set: true}.micros()
 	if err != nil {
 		return err

@@ -1,0 +1,323 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// LocalQuota configures local quota (WithLocalQuota): for a key this process asks about often
+// against its limit, the engine reserves a few events with one script call (a reservation,
+// reserve.go: an entry of cost k recorded at the server's time plus Hold) and admits the key's
+// next requests from it without a call, until it is used up or its hold ends; then the events
+// it did not use are given back (a Settle). The reservation counts in every window that could
+// hold an admission made from it, so the key never admits more than Max in any trailing
+// window, whatever the processes and however long the server takes to answer.
+//
+// The zero value is a sensible configuration: a hold of one second, and keys served locally
+// once this process asks about them 32 times within one hold.
+type LocalQuota struct {
+	// Hold is how long a reservation lives: the longest a process admits from it, and so the
+	// longest outage of the server it carries a hot key through. Its price: a reservation's
+	// unused events are held from other processes until the hold ends (or the process gives
+	// them back sooner, when it takes the next). 0 means one second.
+	Hold time.Duration
+	// MinDemand is how many requests for a key within one hold make this process serve the key
+	// locally; below it, every request is decided by the server as without local quota. 0
+	// means 32.
+	MinDemand int
+}
+
+// Defaults of LocalQuota's zero fields, and the most keys one engine keeps local state for.
+const (
+	defaultLocalHold      = time.Second
+	defaultLocalMinDemand = 32
+	maxLocalKeys          = 100_000
+	localSettleTimeout    = 5 * time.Second
+)
+
+// WithLocalQuota turns local quota on (see LocalQuota). It applies to Allow, AllowN, Wait,
+// Record and AllowPolicy (AllowAll of one request too) on the server's clock, in Atomic mode,
+// for limits without calendar periods; everything else is decided as without it. A locally
+// admitted Result has Allowed true and an Entry that names the reservation (Shared, with the
+// request's own cost), so that Refund and Settle give its events back: to the reservation
+// while it is held, else to its entry in the log. Its Remaining is what this process knows of
+// the room: the room at the reservation's decision plus what is left of the reservation.
+func WithLocalQuota(q LocalQuota) Option { return func(o *options) { o.localQuota = &q } }
+
+// localQuotas is an engine's local quota: a holder per key and limit set this process asks
+// about, and the holders by the entry of their current reservation (for Refund and Settle).
+type localQuotas struct {
+	e         *Engine
+	hold      time.Duration
+	minDemand int
+
+	mu      sync.Mutex
+	holders map[string]*holder
+	byEntry map[EntryID]*holder // the reservation's entry, Cost and Decided zero
+}
+
+func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
+	switch {
+	case q.Hold < 0:
+		return nil, fmt.Errorf("%w: local quota: Hold %s is negative", ErrInvalidArgument, q.Hold)
+	case q.MinDemand < 0:
+		return nil, fmt.Errorf("%w: local quota: MinDemand %d is negative", ErrInvalidArgument, q.MinDemand)
+	case q.Hold > 0 && q.Hold < time.Millisecond:
+		return nil, fmt.Errorf("%w: local quota: Hold %s is below a millisecond", ErrInvalidArgument, q.Hold)
+	}
+	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[string]*holder{}, byEntry: map[EntryID]*holder{}}
+	if lq.hold == 0 {
+		lq.hold = defaultLocalHold
+	}
+	if lq.minDemand == 0 {
+		lq.minDemand = defaultLocalMinDemand
+	}
+	return lq, nil
+}
+
+// holder is one key's local quota under one limit set: its demand in this process, and its
+// reservation.
+type holder struct {
+	key string // the caller's key
+	set *limitSet
+
+	mu          sync.Mutex
+	since       time.Time // the start of the current demand interval (one hold long)
+	count, last int       // requests in the current interval, and in the one before
+	room        int       // the room the last decision on the key reported; -1 unknown
+	pending     bool      // a reservation's call is in flight
+
+	gen     int       // the current reservation's number: 0 for none yet
+	res     Result    // the reservation as the server decided it
+	k       int       // its events
+	used    int       // admitted from it, less what Refund and Settle gave back
+	until   time.Time // when the process stops admitting from it (monotonic)
+	settled bool      // its unused events were given back (or it was retired)
+}
+
+// holder returns the holder of key under set, made on first use; nil when the engine already
+// keeps maxLocalKeys.
+func (lq *localQuotas) holder(key string, set *limitSet) *holder {
+	id := key + "\x00" + set.oneNow
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	h := lq.holders[id]
+	if h == nil {
+		if len(lq.holders) >= maxLocalKeys {
+			return nil
+		}
+		h = &holder{key: key, set: set, room: -1}
+		lq.holders[id] = h
+	}
+	return h
+}
+
+// allow admits n events of key under its limit set set from local quota: from the
+// reservation held, or from a new one it takes for a key in demand. It reports false when the
+// request is the server's to decide as without local quota (and then h, if not nil, is to be
+// told the decision: observe).
+func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n int) (r Result, ok bool, h *holder) {
+	if set.calendars > 0 {
+		return Result{}, false, nil
+	}
+	if h = lq.holder(key, set); h == nil {
+		return Result{}, false, nil
+	}
+	now := time.Now()
+	h.mu.Lock()
+	h.noteDemand(now, n, lq.hold)
+	if !h.settled && h.gen > 0 && now.Before(h.until) && h.k-h.used >= n {
+		h.used += n
+		r = h.localResult(now, n)
+		h.mu.Unlock()
+		lq.e.metrics.localEvents.Add(ctx, int64(n), lq.e.metrics.localUsed...)
+		return r, true, h
+	}
+	if h.pending || max(h.count, h.last) < lq.minDemand {
+		h.mu.Unlock()
+		return Result{}, false, h
+	}
+	k := h.size(n)
+	h.pending = true
+	h.mu.Unlock()
+
+	sent := time.Now()
+	res, err := lq.e.reserveSet(ctx, key, set, k, lq.hold)
+	h.mu.Lock()
+	h.pending = false
+	if err != nil || !res.Allowed {
+		if err == nil {
+			h.room = res.Remaining
+		}
+		h.mu.Unlock()
+		return Result{}, false, h
+	}
+	retired := h.retire()
+	h.gen++
+	h.res, h.k, h.used, h.until, h.settled = res, k, n, sent.Add(lq.hold), false
+	h.room = res.Remaining
+	gen, until := h.gen, h.until
+	r = h.localResult(time.Now(), n)
+	h.mu.Unlock()
+
+	lq.mu.Lock()
+	if retired != nil {
+		delete(lq.byEntry, retired.entryKey())
+	}
+	lq.byEntry[reservationKey(res.Entry)] = h
+	lq.mu.Unlock()
+	if retired != nil {
+		go lq.giveBack(retired)
+	}
+	time.AfterFunc(time.Until(until), func() { lq.expire(h, gen) })
+	m := lq.e.metrics
+	m.localReservations.Add(ctx, 1)
+	m.localEvents.Add(ctx, int64(k), m.localReserved...)
+	m.localEvents.Add(ctx, int64(n), m.localUsed...)
+	return r, true, h
+}
+
+// observe tells h the room a decision the server took for its key reported.
+func (h *holder) observe(r Result) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.room = r.Remaining
+	h.mu.Unlock()
+}
+
+// noteDemand counts n requests at now in h's demand intervals, each one hold long. Under h.mu.
+func (h *holder) noteDemand(now time.Time, n int, hold time.Duration) {
+	switch elapsed := now.Sub(h.since); {
+	case elapsed >= 2*hold:
+		h.since, h.count, h.last = now, 0, 0
+	case elapsed >= hold:
+		h.since, h.last, h.count = now, h.count, 0
+	}
+	h.count += n
+}
+
+// size is the next reservation's events for a request of n: this process's demand over one
+// hold, at most half the room the key last reported (so that what one process holds unused
+// stays small beside what the others need), at least n, at most the smallest Max. Under h.mu.
+func (h *holder) size(n int) int {
+	k := max(h.count, h.last)
+	if h.room >= 0 {
+		k = min(k, h.room/2)
+	}
+	for _, l := range h.set.limits {
+		k = min(k, l.Max)
+	}
+	return max(k, n)
+}
+
+// localResult is the Result of n events admitted at now from h's reservation. Under h.mu.
+func (h *holder) localResult(now time.Time, n int) Result {
+	r := h.res
+	elapsed := now.Sub(r.At)
+	r.At = now
+	r.Remaining = max(h.room, 0) + h.k - h.used
+	r.ResetAfter = max(r.ResetAfter-elapsed, 0)
+	r.QuotaAfter = max(r.QuotaAfter-elapsed, 0)
+	r.Entry = h.res.Entry
+	r.Entry.Cost, r.Entry.Shared = n, true
+	if r.Entry.Decided.IsZero() {
+		r.Entry.Decided = h.res.At
+	}
+	return r
+}
+
+// settlement is a reservation whose unused events are to be given back.
+type settlement struct {
+	key       string
+	entry     EntryID // the reservation's, Shared, its Cost the events reserved
+	used, cnt int     // events used; events given back (cnt = entry.Cost - used)
+}
+
+func (s *settlement) entryKey() EntryID { return reservationKey(s.entry) }
+
+// reservationKey names a reservation's entry whatever the cost and decision time an EntryID
+// of it carries.
+func reservationKey(id EntryID) EntryID {
+	return EntryID{Key: id.Key, At: id.At, Seq: id.Seq}
+}
+
+// retire ends h's current reservation, if one is held: it is settled, and what it did not use
+// is returned for giveBack (nil when nothing is to be given back). Under h.mu.
+func (h *holder) retire() *settlement {
+	if h.gen == 0 || h.settled {
+		return nil
+	}
+	h.settled = true
+	entry := h.res.Entry
+	entry.Cost, entry.Shared = h.k, true
+	if entry.Decided.IsZero() {
+		entry.Decided = h.res.At
+	}
+	return &settlement{key: h.key, entry: entry, used: h.used, cnt: h.k - h.used}
+}
+
+// expire ends h's reservation gen when its hold is over, and gives its unused events back.
+func (lq *localQuotas) expire(h *holder, gen int) {
+	h.mu.Lock()
+	var s *settlement
+	if h.gen == gen {
+		s = h.retire()
+	}
+	h.noteDemand(time.Now(), 0, lq.hold)
+	idle := h.gen == gen && !h.pending && max(h.count, h.last) == 0
+	h.mu.Unlock()
+	lq.mu.Lock()
+	if s != nil {
+		delete(lq.byEntry, s.entryKey())
+	}
+	if idle {
+		delete(lq.holders, h.key+"\x00"+h.set.oneNow)
+	}
+	lq.mu.Unlock()
+	if s != nil {
+		lq.giveBack(s)
+	}
+}
+
+// giveBack settles a retired reservation to the events it used: the rest counts again for
+// every process at once. When the server cannot take it, the events stay held until the entry
+// leaves its windows, one hold and one window after the reservation: never too few counted.
+func (lq *localQuotas) giveBack(s *settlement) {
+	if s.cnt <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), localSettleTimeout)
+	defer cancel()
+	if err := lq.e.settleEntry(ctx, s.key, s.entry, s.used); err != nil {
+		if lq.e.logger == nil {
+			return
+		}
+		lq.e.logger.Warn("strictrate: giving back a local reservation's unused events failed; they stay counted until the reservation leaves its windows",
+			"key", quoteKey(s.key), "events", s.cnt, "error", err)
+		return
+	}
+	lq.e.metrics.localEvents.Add(ctx, int64(s.cnt), lq.e.metrics.localReturned...)
+}
+
+// settleLocal gives cost - actual of a locally admitted request (id, as localResult made it)
+// back to its reservation while the reservation is held, and reports whether it did; false
+// leaves the Settle to the log, where the reservation's entry holds the request's events.
+func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
+	lq.mu.Lock()
+	h := lq.byEntry[reservationKey(id)]
+	lq.mu.Unlock()
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.settled || reservationKey(h.res.Entry) != reservationKey(id) {
+		return false
+	}
+	h.used = max(h.used-(id.Cost-actual), 0)
+	return true
+}

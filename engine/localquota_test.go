@@ -1,0 +1,221 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// hammerAllow runs goroutines callers, spread over es, each calling Allow on key under l until
+// deadline, and returns every Result that admitted.
+func hammerAllow(t *testing.T, es []*engine.Engine, goroutines int, key string, l engine.Limit, deadline time.Time) []engine.Result {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		admitted []engine.Result
+		wg       sync.WaitGroup
+	)
+	for g := range goroutines {
+		e := es[g%len(es)]
+		wg.Go(func() {
+			var mine []engine.Result
+			for time.Now().Before(deadline) {
+				r, err := e.Allow(context.Background(), key, l)
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				if r.Allowed {
+					mine = append(mine, r)
+				}
+			}
+			mu.Lock()
+			admitted = append(admitted, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return admitted
+}
+
+// auditTimes fails t when some trailing window of l holds more than l.Max of the admissions'
+// times (each admission one event).
+func auditTimes(t *testing.T, admitted []engine.Result, l engine.Limit) {
+	t.Helper()
+	times := make([]time.Time, len(admitted))
+	for i, r := range admitted {
+		times[i] = r.At
+	}
+	slices.SortFunc(times, time.Time.Compare)
+	first := 0
+	for i, at := range times {
+		for !times[first].After(at.Add(-l.Window)) {
+			first++
+		}
+		if held := i - first + 1; held > l.Max {
+			t.Fatalf("%d admissions in the %s up to %s, Max %d", held, l.Window, at, l.Max)
+		}
+	}
+}
+
+// Four engines of 16 goroutines on one key, with local quota, against a limit the load
+// exceeds many times over: audited on the times of every admission (a local one's is when the
+// process admitted it), no trailing window holds more than Max. The metrics say that
+// admissions were made from reservations, and, once every hold has ended, that every event
+// reserved was used or given back.
+func TestLocalQuotaNeverOverAdmits(t *testing.T) {
+	const hold = 50 * time.Millisecond
+	reader := sdkmetric.NewManualReader()
+	es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 8}),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	l := engine.Limit{Max: 300, Window: 200 * time.Millisecond}
+	admitted := hammerAllow(t, es, 64, enginetest.NewKey(t), l, time.Now().Add(1500*time.Millisecond))
+	if t.Failed() {
+		return
+	}
+	auditTimes(t, admitted, l)
+	time.Sleep(4 * hold) // every hold ends, and its unused events are given back
+	local := collected(t, reader)["strictrate.local.events"]
+	t.Logf("%d admitted; local quota: %v", len(admitted), local)
+	switch {
+	case local["used"] == 0 || local["used"] > int64(len(admitted)):
+		t.Fatalf("%d events used from reservations, of %d admitted", local["used"], len(admitted))
+	case local["reserved"] != local["used"]+local["returned"]:
+		t.Fatalf("%d events reserved, %d used and %d given back: some are unaccounted for", local["reserved"], local["used"], local["returned"])
+	}
+}
+
+// A hot key with a high limit (1,000,000 per second) under four engines of 16 goroutines: with
+// local quota, at most 0.05 script calls per admitted request.
+func TestLocalQuotaHotKeyCallsPerAdmission(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	es, c := enginetest.Engines(t, srv, 4, engine.WithLocalQuota(engine.LocalQuota{}))
+	if err := c.Do(context.Background(), c.B().ConfigResetstat().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	l := engine.PerSecond(1_000_000)
+	admitted := hammerAllow(t, es, 64, enginetest.NewKey(t), l, time.Now().Add(time.Second))
+	if t.Failed() {
+		return
+	}
+	calls := scriptCalls(t, c)
+	perAdmission := float64(calls) / float64(len(admitted))
+	t.Logf("%d admitted in %d script calls: %.4f a request", len(admitted), calls, perAdmission)
+	if perAdmission > 0.05 {
+		t.Fatalf("%.4f script calls per admitted request, want at most 0.05", perAdmission)
+	}
+}
+
+// What a reservation did not use comes back when its hold ends, and a Refund of a locally
+// admitted request gives its event back: after the hold, the key's room is exactly Max less
+// what was admitted and not refunded.
+func TestLocalQuotaGivesBackUnusedAndRefunds(t *testing.T) {
+	const hold = 100 * time.Millisecond
+	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 4}))
+	ctx := context.Background()
+	key, l := enginetest.NewKey(t), engine.PerMinute(100)
+	var admitted []engine.Result
+	for range 20 {
+		r, err := e.Allow(ctx, key, l)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+		admitted = append(admitted, r)
+	}
+	// While held, the reservation takes room from the others: a peek sees less than 80 left.
+	held, err := e.Peek(ctx, key, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held.Remaining >= 80 {
+		t.Fatalf("while held, %d left: no reservation was taken", held.Remaining)
+	}
+	refunded := 0
+	for _, r := range admitted[len(admitted)-3:] {
+		if err := e.Refund(ctx, key, r); err != nil {
+			t.Fatalf("Refund(%+v): %v", r.Entry, err)
+		}
+		refunded++
+	}
+	if err := valkeytest.WaitFor(ctx, 5*time.Second, "the reservation's unused events to come back", func() (bool, error) {
+		r, err := e.Peek(ctx, key, l)
+		return err == nil && r.Remaining == 100-len(admitted)+refunded, err
+	}); err != nil {
+		r, _ := e.Peek(ctx, key, l)
+		t.Fatalf("%v: %d left, want %d", err, r.Remaining, 100-len(admitted)+refunded)
+	}
+}
+
+// While the server does not answer (CLIENT PAUSE, 2 s), a process keeps admitting a hot key
+// from the reservation it holds (a 5 s hold), within what it reserved; once that is used up,
+// it answers as configured (fail-closed: an error); after the pause, decisions resume, and
+// no window held more than Max.
+func TestLocalQuotaThroughAnOutage(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	e := enginetest.New(t, srv.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
+	ctx := context.Background()
+	key, l := enginetest.NewKey(t), engine.PerMinute(1000)
+	var admitted []engine.Result
+	for range 40 {
+		r, err := e.Allow(ctx, key, l)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+		admitted = append(admitted, r)
+	}
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, admin.B().ClientPause().Timeout(2000).All().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	during, failed := 0, 0
+	for time.Since(paused) < 1500*time.Millisecond {
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		r, err := e.Allow(cctx, key, l)
+		cancel()
+		switch {
+		case err == nil && r.Allowed:
+			admitted = append(admitted, r)
+			during++
+		case err != nil && errors.Is(err, context.DeadlineExceeded):
+			failed++
+		case err != nil:
+			t.Fatalf("Allow during the pause: %v", err)
+		}
+		if failed > 0 {
+			break
+		}
+	}
+	t.Logf("during the pause: %d admitted locally, then %d failed", during, failed)
+	if during == 0 {
+		t.Fatal("nothing was admitted from the reservation while the server did not answer")
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "decisions to resume", func() (bool, error) {
+		r, err := e.Allow(ctx, key, l)
+		if err == nil && r.Allowed {
+			admitted = append(admitted, r)
+		}
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	auditTimes(t, admitted, l)
+}
+
+// A negative Hold or MinDemand, or a Hold below a millisecond, is refused by New.
+func TestLocalQuotaBadOptions(t *testing.T) {
+	for _, q := range []engine.LocalQuota{{Hold: -time.Second}, {MinDemand: -1}, {Hold: time.Microsecond}} {
+		if _, err := engine.New(exampleServer.Client(t), engine.WithLocalQuota(q)); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("LocalQuota %+v: %v, want ErrInvalidArgument", q, err)
+		}
+	}
+}
