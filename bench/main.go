@@ -9,6 +9,7 @@
 //	go run ./bench -scenario floor  # server µs per call: bare scripts, the textbook one, the engine's
 //	go run ./bench -scenario cluster # a 3-primary cluster of its own: batched against unbatched
 //	go run ./bench -scenario quota  # a million per 30 days by the hour, exact, calendar months: bytes per key, server µs per decision
+//	go run ./bench -scenario localquota # a hot key with and without local quota, and through a paused server
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
@@ -53,7 +54,7 @@ type config struct {
 	ChartsDir     string `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota", "localquota"}
 
 func main() {
 	var cfg config

@@ -103,7 +103,9 @@ type Report struct {
 	// QuotaMemory and QuotaCost are the quota scenario's (quota.go).
 	QuotaMemory []QuotaMemoryRow `json:"quota_memory,omitempty"`
 	QuotaCost   []QuotaCostRow   `json:"quota_server_cost,omitempty"`
-	Notes       []string         `json:"notes,omitempty"`
+	// LocalQuota is the local quota scenario's (localquota.go).
+	LocalQuota []LocalQuotaRow `json:"local_quota,omitempty"`
+	Notes      []string        `json:"notes,omitempty"`
 }
 
 func (b *bencher) runAll(ctx context.Context) (*Report, error) {
@@ -148,6 +150,13 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("quota: %w", err)
 		}
 		r.QuotaMemory, r.QuotaCost = mem, cost
+	}
+	if b.wants("localquota") {
+		rows, err := b.localQuota(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("localquota: %w", err)
+		}
+		r.LocalQuota = rows
 	}
 	if b.wants("leases") {
 		rows, err := b.leases(ctx)

@@ -143,30 +143,65 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	h.pending = true
 	h.mu.Unlock()
 
+	// The reservation's call outlives its caller's context: a call the caller gave up on may
+	// still be taken by the server (one that stopped answering for a while takes it when it
+	// answers again), and its events must then be used or given back, not left held.
 	sent := time.Now()
-	res, err := lq.e.reserveSet(ctx, key, set, k, lq.hold)
+	done := make(chan reserved, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lq.hold+localSettleTimeout)
+		defer cancel()
+		res, err := lq.e.reserveSet(rctx, key, set, k, lq.hold)
+		done <- reserved{res, err}
+	}()
+	var got reserved
+	select {
+	case got = <-done:
+	case <-ctx.Done():
+		go func() { lq.install(context.Background(), h, <-done, k, 0, sent) }()
+		return Result{}, false, h
+	}
+	if !lq.install(ctx, h, got, k, n, sent) {
+		return Result{}, false, h
+	}
+	h.mu.Lock()
+	r = h.localResult(time.Now(), n)
+	h.mu.Unlock()
+	return r, true, h
+}
+
+// reserved is a reservation's call's outcome.
+type reserved struct {
+	res Result
+	err error
+}
+
+// install makes got, a reservation of k events sent at sent, h's current one, n of them used
+// by the request that took it, and reports whether it did: false when the reservation was
+// refused or failed. A reservation whose hold has already ended (its caller gave up, and the
+// server answered late) is given back at once.
+func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, n int, sent time.Time) bool {
 	h.mu.Lock()
 	h.pending = false
-	if err != nil || !res.Allowed {
-		if err == nil {
-			h.room = res.Remaining
+	if got.err != nil || !got.res.Allowed {
+		if got.err == nil {
+			h.room = got.res.Remaining
 		}
 		h.mu.Unlock()
-		return Result{}, false, h
+		return false
 	}
 	retired := h.retire()
 	h.gen++
-	h.res, h.k, h.used, h.until, h.settled = res, k, n, sent.Add(lq.hold), false
-	h.room = res.Remaining
+	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, sent.Add(lq.hold), false
+	h.room = got.res.Remaining
 	gen, until := h.gen, h.until
-	r = h.localResult(time.Now(), n)
 	h.mu.Unlock()
 
 	lq.mu.Lock()
 	if retired != nil {
 		delete(lq.byEntry, retired.entryKey())
 	}
-	lq.byEntry[reservationKey(res.Entry)] = h
+	lq.byEntry[reservationKey(got.res.Entry)] = h
 	lq.mu.Unlock()
 	if retired != nil {
 		go lq.giveBack(retired)
@@ -175,8 +210,10 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	m := lq.e.metrics
 	m.localReservations.Add(ctx, 1)
 	m.localEvents.Add(ctx, int64(k), m.localReserved...)
-	m.localEvents.Add(ctx, int64(n), m.localUsed...)
-	return r, true, h
+	if n > 0 {
+		m.localEvents.Add(ctx, int64(n), m.localUsed...)
+	}
+	return true
 }
 
 // observe tells h the room a decision the server took for its key reported.

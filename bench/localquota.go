@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/strictrate/strictrate/engine"
+)
+
+// The local quota scenario (engine.WithLocalQuota): one hot key, every goroutine, with and
+// without local quota, and a server that stops answering for a while under a limit the load
+// exceeds.
+
+// LocalQuotaRow is one row of the local quota scenario.
+type LocalQuotaRow struct {
+	Row      string  `json:"row"`
+	Limit    int     `json:"limit_max"`
+	WindowMS float64 `json:"window_ms"`
+	// AdmittedPerSec is admitted requests per second over the row's run.
+	AdmittedPerSec float64 `json:"admitted_per_sec"`
+	// ServerCalls is the script calls the server ran for the row.
+	ServerCalls int64 `json:"server_calls"`
+	// DuringOutage is the requests admitted while the server was paused (outage row).
+	DuringOutage int `json:"admitted_during_outage,omitempty"`
+	// HeldAfter is, one hold after the run, the events the key still counts beyond those the
+	// callers were told were admitted (outage row; -1 elsewhere): reserved events not given
+	// back, and decisions whose callers gave up during the pause but that the server took
+	// when it answered again.
+	HeldAfter int `json:"events_held_one_hold_after"`
+	Exactness
+}
+
+const (
+	localHotMax     = 1_000_000 // the hot key's limit per second
+	localOutageMax  = 2_000_000 // the outage row's limit per 10 s: the run's load exceeds it, but not before the pause
+	localOutageHold = 5 * time.Second
+	localOutage     = 2 * time.Second
+)
+
+// localQuota runs the scenario's rows.
+func (b *bencher) localQuota(ctx context.Context) ([]LocalQuotaRow, error) {
+	hot := engine.PerSecond(localHotMax)
+	var rows []LocalQuotaRow
+	for _, v := range []struct {
+		name string
+		opts []engine.Option
+	}{
+		{"batched, one key of 1,000,000/s", batched},
+		{"batched + local quota (hold 1 s), one key of 1,000,000/s", append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{}))},
+	} {
+		row, err := b.localRow(ctx, v.name, "local:"+fmt.Sprint(len(rows)), hot, v.opts, b.cfg.Duration, 0)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	outage, err := b.localRow(ctx, fmt.Sprintf("local quota (hold %s), the server paused %s", localOutageHold, localOutage),
+		"local:outage", engine.Limit{Max: localOutageMax, Window: 10 * time.Second},
+		append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{Hold: localOutageHold})), 4*time.Second, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, outage), nil
+}
+
+// localRow drives key under l from every goroutine for d; with pauseAt > 0, the server stops
+// answering (CLIENT PAUSE) for localOutage from pauseAt into the run, and a decision waits
+// 100 ms for it at most (a decision that fails counts as denied).
+func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit, opts []engine.Option, d, pauseAt time.Duration) (LocalQuotaRow, error) {
+	es, err := b.engines(engine.Atomic, opts...)
+	if err != nil {
+		return LocalQuotaRow{}, err
+	}
+	before, err := readServerStats(ctx, b.clients[0])
+	if err != nil {
+		return LocalQuotaRow{}, err
+	}
+	began := time.Now()
+	var pausedFrom, pausedTo time.Time
+	var wg sync.WaitGroup
+	if pauseAt > 0 {
+		wg.Go(func() {
+			time.Sleep(pauseAt)
+			admin := b.clients[0]
+			pausedFrom = time.Now()
+			_ = admin.Do(ctx, admin.B().ClientPause().Timeout(localOutage.Milliseconds()).All().Build()).Error()
+			pausedTo = pausedFrom.Add(localOutage)
+		})
+	}
+	perG := make([][]Decision, b.cfg.Concurrency)
+	err = b.drive(ctx, d, func(g int, e *engine.Engine) error {
+		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		r, err := e.Allow(dctx, key, l)
+		cancel()
+		if err != nil && pauseAt == 0 {
+			return err
+		}
+		perG[g] = append(perG[g], Decision{AtMicros: time.Now().UnixMicro(), Allowed: err == nil && r.Allowed})
+		if err == nil {
+			perG[g][len(perG[g])-1].AtMicros = r.At.UnixMicro()
+		}
+		return nil
+	}, es)
+	wg.Wait()
+	if err != nil {
+		return LocalQuotaRow{}, err
+	}
+	elapsed := time.Since(began)
+	// Once paused, the server answers nothing until the pause ends.
+	time.Sleep(time.Until(pausedTo))
+	after, err := readServerStats(ctx, b.clients[0])
+	if err != nil {
+		return LocalQuotaRow{}, err
+	}
+	decisions := slices.Concat(perG...)
+	row := LocalQuotaRow{Row: name, Limit: l.Max, WindowMS: ms(l.Window), Exactness: analyze(decisions, l.Max, l.Window),
+		ServerCalls: after.calls(dataCommands(engine.Atomic)) - before.calls(dataCommands(engine.Atomic)), HeldAfter: -1}
+	if pauseAt > 0 {
+		// Every hold ends within one hold of the run's end; then the key counts exactly what
+		// was admitted (the run and the wait lie within one window).
+		time.Sleep(localOutageHold + 200*time.Millisecond)
+		r, err := es[0].Peek(ctx, key, l)
+		if err != nil {
+			return LocalQuotaRow{}, err
+		}
+		row.HeldAfter = l.Max - r.Remaining - row.Admitted
+	}
+	row.AdmittedPerSec = float64(row.Admitted) / elapsed.Seconds()
+	for _, dn := range decisions {
+		at := time.UnixMicro(dn.AtMicros)
+		if dn.Allowed && !pausedFrom.IsZero() && !at.Before(pausedFrom) && at.Before(pausedTo) {
+			row.DuringOutage++
+		}
+	}
+	b.logf("localquota/%s: %d admitted, %d script calls, max in any window %d of %d", name, row.Admitted, row.ServerCalls, row.MaxInAnyWindow, l.Max)
+	return row, nil
+}
+
+// writeLocalQuota prints the local quota scenario's table, and the ratios the issue's targets
+// name: admitted/s with local quota over without, and script calls per admitted request.
+func writeLocalQuota(w io.Writer, rows []LocalQuotaRow) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n### Local quota: one hot key, every goroutine (`-scenario localquota`)\n\n")
+	table(w, []string{"row", "limit", "window", "admitted/s", "script calls", "calls per admitted", "admitted during the outage",
+		"counted beyond the admitted, one hold after", "max in any window", "overshoot"})
+	for _, r := range rows {
+		during, held := "-", "-"
+		if r.HeldAfter >= 0 || r.DuringOutage > 0 {
+			during, held = strconv.Itoa(r.DuringOutage), strconv.Itoa(r.HeldAfter)
+		}
+		row(w, r.Row, strconv.Itoa(r.Limit), fmt.Sprintf("%.0f ms", r.WindowMS), f0(r.AdmittedPerSec), strconv.FormatInt(r.ServerCalls, 10),
+			fmt.Sprintf("%.4f", float64(r.ServerCalls)/float64(max(r.Admitted, 1))), during, held, strconv.Itoa(r.MaxInAnyWindow), strconv.Itoa(r.Overshoot))
+	}
+	if len(rows) >= 2 && rows[0].AdmittedPerSec > 0 {
+		fmt.Fprintf(w, "\nadmitted/s on the hot key, same run: with local quota / without %.2f\n", rows[1].AdmittedPerSec/rows[0].AdmittedPerSec)
+	}
+}
