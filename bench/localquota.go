@@ -70,7 +70,8 @@ func (b *bencher) localQuota(ctx context.Context) ([]LocalQuotaRow, error) {
 
 // localRow drives key under l from every goroutine for d; with pauseAt > 0, the server stops
 // answering (CLIENT PAUSE) for localOutage from pauseAt into the run, and a decision waits
-// 100 ms for it at most (a decision that fails counts as denied).
+// 100 ms for it at most (a decision that fails counts as denied); else a failed decision ends
+// the row with its error.
 func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit, opts []engine.Option, d, pauseAt time.Duration) (LocalQuotaRow, error) {
 	es, err := b.engines(engine.Atomic, opts...)
 	if err != nil {
@@ -94,7 +95,10 @@ func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit
 	}
 	perG := make([][]Decision, b.cfg.Concurrency)
 	err = b.drive(ctx, d, func(g int, e *engine.Engine) error {
-		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		dctx, cancel := ctx, context.CancelFunc(func() {})
+		if pauseAt > 0 {
+			dctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+		}
 		r, err := e.Allow(dctx, key, l)
 		cancel()
 		if err != nil && pauseAt == 0 {

@@ -40,7 +40,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
 		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir, QuotaRequests: 20_000}
 	r, out, progress := runBench(t, cfg)
-	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "| atomic |", "| pipelined |"} {
+	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "### Local quota", "| atomic |", "| pipelined |"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("Markdown output lacks %q:\n%s", want, out.String())
 		}
@@ -73,6 +73,23 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	}
 	if r.Settings.Config.Limit != 20 || r.Settings.GOMAXPROCS < 1 {
 		t.Errorf("settings not recorded: %+v", r.Settings)
+	}
+
+	// Local quota: every row exact; the hot key admitted from reservations with fewer calls
+	// than admissions; the outage row admitting while the server was paused.
+	if len(r.LocalQuota) != 3 {
+		t.Fatalf("local quota rows: %d, want 3", len(r.LocalQuota))
+	}
+	for _, lq := range r.LocalQuota {
+		if lq.Overshoot != 0 || lq.Admitted == 0 {
+			t.Errorf("local quota row %q: %d admitted, overshoot %d", lq.Row, lq.Admitted, lq.Overshoot)
+		}
+	}
+	if lq := r.LocalQuota[1]; lq.ServerCalls >= int64(lq.Admitted) {
+		t.Errorf("local quota: %d script calls for %d admitted", lq.ServerCalls, lq.Admitted)
+	}
+	if lq := r.LocalQuota[2]; lq.DuringOutage == 0 {
+		t.Errorf("local quota outage row: nothing admitted during the pause")
 	}
 
 	if len(r.Exactness) != len(exactnessVariants) {
