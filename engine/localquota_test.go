@@ -219,3 +219,44 @@ func TestLocalQuotaBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// On a 3-primary cluster, four engines of 16 goroutines with local quota on six hot keys (so
+// over every primary, most likely): per key, audited on the times of every admission, no
+// trailing window holds more than Max, and the engines admitted from reservations.
+func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
+	skipClusterIfShort(t)
+	c := valkeytest.NewCluster(t, 3, 0)
+	reader := sdkmetric.NewManualReader()
+	es := clusterEngines(t, c, 4, engine.WithLocalQuota(engine.LocalQuota{Hold: 50 * time.Millisecond, MinDemand: 8}),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	l := engine.Limit{Max: 200, Window: 200 * time.Millisecond}
+	keys := make([]string, 6)
+	for i := range keys {
+		keys[i] = enginetest.NewKey(t)
+	}
+	deadline := time.Now().Add(1200 * time.Millisecond)
+	var wg sync.WaitGroup
+	perKey := make([][]engine.Result, len(keys))
+	var mu sync.Mutex
+	for i, key := range keys {
+		wg.Go(func() {
+			admitted := hammerAllow(t, es, 16, key, l, deadline)
+			mu.Lock()
+			perKey[i] = admitted
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	for i, admitted := range perKey {
+		if len(admitted) == 0 {
+			t.Fatalf("key %s: nothing admitted", keys[i])
+		}
+		auditTimes(t, admitted, l)
+	}
+	if used := collected(t, reader)["strictrate.local.events"]["used"]; used == 0 {
+		t.Fatal("no event was admitted from a reservation")
+	}
+}

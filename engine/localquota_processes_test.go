@@ -1,0 +1,111 @@
+package engine_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// localChildEnv, when set, makes TestLocalQuotaAcrossProcesses a child: it admits on the key
+// its value names with local quota on until its time is up, and prints the time of every
+// admission.
+const localChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_CHILD"
+
+// localProcessesLimit is the limit TestLocalQuotaAcrossProcesses's processes share.
+var localProcessesLimit = engine.Limit{Max: 150, Window: 200 * time.Millisecond}
+
+// Three OS processes (this test binary run again), each with 2 engines of 8 goroutines and
+// local quota on, hammer one key for 1.2 s: audited on the times of every admission of all
+// three, no trailing window holds more than Max; and the processes admitted from reservations
+// (each child says how many of its admissions were local).
+func TestLocalQuotaAcrossProcesses(t *testing.T) {
+	if key := os.Getenv(localChildEnv); key != "" {
+		runLocalChild(t, key)
+		return
+	}
+	key := exampleKey("local-quota-procs")
+	var (
+		mu       sync.Mutex
+		admitted []engine.Result
+		local    int
+		wg       sync.WaitGroup
+	)
+	for p := 0; p < 3; p++ {
+		child := exec.Command(os.Args[0], "-test.run=^TestLocalQuotaAcrossProcesses$", "-test.count=1")
+		child.Env = append(os.Environ(), localChildEnv+"="+key, valkeytest.EnvAddr+"="+exampleServer.Addr)
+		out, err := child.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		child.Stderr = &stderr
+		if err := child.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			sc := bufio.NewScanner(out)
+			var mine []engine.Result
+			used := 0
+			for sc.Scan() {
+				var at int64
+				var n int
+				switch {
+				case strings.HasPrefix(sc.Text(), "admitted "):
+					if _, err := fmt.Sscanf(sc.Text(), "admitted %d", &at); err == nil {
+						mine = append(mine, engine.Result{Allowed: true, At: time.UnixMicro(at)})
+					}
+				case strings.HasPrefix(sc.Text(), "local "):
+					if _, err := fmt.Sscanf(sc.Text(), "local %d", &n); err == nil {
+						used = n
+					}
+				}
+			}
+			if err := child.Wait(); err != nil {
+				t.Errorf("child %d: %v\n%s", p, err, stderr.String())
+			}
+			mu.Lock()
+			admitted, local = append(admitted, mine...), local+used
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	auditTimes(t, admitted, localProcessesLimit)
+	t.Logf("%d admissions by 3 processes, %d of them from reservations", len(admitted), local)
+	if local == 0 {
+		t.Fatal("no process admitted from a reservation")
+	}
+}
+
+// runLocalChild is a child of TestLocalQuotaAcrossProcesses on key.
+func runLocalChild(t *testing.T, key string) {
+	reader := sdkmetric.NewManualReader()
+	var engines []*engine.Engine
+	for range 2 {
+		e, err := engine.New(exampleClient(), engine.WithLocalQuota(engine.LocalQuota{Hold: 50 * time.Millisecond, MinDemand: 8}),
+			engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	admitted := hammerAllow(t, engines, 16, key, localProcessesLimit, time.Now().Add(1200*time.Millisecond))
+	out := bufio.NewWriter(os.Stdout)
+	for _, r := range admitted {
+		fmt.Fprintf(out, "admitted %d\n", r.At.UnixMicro())
+	}
+	fmt.Fprintf(out, "local %d\n", collected(t, reader)["strictrate.local.events"]["used"])
+	out.Flush()
+}
