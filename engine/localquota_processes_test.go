@@ -109,3 +109,81 @@ func runLocalChild(t *testing.T, key string) {
 	fmt.Fprintf(out, "local %d\n", collected(t, reader)["strictrate.local.events"]["used"])
 	out.Flush()
 }
+
+// dyingChildEnv, when set, makes TestLocalQuotaProcessDiesHoldingAReservation a child: it
+// admits on the key its value names until it holds a reservation, prints the events it
+// reserved and admitted directly, and kills itself, giving nothing back.
+const dyingChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_DYING"
+
+// dyingLimit and dyingHold are the limit and hold of TestLocalQuotaProcessDiesHoldingAReservation.
+var (
+	dyingLimit = engine.Limit{Max: 100, Window: time.Second}
+	dyingHold  = 300 * time.Millisecond
+)
+
+// A process killed (SIGKILL) while it holds a reservation never gives it back: the key counts
+// the whole reservation, used or not, until one window after its hold ends; then every event
+// is back.
+func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
+	if key := os.Getenv(dyingChildEnv); key != "" {
+		runDyingChild(t, key)
+		return
+	}
+	key := exampleKey("local-quota-dying")
+	child := exec.Command(os.Args[0], "-test.run=^TestLocalQuotaProcessDiesHoldingAReservation$", "-test.count=1")
+	child.Env = append(os.Environ(), dyingChildEnv+"="+key, valkeytest.EnvAddr+"="+exampleServer.Addr)
+	// The child kills itself (SIGKILL) once it holds a reservation: its exit is the error.
+	out, err := child.Output()
+	if !strings.Contains(string(out), "reserved") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	exited := time.Now()
+	var reserved, direct int
+	if _, err := fmt.Sscanf(string(out[strings.Index(string(out), "reserved"):]), "reserved %d direct %d", &reserved, &direct); err != nil {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	e, err := engine.New(exampleClient(), engine.WithPreload(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.Peek(t.Context(), key, dyingLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counted := dyingLimit.Max - r.Remaining; counted != reserved+direct {
+		t.Fatalf("after the child exited the key counts %d events, want its reservation's %d and its %d direct admissions", counted, reserved, direct)
+	}
+	// The reservation counts until one window after its hold ends, at most: then all is back.
+	time.Sleep(time.Until(exited.Add(dyingHold + dyingLimit.Window + 100*time.Millisecond)))
+	if r, err = e.Peek(t.Context(), key, dyingLimit); err != nil || r.Remaining != dyingLimit.Max {
+		t.Fatalf("a window after the hold: %+v, %v; want every event back", r, err)
+	}
+	t.Logf("the child reserved %d events and admitted %d directly, then was killed", reserved, direct)
+}
+
+// runDyingChild is a child of TestLocalQuotaProcessDiesHoldingAReservation on key.
+func runDyingChild(t *testing.T, key string) {
+	reader := sdkmetric.NewManualReader()
+	e, err := engine.New(exampleClient(), engine.WithLocalQuota(engine.LocalQuota{Hold: dyingHold, MinDemand: 4}),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 50 {
+		r, err := e.Allow(t.Context(), key, dyingLimit)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+		admitted++
+		if local := collected(t, reader)["strictrate.local.events"]; local["reserved"] > 0 {
+			// The requests before the reservation were decided by the server one by one; the
+			// one that took it is among the reserved events.
+			fmt.Printf("reserved %d direct %d\n", local["reserved"], admitted-int(local["used"]))
+			self, _ := os.FindProcess(os.Getpid())
+			_ = self.Kill() // dies at once, as kill -9 kills it: no timer, no give-back
+			select {}
+		}
+	}
+	t.Fatal("no reservation taken")
+}

@@ -155,60 +155,81 @@ func TestLocalQuotaGivesBackUnusedAndRefunds(t *testing.T) {
 	}
 }
 
-// While the server does not answer (CLIENT PAUSE, 2 s), a process keeps admitting a hot key
-// from the reservation it holds (a 5 s hold), within what it reserved; once that is used up,
-// it answers as configured (fail-closed: an error); after the pause, decisions resume, and
-// no window held more than Max.
+// While the server does not answer (SIGSTOP, 2 s), a process keeps admitting a hot key from
+// the reservations it holds (a 5 s hold), of cost 1 and 3, under a policy of two limits that
+// the load exceeds; once they are used up, it answers as configured (fail-closed: an error).
+// After SIGCONT, decisions resume, no window of either limit held more than its Max, and
+// within one hold every unused reserved event is back: the key counts exactly what was
+// admitted.
 func TestLocalQuotaThroughAnOutage(t *testing.T) {
+	const hold = 5 * time.Second
 	srv := valkeytest.New(t, valkeytest.OwnServer())
-	e := enginetest.New(t, srv.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
+	t.Cleanup(func() { _ = srv.Resume() })
+	e := enginetest.New(t, srv.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 4}))
 	ctx := context.Background()
-	key, l := enginetest.NewKey(t), engine.PerMinute(1000)
+	p := engine.Policy{engine.PerMinute(400), engine.PerHour(1000)}
+	key := enginetest.NewKey(t)
 	var admitted []engine.Result
-	for range 40 {
-		r, err := e.Allow(ctx, key, l)
-		if err != nil || !r.Allowed {
+	events := 0
+	allow := func(ctx context.Context, n int) (engine.Result, error) {
+		r, err := e.AllowPolicy(ctx, key, p, n)
+		if err == nil && r.Allowed {
+			for range n {
+				admitted = append(admitted, r)
+			}
+			events += n
+		}
+		return r, err
+	}
+	for i := range 40 {
+		if r, err := allow(ctx, 1+2*(i%2)); err != nil || !r.Allowed {
 			t.Fatalf("Allow: %+v, %v", r, err)
 		}
-		admitted = append(admitted, r)
 	}
-	admin := srv.Client(t)
-	if err := admin.Do(ctx, admin.B().ClientPause().Timeout(2000).All().Build()).Error(); err != nil {
+	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	paused := time.Now()
 	during, failed := 0, 0
-	for time.Since(paused) < 1500*time.Millisecond {
+	for time.Since(paused) < 1500*time.Millisecond && failed == 0 {
 		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		r, err := e.Allow(cctx, key, l)
+		r, err := allow(cctx, 1+2*(during%2))
 		cancel()
 		switch {
 		case err == nil && r.Allowed:
-			admitted = append(admitted, r)
 			during++
-		case err != nil && errors.Is(err, context.DeadlineExceeded):
+		case errors.Is(err, context.DeadlineExceeded):
 			failed++
 		case err != nil:
 			t.Fatalf("Allow during the pause: %v", err)
 		}
-		if failed > 0 {
-			break
-		}
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("during the pause: %d admitted locally, then %d failed", during, failed)
-	if during == 0 {
-		t.Fatal("nothing was admitted from the reservation while the server did not answer")
+	if during == 0 || failed == 0 {
+		t.Fatalf("during the pause: %d admitted, %d failed; want admissions from the reservation, then a failure once it was used up", during, failed)
 	}
 	if err := valkeytest.WaitFor(ctx, 10*time.Second, "decisions to resume", func() (bool, error) {
-		r, err := e.Allow(ctx, key, l)
-		if err == nil && r.Allowed {
-			admitted = append(admitted, r)
-		}
+		_, err := allow(ctx, 1)
 		return err == nil, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	auditTimes(t, admitted, l)
+	for _, l := range p {
+		auditTimes(t, admitted, l)
+	}
+	// One hold after the last reservation, every unused event is back. The decisions whose
+	// callers gave up during the pause may have been taken when the server ran again: they
+	// count (never too few), and are the only events beyond the admitted.
+	if err := valkeytest.WaitFor(ctx, hold+5*time.Second, "unused reserved events to come back", func() (bool, error) {
+		r, err := e.Peek(ctx, key, p[1])
+		return err == nil && 1000-r.Remaining <= events+3*failed, err
+	}); err != nil {
+		r, _ := e.Peek(ctx, key, p[1])
+		t.Fatalf("%v: the key counts %d events, %d admitted, %d timed out", err, 1000-r.Remaining, events, failed)
+	}
 }
 
 // A negative Hold or MinDemand, or a Hold below a millisecond, is refused by New.
