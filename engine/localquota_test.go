@@ -281,3 +281,80 @@ func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
 		t.Fatal("no event was admitted from a reservation")
 	}
 }
+
+// The server killed (kill -9) and restarted while a process holds a reservation: with an
+// append-only file fsynced on every write, the restarted server still counts the reservation,
+// the process goes on admitting from it, and its unused events come back after the hold; no
+// window is over Max. Without persistence the restarted server has forgotten the
+// reservation, as it forgets every entry: the key counts nothing, while the process may still
+// admit what it holds (docs/production.md says so).
+func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
+	const hold = 2 * time.Second
+	l := engine.PerMinute(200)
+	for _, tc := range []struct {
+		name       string
+		opts       []valkeytest.Option
+		remembered bool
+	}{
+		{"appendfsync always", []valkeytest.Option{valkeytest.AppendOnly("always")}, true},
+		{"no persistence", []valkeytest.Option{valkeytest.OwnServer()}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := valkeytest.New(t, tc.opts...)
+			e := enginetest.New(t, srv.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 4}))
+			ctx := context.Background()
+			key := enginetest.NewKey(t)
+			var admitted []engine.Result
+			for range 20 {
+				r, err := e.Allow(ctx, key, l)
+				if err != nil || !r.Allowed {
+					t.Fatalf("Allow: %+v, %v", r, err)
+				}
+				admitted = append(admitted, r)
+			}
+			peek := func() int {
+				t.Helper()
+				var r engine.Result
+				if err := valkeytest.WaitFor(ctx, 10*time.Second, "a peek", func() (bool, error) {
+					var err error
+					r, err = e.Peek(ctx, key, l)
+					return err == nil, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return l.Max - r.Remaining
+			}
+			before := peek()
+			if before <= len(admitted) {
+				t.Fatalf("the key counts %d events for %d admitted: no reservation held", before, len(admitted))
+			}
+			if err := srv.Crash(); err != nil {
+				t.Fatal(err)
+			}
+			// While the server is down, the reservation still admits.
+			r, err := e.Allow(ctx, key, l)
+			if err != nil || !r.Allowed {
+				t.Fatalf("Allow with the server down: %+v, %v; want an admission from the reservation", r, err)
+			}
+			admitted = append(admitted, r)
+			if err := srv.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+			after := peek()
+			switch {
+			case tc.remembered && after != before:
+				t.Fatalf("after the restart the key counts %d events, before the kill %d: the reservation was not kept", after, before)
+			case !tc.remembered && after != 0:
+				t.Fatalf("without persistence the restarted key counts %d events, want 0", after)
+			}
+			if tc.remembered {
+				if err := valkeytest.WaitFor(ctx, hold+5*time.Second, "the unused events to come back", func() (bool, error) {
+					return peek() == len(admitted), nil
+				}); err != nil {
+					t.Fatalf("%v: the key counts %d, %d admitted", err, peek(), len(admitted))
+				}
+				auditTimes(t, admitted, l)
+			}
+		})
+	}
+}
