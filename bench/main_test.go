@@ -77,8 +77,8 @@ func TestRunReportsEveryScenario(t *testing.T) {
 
 	// Local quota: every row exact; the hot key admitted from reservations with fewer calls
 	// than admissions; the outage row admitting while the server was paused.
-	if len(r.LocalQuota) != 3 {
-		t.Fatalf("local quota rows: %d, want 3", len(r.LocalQuota))
+	if len(r.LocalQuota) != 5 {
+		t.Fatalf("local quota rows: %d, want 5", len(r.LocalQuota))
 	}
 	for _, lq := range r.LocalQuota {
 		if lq.Overshoot != 0 || lq.Admitted == 0 {
@@ -88,7 +88,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	if lq := r.LocalQuota[1]; lq.ServerCalls >= int64(lq.Admitted) {
 		t.Errorf("local quota: %d script calls for %d admitted", lq.ServerCalls, lq.Admitted)
 	}
-	if lq := r.LocalQuota[2]; lq.DuringOutage == 0 {
+	if lq := r.LocalQuota[4]; lq.DuringOutage == 0 {
 		t.Errorf("local quota outage row: nothing admitted during the pause")
 	}
 

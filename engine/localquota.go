@@ -15,13 +15,16 @@ import (
 // hold an admission made from it, so the key never admits more than Max in any trailing
 // window, whatever the processes and however long the server takes to answer.
 //
-// The zero value is a sensible configuration: a hold of one second, and keys served locally
-// once this process asks about them 32 times within one hold.
+// The zero value is a sensible configuration: a hold of a tenth of the key's shortest window
+// (at most a second), and keys served locally once this process asks about them 32 times
+// within one hold.
 type LocalQuota struct {
 	// Hold is how long a reservation lives: the longest a process admits from it, and so the
 	// longest outage of the server it carries a hot key through. Its price: a reservation's
 	// unused events are held from other processes until the hold ends (or the process gives
-	// them back sooner, when it takes the next). 0 means one second.
+	// them back sooner, when it takes the next), and its used ones count until one window
+	// after the hold ends, up to one hold longer than each would alone. 0 means a tenth of
+	// the key's shortest window, at most a second.
 	Hold time.Duration
 	// MinDemand is how many requests for a key within one hold make this process serve the key
 	// locally; below it, every request is decided by the server as without local quota. 0
@@ -68,9 +71,6 @@ func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
 		return nil, fmt.Errorf("%w: local quota: Hold %s is below a millisecond", ErrInvalidArgument, q.Hold)
 	}
 	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[string]*holder{}, byEntry: map[EntryID]*holder{}}
-	if lq.hold == 0 {
-		lq.hold = defaultLocalHold
-	}
 	if lq.minDemand == 0 {
 		lq.minDemand = defaultLocalMinDemand
 	}
@@ -80,8 +80,9 @@ func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
 // holder is one key's local quota under one limit set: its demand in this process, and its
 // reservation.
 type holder struct {
-	key string // the caller's key
-	set *limitSet
+	key  string // the caller's key
+	set  *limitSet
+	hold time.Duration // its reservations' hold (localQuotas.holdFor)
 
 	mu          sync.Mutex
 	since       time.Time // the start of the current demand interval (one hold long)
@@ -97,6 +98,21 @@ type holder struct {
 	settled bool      // its unused events were given back (or it was retired)
 }
 
+// holdFor is the hold of set's reservations: LocalQuota.Hold when set, else a tenth of set's
+// shortest window, at most a second and at least a millisecond. A reservation's events count
+// until one window after its hold ends, up to one hold longer than each would alone: a tenth
+// of the window keeps that price at a tenth.
+func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
+	if lq.hold > 0 {
+		return lq.hold
+	}
+	hold := defaultLocalHold
+	for _, l := range set.limits {
+		hold = min(hold, l.Window/10)
+	}
+	return max(hold, time.Millisecond)
+}
+
 // holder returns the holder of key under set, made on first use; nil when the engine already
 // keeps maxLocalKeys.
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
@@ -108,7 +124,7 @@ func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 		if len(lq.holders) >= maxLocalKeys {
 			return nil
 		}
-		h = &holder{key: key, set: set, room: -1}
+		h = &holder{key: key, set: set, room: -1, hold: lq.holdFor(set)}
 		lq.holders[id] = h
 	}
 	return h
@@ -127,7 +143,7 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	}
 	now := time.Now()
 	h.mu.Lock()
-	h.noteDemand(now, n, lq.hold)
+	h.noteDemand(now, n, h.hold)
 	if !h.settled && h.gen > 0 && now.Before(h.until) && h.k-h.used >= n {
 		h.used += n
 		r = h.localResult(now, n)
@@ -149,9 +165,9 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	sent := time.Now()
 	done := make(chan reserved, 1)
 	go func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lq.hold+localSettleTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.hold+localSettleTimeout)
 		defer cancel()
-		res, err := lq.e.reserveSet(rctx, key, set, k, lq.hold)
+		res, err := lq.e.reserveSet(rctx, key, set, k, h.hold)
 		done <- reserved{res, err}
 	}()
 	var got reserved
@@ -192,7 +208,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	}
 	retired := h.retire()
 	h.gen++
-	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, sent.Add(lq.hold), false
+	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, sent.Add(h.hold), false
 	h.room = got.res.Remaining
 	gen, until := h.gen, h.until
 	h.mu.Unlock()
@@ -304,7 +320,7 @@ func (lq *localQuotas) expire(h *holder, gen int) {
 	if h.gen == gen {
 		s = h.retire()
 	}
-	h.noteDemand(time.Now(), 0, lq.hold)
+	h.noteDemand(time.Now(), 0, h.hold)
 	idle := h.gen == gen && !h.pending && max(h.count, h.last) == 0
 	h.mu.Unlock()
 	lq.mu.Lock()
