@@ -56,7 +56,7 @@ type localQuotas struct {
 	hold      time.Duration
 	minDemand int
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	holders map[string]*holder
 	byEntry map[EntryID]*holder // the reservation's entry, Cost and Decided zero
 }
@@ -113,21 +113,44 @@ func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
 	return max(hold, time.Millisecond)
 }
 
-// holder returns the holder of key under set, made on first use; nil when the engine already
-// keeps maxLocalKeys.
+// holder returns the holder of key under set, made on first use; nil when the engine keeps
+// maxLocalKeys holders that are all in use (see sweep).
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	id := key + "\x00" + set.oneNow
+	lq.mu.RLock()
+	h := lq.holders[id]
+	lq.mu.RUnlock()
+	if h != nil {
+		return h
+	}
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
-	h := lq.holders[id]
-	if h == nil {
-		if len(lq.holders) >= maxLocalKeys {
-			return nil
-		}
-		h = &holder{key: key, set: set, room: -1, hold: lq.holdFor(set)}
-		lq.holders[id] = h
+	if h = lq.holders[id]; h != nil {
+		return h
 	}
+	if len(lq.holders) >= maxLocalKeys && lq.sweep(time.Now()) == 0 {
+		return nil
+	}
+	h = &holder{key: key, set: set, room: -1, hold: lq.holdFor(set)}
+	lq.holders[id] = h
 	return h
+}
+
+// sweep drops the holders that hold no reservation and were not asked about for two holds
+// (a key's demand is only ever counted over the last two), and returns how many. Under lq.mu
+// (written).
+func (lq *localQuotas) sweep(now time.Time) int {
+	dropped := 0
+	for id, h := range lq.holders {
+		h.mu.Lock()
+		idle := !h.pending && (h.gen == 0 || h.settled) && now.Sub(h.since) >= 2*h.hold
+		h.mu.Unlock()
+		if idle {
+			delete(lq.holders, id)
+			dropped++
+		}
+	}
+	return dropped
 }
 
 // allow admits n events of key under its limit set set from local quota: from the
@@ -141,8 +164,10 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	if h = lq.holder(key, set); h == nil {
 		return Result{}, false, nil
 	}
-	now := time.Now()
+	// The time is read once h is held: a reservation installed while this caller waited for
+	// it was decided before this admission, as the rule needs (and as the Result says).
 	h.mu.Lock()
+	now := time.Now()
 	h.noteDemand(now, n, h.hold)
 	if !h.settled && h.gen > 0 && now.Before(h.until) && h.k-h.used >= n {
 		h.used += n
@@ -174,15 +199,12 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	select {
 	case got = <-done:
 	case <-ctx.Done():
-		go func() { lq.install(context.Background(), h, <-done, k, 0, sent) }()
+		go func() { _, _ = lq.install(context.Background(), h, <-done, k, 0, sent) }()
 		return Result{}, false, h
 	}
-	if !lq.install(ctx, h, got, k, n, sent) {
+	if r, ok = lq.install(ctx, h, got, k, n, sent); !ok {
 		return Result{}, false, h
 	}
-	h.mu.Lock()
-	r = h.localResult(time.Now(), n)
-	h.mu.Unlock()
 	return r, true, h
 }
 
@@ -192,11 +214,12 @@ type reserved struct {
 	err error
 }
 
-// install makes got, a reservation of k events sent at sent, h's current one, n of them used
-// by the request that took it, and reports whether it did: false when the reservation was
-// refused or failed. A reservation whose hold has already ended (its caller gave up, and the
-// server answered late) is given back at once.
-func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, n int, sent time.Time) bool {
+// install makes got, a reservation of k events sent at sent, h's current one, and admits n of
+// them for the request that took it (none for n 0): it returns that admission's Result, and
+// false when the reservation was refused or failed. A reservation whose hold ended before it
+// came back (its caller gave up, or the answer was slow) admits nothing: it is given back
+// whole at once, and the request goes to the server as without local quota.
+func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, n int, sent time.Time) (Result, bool) {
 	h.mu.Lock()
 	h.pending = false
 	if got.err != nil || !got.res.Allowed {
@@ -204,13 +227,30 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 			h.room = got.res.Remaining
 		}
 		h.mu.Unlock()
-		return false
+		return Result{}, false
+	}
+	h.room = got.res.Remaining
+	now, until := time.Now(), sent.Add(h.hold)
+	if !now.Before(until) {
+		h.mu.Unlock()
+		entry := got.res.Entry
+		entry.Cost, entry.Shared = k, true
+		if entry.Decided.IsZero() {
+			entry.Decided = got.res.At
+		}
+		lq.e.metrics.localReservations.Add(ctx, 1)
+		lq.e.metrics.localEvents.Add(ctx, int64(k), lq.e.metrics.localReserved...)
+		lq.giveBack(&settlement{key: h.key, entry: entry, cnt: k})
+		return Result{}, false
 	}
 	retired := h.retire()
 	h.gen++
-	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, sent.Add(h.hold), false
-	h.room = got.res.Remaining
-	gen, until := h.gen, h.until
+	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, until, false
+	gen := h.gen
+	var r Result
+	if n > 0 {
+		r = h.localResult(now, n)
+	}
 	h.mu.Unlock()
 
 	lq.mu.Lock()
@@ -229,7 +269,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	if n > 0 {
 		m.localEvents.Add(ctx, int64(n), m.localUsed...)
 	}
-	return true
+	return r, true
 }
 
 // observe tells h the room a decision the server took for its key reported.

@@ -16,7 +16,8 @@ import (
 )
 
 // hammerAllow runs goroutines callers, spread over es, each calling Allow on key under l until
-// deadline, and returns every Result that admitted.
+// deadline, and returns every Result that admitted (a shadow mode's denial, admitted anyway,
+// is left out: the limit did not admit it).
 func hammerAllow(t *testing.T, es []*engine.Engine, goroutines int, key string, l engine.Limit, deadline time.Time) []engine.Result {
 	t.Helper()
 	var (
@@ -34,7 +35,7 @@ func hammerAllow(t *testing.T, es []*engine.Engine, goroutines int, key string, 
 					t.Errorf("Allow: %v", err)
 					return
 				}
-				if r.Allowed {
+				if r.Allowed && !r.ShadowDenied {
 					mine = append(mine, r)
 				}
 			}
@@ -71,26 +72,36 @@ func auditTimes(t *testing.T, admitted []engine.Result, l engine.Limit) {
 // exceeds many times over: audited on the times of every admission (a local one's is when the
 // process admitted it), no trailing window holds more than Max. The metrics say that
 // admissions were made from reservations, and, once every hold has ended, that every event
-// reserved was used or given back.
+// reserved was used or given back. Alone, beside the deny cache, under shadow mode (whose
+// admitted denials are not admissions) and without batching.
 func TestLocalQuotaNeverOverAdmits(t *testing.T) {
 	const hold = 50 * time.Millisecond
-	reader := sdkmetric.NewManualReader()
-	es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 8}),
-		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-	l := engine.Limit{Max: 300, Window: 200 * time.Millisecond}
-	admitted := hammerAllow(t, es, 64, enginetest.NewKey(t), l, time.Now().Add(1500*time.Millisecond))
-	if t.Failed() {
-		return
-	}
-	auditTimes(t, admitted, l)
-	time.Sleep(4 * hold) // every hold ends, and its unused events are given back
-	local := collected(t, reader)["strictrate.local.events"]
-	t.Logf("%d admitted; local quota: %v", len(admitted), local)
-	switch {
-	case local["used"] == 0 || local["used"] > int64(len(admitted)):
-		t.Fatalf("%d events used from reservations, of %d admitted", local["used"], len(admitted))
-	case local["reserved"] != local["used"]+local["returned"]:
-		t.Fatalf("%d events reserved, %d used and %d given back: some are unaccounted for", local["reserved"], local["used"], local["returned"])
+	for name, opts := range map[string][]engine.Option{
+		"alone":       nil,
+		"deny cache":  {engine.WithDenyCache(1024)},
+		"shadow mode": {engine.WithShadow(true)},
+		"unbatched":   {engine.WithBatching(false)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			es, _ := enginetest.Engines(t, exampleServer, 4, append([]engine.Option{engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 8}),
+				engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, opts...)...)
+			l := engine.Limit{Max: 300, Window: 200 * time.Millisecond}
+			admitted := hammerAllow(t, es, 64, enginetest.NewKey(t), l, time.Now().Add(time.Second))
+			if t.Failed() {
+				return
+			}
+			auditTimes(t, admitted, l)
+			time.Sleep(4 * hold) // every hold ends, and its unused events are given back
+			local := collected(t, reader)["strictrate.local.events"]
+			t.Logf("%d admitted; local quota: %v", len(admitted), local)
+			switch {
+			case local["used"] == 0 || local["used"] > int64(len(admitted)):
+				t.Fatalf("%d events used from reservations, of %d admitted", local["used"], len(admitted))
+			case local["reserved"] != local["used"]+local["returned"]:
+				t.Fatalf("%d events reserved, %d used and %d given back: some are unaccounted for", local["reserved"], local["used"], local["returned"])
+			}
+		})
 	}
 }
 
