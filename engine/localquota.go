@@ -222,8 +222,10 @@ type reserved struct {
 func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, n int, sent time.Time) (Result, bool) {
 	h.mu.Lock()
 	h.pending = false
-	if got.err != nil || !got.res.Allowed {
-		if got.err == nil {
+	// A fail-open admission (WithFailOpen: the server could not answer) recorded nothing: it
+	// is no reservation.
+	if got.err != nil || !got.res.Allowed || got.res.BackendErr != nil || got.res.Entry.IsZero() {
+		if got.err == nil && got.res.BackendErr == nil {
 			h.room = got.res.Remaining
 		}
 		h.mu.Unlock()

@@ -369,3 +369,55 @@ func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
 		})
 	}
 }
+
+// Under WithFailOpen, a reservation the server could not take is admitted open, recording
+// nothing: it is no reservation, and nothing is admitted locally from it. Every admission
+// while the server is down is fail-open's own (BackendErr set); once it is back, the key
+// admits its Max and no more, each decision the server's.
+func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	e := enginetest.New(t, srv.Client(t), engine.WithFailOpen(true),
+		engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
+	if err := srv.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key, l := enginetest.NewKey(t), engine.PerMinute(5)
+	allow := func(i int) engine.Result {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		r, err := e.Allow(cctx, key, l)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		return r
+	}
+	for i := range 10 {
+		if r := allow(i); !r.Allowed || r.BackendErr == nil {
+			t.Fatalf("request %d with the server down: %+v; want fail-open's admission, BackendErr set", i, r)
+		}
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := valkeytest.WaitFor(ctx, 10*time.Second, "the server to decide again", func() (bool, error) {
+		r, err := e.Peek(ctx, key, l)
+		return err == nil && r.BackendErr == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for i := range 10 {
+		r := allow(10 + i)
+		if r.BackendErr != nil {
+			t.Fatalf("request %d with the server up: %+v, a fail-open answer", 10+i, r)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != l.Max {
+		t.Fatalf("%d admitted once the server was back, want its Max %d", admitted, l.Max)
+	}
+}
