@@ -111,6 +111,9 @@
 //     without it.
 //   - [engine.WithDenyCache]: a key under abuse is refused from memory, without a round trip,
 //     until its denial's RetryAfter has run.
+//   - [engine.WithLocalQuota]: a hot key is admitted from small reservations this process
+//     holds, without a call each and through a short outage, still never over Max in any
+//     window.
 //   - [engine.WithShadow]: try a new limit on live traffic. A request the limit denies is
 //     admitted anyway, marked ShadowDenied, and the log records only what the limit admitted.
 //   - [engine.WithFailOpen]: admit when the server cannot decide, where letting a request
