@@ -3,8 +3,8 @@ package engine_test
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -13,7 +13,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/strictrate/strictrate/engine"
-	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // localChildEnv, when set, makes TestLocalQuotaAcrossProcesses a child: it admits on the key
@@ -41,19 +40,9 @@ func TestLocalQuotaAcrossProcesses(t *testing.T) {
 		wg       sync.WaitGroup
 	)
 	for p := 0; p < 3; p++ {
-		child := exec.Command(os.Args[0], "-test.run=^TestLocalQuotaAcrossProcesses$", "-test.count=1")
-		child.Env = append(os.Environ(), localChildEnv+"="+key, valkeytest.EnvAddr+"="+exampleServer.Addr)
-		out, err := child.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		child.Stderr = &stderr
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := startChild(t, "TestLocalQuotaAcrossProcesses", localChildEnv+"="+key)
 		wg.Go(func() {
-			sc := bufio.NewScanner(out)
+			sc := bufio.NewScanner(child.Stdout)
 			var mine []engine.Result
 			used := 0
 			for sc.Scan() {
@@ -71,7 +60,7 @@ func TestLocalQuotaAcrossProcesses(t *testing.T) {
 				}
 			}
 			if err := child.Wait(); err != nil {
-				t.Errorf("child %d: %v\n%s", p, err, stderr.String())
+				t.Errorf("child %d: %v", p, err)
 			}
 			mu.Lock()
 			admitted, local = append(admitted, mine...), local+used
@@ -130,11 +119,10 @@ func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
 		return
 	}
 	key := exampleKey("local-quota-dying")
-	child := exec.Command(os.Args[0], "-test.run=^TestLocalQuotaProcessDiesHoldingAReservation$", "-test.count=1")
-	child.Env = append(os.Environ(), dyingChildEnv+"="+key, valkeytest.EnvAddr+"="+exampleServer.Addr)
 	// The child kills itself (SIGKILL) once it holds a reservation: its exit is the error.
-	out, err := child.Output()
-	if !strings.Contains(string(out), "reserved") {
+	child := startChild(t, "TestLocalQuotaProcessDiesHoldingAReservation", dyingChildEnv+"="+key)
+	out, _ := io.ReadAll(child.Stdout)
+	if err := child.Wait(); !strings.Contains(string(out), "reserved") {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 	exited := time.Now()

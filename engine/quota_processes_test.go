@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
-	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // quotaChildEnv, when set, makes TestQuotasAcrossProcesses a child: it decides on the keys its
@@ -63,20 +60,9 @@ func TestQuotasAcrossProcesses(t *testing.T) {
 	var decisions []quotaDecision
 	var wg sync.WaitGroup
 	for p := 0; p < 3; p++ {
-		child := exec.Command(os.Args[0], "-test.run=^TestQuotasAcrossProcesses$", "-test.count=1")
-		child.Env = append(os.Environ(), quotaChildEnv+"="+slotted+" "+calendarKey+" "+fmt.Sprint(p),
-			valkeytest.EnvAddr+"="+exampleServer.Addr)
-		out, err := child.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		child.Stderr = &stderr
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := startChild(t, "TestQuotasAcrossProcesses", quotaChildEnv+"="+slotted+" "+calendarKey+" "+fmt.Sprint(p))
 		wg.Go(func() {
-			sc := bufio.NewScanner(out)
+			sc := bufio.NewScanner(child.Stdout)
 			var mine []quotaDecision
 			for sc.Scan() {
 				var d quotaDecision
@@ -87,7 +73,7 @@ func TestQuotasAcrossProcesses(t *testing.T) {
 				}
 			}
 			if err := child.Wait(); err != nil {
-				t.Errorf("child %d: %v\n%s", p, err, stderr.String())
+				t.Errorf("child %d: %v", p, err)
 			}
 			mu.Lock()
 			decisions = append(decisions, mine...)
