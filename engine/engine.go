@@ -327,7 +327,8 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 }
 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
-// (Acquire) are another key, and stay.
+// (Acquire) are another key, and stay. Under WithLocalQuota, this engine's reservations of
+// the key end with it; another process's go on until their holds end.
 func (e *Engine) Reset(ctx context.Context, key string) error {
 	if err := checkContext(ctx); err != nil {
 		return err
@@ -337,6 +338,9 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 	}
 	full := e.prefix + key
 	e.forgetDenials(full)
+	if e.local != nil {
+		e.local.forget(key) // a reservation of the log deleted admits nothing more
+	}
 	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
 		return classify(ctx, "strictrate: reset "+quoteKey(key), err)
 	}

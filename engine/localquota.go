@@ -416,3 +416,21 @@ func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
 	h.used = max(h.used-(id.Cost-actual), 0)
 	return true
 }
+
+// forget ends every reservation of key this engine holds, giving nothing back: Reset deleted
+// the log that held them.
+func (lq *localQuotas) forget(key string) {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	for id, h := range lq.holders {
+		if h.key != key {
+			continue
+		}
+		h.mu.Lock()
+		if s := h.retire(); s != nil {
+			delete(lq.byEntry, s.entryKey())
+		}
+		h.mu.Unlock()
+		delete(lq.holders, id)
+	}
+}

@@ -421,3 +421,32 @@ func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
 		t.Fatalf("%d admitted once the server was back, want its Max %d", admitted, l.Max)
 	}
 }
+
+// Reset ends the engine's reservations of the key: after it, the key admits exactly Max, none
+// of them from what this process had reserved before.
+func TestLocalQuotaReset(t *testing.T) {
+	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
+	ctx := context.Background()
+	key, l := enginetest.NewKey(t), engine.PerMinute(20)
+	for range 8 {
+		if r, err := e.Allow(ctx, key, l); err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+	}
+	if err := e.Reset(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 40 {
+		r, err := e.Allow(ctx, key, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != l.Max {
+		t.Fatalf("after Reset %d admitted, want Max %d", admitted, l.Max)
+	}
+}
