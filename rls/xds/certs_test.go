@@ -11,37 +11,32 @@ import (
 // testPKI is a certificate authority with a server certificate for 127.0.0.1 and localhost,
 // and a client certificate, all made for one test.
 type testPKI struct {
-	pool   *x509.CertPool
-	server tls.Certificate
-	client tls.Certificate
+	ca             *testpki.CA
+	server, client tls.Certificate
 }
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
 	ca := testpki.New(t, "xds test CA")
 	return &testPKI{
-		pool: ca.Pool,
-		server: ca.Issue(t, testpki.Leaf{CN: "xds server", DNS: []string{"localhost"}, IPs: testpki.Loopback,
-			Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}),
+		ca:     ca,
+		server: ca.Issue(t, testpki.LoopbackLeaf("xds server", x509.ExtKeyUsageServerAuth)),
 		client: ca.Issue(t, testpki.Leaf{CN: "envoy-ratelimit", Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}),
 	}
 }
 
-// serverTLS requires and verifies client certificates, as Envoy Gateway's xDS server does.
+// serverTLS requires and verifies client certificates, as Envoy Gateway's xDS server does,
+// over TLS 1.3.
 func (p *testPKI) serverTLS() *tls.Config {
-	return &tls.Config{
-		Certificates: []tls.Certificate{p.server},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    p.pool,
-		MinVersion:   tls.VersionTLS13,
-	}
+	c := p.ca.ServerTLS(p.server)
+	c.MinVersion = tls.VersionTLS13
+	return c
 }
 
 // clientTLS trusts the CA, and presents the client certificate when withCert.
 func (p *testPKI) clientTLS(withCert bool) *tls.Config {
-	c := &tls.Config{RootCAs: p.pool, MinVersion: tls.VersionTLS12}
 	if withCert {
-		c.Certificates = []tls.Certificate{p.client}
+		return p.ca.ClientTLS(p.client)
 	}
-	return c
+	return p.ca.ClientTLS()
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/strictrate/strictrate/rls/internal/testpki"
 	"github.com/strictrate/strictrate/rls/internal/testxds"
 )
 
@@ -51,10 +54,14 @@ func gatewayConfig(domain string, unit rlsconfv3.RateLimitUnit, perUnit uint32) 
 // reference's metrics.
 func TestEnvoyGatewayDeployment(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
+	pki := testpki.New(t, "strictrate-rls test CA")
+	// One certificate for serving and for presenting as a client, as Envoy Gateway issues them.
+	issue := func(ca *testpki.CA, name string) tls.Certificate {
+		return ca.Issue(t, testpki.LoopbackLeaf(name, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth))
+	}
 	certs := t.TempDir() // the envoy-rate-limit Secret, mounted at /certs
-	pki.writeSecret(certs, pki.issue("envoy-ratelimit"))
-	cp := testxds.Start(t, "127.0.0.1:0", pki.serverTLS(pki.issue("envoy-gateway")))
+	pki.WriteSecret(t, certs, issue(pki, "envoy-ratelimit"))
+	cp := testxds.Start(t, "127.0.0.1:0", pki.ServerTLS(issue(pki, "envoy-gateway")))
 	domain := fmt.Sprintf("default/eg/http-%d", time.Now().UnixNano())
 	cp.Set(gatewayNode, "1", gatewayConfig(domain, rlsconfv3.RateLimitUnit_MINUTE, 2))
 
@@ -93,8 +100,8 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		t.Errorf("no warning names PROMETHEUS_MAPPER_YAML")
 	}
 
-	envoy := pki.issue("envoy")
-	c := dial(t, p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(pki.clientTLS(envoy))))
+	envoy := issue(pki, "envoy")
+	c := dial(t, p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(envoy))))
 	req := request(domain, gatewayRoute, gatewayRoute, "remote_address", "10.0.0.1")
 	if got := decisions(t, c, req, 3); got != want(2, 1) {
 		t.Errorf("3 requests against 2 a minute: %s, want %s", got, want(2, 1))
@@ -102,8 +109,8 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 
 	// A client without a certificate of the CA is refused, and so is one without TLS.
 	for name, creds := range map[string]credentials.TransportCredentials{
-		"without a client certificate":     credentials.NewTLS(pki.clientTLS()),
-		"with a certificate of another CA": credentials.NewTLS(pki.clientTLS(newTestPKI(t).issue("envoy"))),
+		"without a client certificate":     credentials.NewTLS(pki.ClientTLS()),
+		"with a certificate of another CA": credentials.NewTLS(pki.ClientTLS(issue(testpki.New(t, "another CA"), "envoy"))),
 		"in plaintext":                     insecure.NewCredentials(),
 	} {
 		other := dial(t, p.grpc, grpc.WithTransportCredentials(creds))

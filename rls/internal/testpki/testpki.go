@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -126,4 +127,34 @@ func serial(t testing.TB) *big.Int {
 		t.Fatalf("testpki: serial: %v", err)
 	}
 	return n
+}
+
+// LoopbackLeaf describes a certificate for a server on 127.0.0.1, ::1 and localhost, named
+// name (also one of its DNS names), for the usages given (none: any use).
+func LoopbackLeaf(name string, usages ...x509.ExtKeyUsage) Leaf {
+	return Leaf{CN: name, DNS: []string{"localhost", name}, IPs: Loopback, Usages: usages}
+}
+
+// ServerTLS presents cert and requires a client certificate this CA issued, as Envoy Gateway's
+// servers do.
+func (ca *CA) ServerTLS(cert tls.Certificate) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    ca.Pool,
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// ClientTLS trusts this CA alone and presents certs (none, for a client without one).
+func (ca *CA) ClientTLS(certs ...tls.Certificate) *tls.Config {
+	return &tls.Config{RootCAs: ca.Pool, Certificates: certs, MinVersion: tls.VersionTLS12}
+}
+
+// WriteSecret writes cert as a Kubernetes TLS Secret is mounted: dir/tls.crt, dir/tls.key and
+// dir/ca.crt (this CA's certificate), in PEM.
+func (ca *CA) WriteSecret(t testing.TB, dir string, cert tls.Certificate) {
+	t.Helper()
+	Write(t, cert, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	ca.WriteCA(t, filepath.Join(dir, "ca.crt"))
 }
