@@ -42,52 +42,52 @@ const (
 	localOutage     = 2 * time.Second
 )
 
-// localQuota runs the scenario's rows.
-func (b *bencher) localQuota(ctx context.Context) ([]LocalQuotaRow, error) {
-	hot := engine.PerSecond(localHotMax)
-	var rows []LocalQuotaRow
-	for _, v := range []struct {
-		name string
-		opts []engine.Option
-	}{
-		{"batched, one key of 1,000,000/s", batched},
-		{"batched + local quota (default hold: 100 ms here), one key of 1,000,000/s", append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{}))},
-	} {
-		row, err := b.localRow(ctx, v.name, "local:"+fmt.Sprint(len(rows)), hot, v.opts, b.cfg.Duration, 0)
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, row)
-	}
-	shift := engine.Limit{Max: 2000, Window: time.Second}
-	for _, v := range []struct {
-		name string
-		opts []engine.Option
-	}{
-		{"batched, demand shifting between engines", batched},
-		{"batched + local quota (default hold: 100 ms here), demand shifting between engines", append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{}))},
-	} {
-		row, err := b.shiftRow(ctx, v.name, "local:shift:"+fmt.Sprint(len(rows)), shift, v.opts, b.cfg.Duration)
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, row)
-	}
-	outage, err := b.localRow(ctx, fmt.Sprintf("local quota (hold %s), the server paused %s", localOutageHold, localOutage),
-		"local:outage", engine.Limit{Max: localOutageMax, Window: 10 * time.Second},
-		append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{Hold: localOutageHold})), 4*time.Second, time.Second)
-	if err != nil {
-		return nil, err
-	}
-	return append(rows, outage), nil
+// localCase is one row of the scenario: key under limit, from every goroutine, for d.
+type localCase struct {
+	name  string
+	limit engine.Limit
+	opts  []engine.Option
+	d     time.Duration
+	// shift moves the demand between engines: in each quarter of the run only half of them
+	// ask (the first half, then the other, in turn), so that what a process reserved is left
+	// unused when its demand stops.
+	shift bool
+	// pauseAt > 0 stops the server (CLIENT PAUSE) for localOutage from pauseAt into the run;
+	// a decision then waits 100 ms at most, and one that fails counts as denied.
+	pauseAt time.Duration
 }
 
-// localRow drives key under l from every goroutine for d; with pauseAt > 0, the server stops
-// answering (CLIENT PAUSE) for localOutage from pauseAt into the run, and a decision waits
-// 100 ms for it at most (a decision that fails counts as denied); else a failed decision ends
-// the row with its error.
-func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit, opts []engine.Option, d, pauseAt time.Duration) (LocalQuotaRow, error) {
-	es, err := b.engines(engine.Atomic, opts...)
+// localQuota runs the scenario's rows, each with and without local quota where it compares.
+func (b *bencher) localQuota(ctx context.Context) ([]LocalQuotaRow, error) {
+	local := append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{}))
+	hot, shifting := engine.PerSecond(localHotMax), engine.Limit{Max: 2000, Window: time.Second}
+	cases := []localCase{
+		{name: "batched, one key of 1,000,000/s", limit: hot, opts: batched, d: b.cfg.Duration},
+		{name: "batched + local quota (default hold: 100 ms here), one key of 1,000,000/s", limit: hot, opts: local, d: b.cfg.Duration},
+		{name: "batched, demand shifting between engines", limit: shifting, opts: batched, d: b.cfg.Duration, shift: true},
+		{name: "batched + local quota (default hold: 100 ms here), demand shifting between engines", limit: shifting, opts: local,
+			d: b.cfg.Duration, shift: true},
+		{name: fmt.Sprintf("local quota (hold %s), the server paused %s", localOutageHold, localOutage),
+			limit: engine.Limit{Max: localOutageMax, Window: 10 * time.Second},
+			opts:  append(slices.Clone(batched), engine.WithLocalQuota(engine.LocalQuota{Hold: localOutageHold})),
+			d:     4 * time.Second, pauseAt: time.Second},
+	}
+	rows := make([]LocalQuotaRow, 0, len(cases))
+	for i, c := range cases {
+		row, err := b.localRow(ctx, "local:"+fmt.Sprint(i), c)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.name, err)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// localRow runs c on key. Its false denials are the requests denied while the admitted events
+// of their trailing window were fewer than Max: what an exact log without reservations would
+// have admitted (in the outage row, the decisions that timed out too).
+func (b *bencher) localRow(ctx context.Context, key string, c localCase) (LocalQuotaRow, error) {
+	es, err := b.engines(engine.Atomic, c.opts...)
 	if err != nil {
 		return LocalQuotaRow{}, err
 	}
@@ -98,9 +98,9 @@ func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit
 	began := time.Now()
 	var pausedFrom, pausedTo time.Time
 	var wg sync.WaitGroup
-	if pauseAt > 0 {
+	if c.pauseAt > 0 {
 		wg.Go(func() {
-			time.Sleep(pauseAt)
+			time.Sleep(c.pauseAt)
 			admin := b.clients[0]
 			pausedFrom = time.Now()
 			_ = admin.Do(ctx, admin.B().ClientPause().Timeout(localOutage.Milliseconds()).All().Build()).Error()
@@ -108,19 +108,24 @@ func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit
 		})
 	}
 	perG := make([][]Decision, b.cfg.Concurrency)
-	err = b.drive(ctx, d, func(g int, e *engine.Engine) error {
+	err = b.drive(ctx, c.d, func(g int, e *engine.Engine) error {
+		if quarter := int(4 * time.Since(began) / c.d); c.shift && (g%len(es) < len(es)/2) != (quarter%2 == 0) {
+			time.Sleep(time.Millisecond) // this engine's demand is elsewhere now
+			return nil
+		}
 		dctx, cancel := ctx, context.CancelFunc(func() {})
-		if pauseAt > 0 {
+		if c.pauseAt > 0 {
 			dctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
 		}
-		r, err := e.Allow(dctx, key, l)
+		r, err := e.Allow(dctx, key, c.limit)
 		cancel()
-		if err != nil && pauseAt == 0 {
+		switch {
+		case err == nil:
+			perG[g] = append(perG[g], Decision{AtMicros: r.At.UnixMicro(), Allowed: r.Allowed})
+		case c.pauseAt > 0:
+			perG[g] = append(perG[g], Decision{AtMicros: time.Now().UnixMicro()})
+		default:
 			return err
-		}
-		perG[g] = append(perG[g], Decision{AtMicros: time.Now().UnixMicro(), Allowed: err == nil && r.Allowed})
-		if err == nil {
-			perG[g][len(perG[g])-1].AtMicros = r.At.UnixMicro()
 		}
 		return nil
 	}, es)
@@ -135,10 +140,11 @@ func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit
 	if err != nil {
 		return LocalQuotaRow{}, err
 	}
+	l := c.limit
 	decisions := slices.Concat(perG...)
-	row := LocalQuotaRow{Row: name, Limit: l.Max, WindowMS: ms(l.Window), Exactness: analyze(decisions, l.Max, l.Window),
+	row := LocalQuotaRow{Row: c.name, Limit: l.Max, WindowMS: ms(l.Window), Exactness: analyze(decisions, l.Max, l.Window),
 		ServerCalls: after.calls(dataCommands(engine.Atomic)) - before.calls(dataCommands(engine.Atomic)), HeldAfter: -1}
-	if pauseAt > 0 {
+	if c.pauseAt > 0 {
 		// Every hold ends within one hold of the run's end; then the key counts exactly what
 		// was admitted (the run and the wait lie within one window).
 		time.Sleep(localOutageHold + 200*time.Millisecond)
@@ -155,7 +161,8 @@ func (b *bencher) localRow(ctx context.Context, name, key string, l engine.Limit
 			row.DuringOutage++
 		}
 	}
-	b.logf("localquota/%s: %d admitted, %d script calls, max in any window %d of %d", name, row.Admitted, row.ServerCalls, row.MaxInAnyWindow, l.Max)
+	b.logf("localquota/%s: %d admitted, %d script calls, max in any window %d of %d, %d false denials",
+		c.name, row.Admitted, row.ServerCalls, row.MaxInAnyWindow, l.Max, row.FalseDenials)
 	return row, nil
 }
 
@@ -179,48 +186,4 @@ func writeLocalQuota(w io.Writer, rows []LocalQuotaRow) {
 	if len(rows) >= 2 && rows[0].AdmittedPerSec > 0 {
 		fmt.Fprintf(w, "\nadmitted/s on the hot key, same run: with local quota / without %.2f\n", rows[1].AdmittedPerSec/rows[0].AdmittedPerSec)
 	}
-}
-
-// shiftRow drives key under l for d with the demand moving between engines: in each quarter
-// of the run only half of them ask (the first half, then the other, in turn), so that what a
-// process reserved is left unused when its demand stops. Its false denials are the requests
-// denied while the admitted events of their trailing window were fewer than Max: what an
-// exact log without reservations would have admitted.
-func (b *bencher) shiftRow(ctx context.Context, name, key string, l engine.Limit, opts []engine.Option, d time.Duration) (LocalQuotaRow, error) {
-	es, err := b.engines(engine.Atomic, opts...)
-	if err != nil {
-		return LocalQuotaRow{}, err
-	}
-	before, err := readServerStats(ctx, b.clients[0])
-	if err != nil {
-		return LocalQuotaRow{}, err
-	}
-	began := time.Now()
-	perG := make([][]Decision, b.cfg.Concurrency)
-	err = b.drive(ctx, d, func(g int, e *engine.Engine) error {
-		quarter := int(4 * time.Since(began) / d)
-		if (g%len(es) < len(es)/2) != (quarter%2 == 0) {
-			time.Sleep(time.Millisecond) // this engine's demand is elsewhere now
-			return nil
-		}
-		r, err := e.Allow(ctx, key, l)
-		if err != nil {
-			return err
-		}
-		perG[g] = append(perG[g], Decision{AtMicros: r.At.UnixMicro(), Allowed: r.Allowed})
-		return nil
-	}, es)
-	if err != nil {
-		return LocalQuotaRow{}, err
-	}
-	elapsed := time.Since(began)
-	after, err := readServerStats(ctx, b.clients[0])
-	if err != nil {
-		return LocalQuotaRow{}, err
-	}
-	row := LocalQuotaRow{Row: name, Limit: l.Max, WindowMS: ms(l.Window), Exactness: analyze(slices.Concat(perG...), l.Max, l.Window),
-		ServerCalls: after.calls(dataCommands(engine.Atomic)) - before.calls(dataCommands(engine.Atomic)), HeldAfter: -1}
-	row.AdmittedPerSec = float64(row.Admitted) / elapsed.Seconds()
-	b.logf("localquota/%s: %d admitted, %d false denials of %d requests", name, row.Admitted, row.FalseDenials, row.Requests)
-	return row, nil
 }

@@ -2,6 +2,8 @@ package rls_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -13,24 +15,18 @@ import (
 	"github.com/strictrate/strictrate/rls"
 )
 
-const benchConfig = `
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 10000}
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 100000}
-`
-
 // BenchmarkShouldRateLimit is the service's own cost and allocations per request, called
 // directly (no gRPC) on the shared Valkey, for one descriptor a request and for three, over
 // many keys, from parallel callers: go test -run - -bench ShouldRateLimit -benchmem ./
 func BenchmarkShouldRateLimit(b *testing.B) {
 	e := enginetest.New(b, server.Client(b))
 	svc := rls.New(e, rls.WithKeyPrefix(uuid.NewString()+":"))
-	svc.SetConfig(mustConfig(b, benchConfig))
+	// The rules the bench (rls/bench) drives both services with.
+	yaml, err := os.ReadFile(filepath.Join("bench", "config", "bench.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc.SetConfig(mustConfig(b, string(yaml)))
 	for _, n := range []int{1, 3} {
 		b.Run(strconv.Itoa(n)+"-descriptors", func(b *testing.B) {
 			b.RunParallel(func(pb_ *testing.PB) {

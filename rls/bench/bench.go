@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,32 +30,14 @@ const (
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/.
 const runtimeSubdirectory = "ratelimit"
 
-// configFiles are the configuration, in the reference's format, by file name. The
+// configFiles are the configuration, in the reference's format (config/*.yaml). The
 // throughput rules are high enough that nearly every request is admitted at the rates the
 // bench reaches (a user's share of 20,000 requests/s over 10,000 users is 2/s), so that both
-// servers do the whole work of an admission.
-var configFiles = map[string]string{
-	"bench.yaml": `domain: bench
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 10000}
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 100000}
-`,
-	"exact.yaml": `domain: exact
-descriptors:
-  - key: ten_per_minute
-    rate_limit: {unit: minute, requests_per_unit: 10}
-  - key: one_per_minute
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: three_per_minute
-    rate_limit: {unit: minute, requests_per_unit: 3}
-  - key: five_per_minute
-    rate_limit: {unit: minute, requests_per_unit: 5}
-`,
-}
+// servers do the whole work of an admission. The service's Go benchmark
+// (BenchmarkShouldRateLimit) reads the same bench.yaml.
+//
+//go:embed config/*.yaml
+var configFiles embed.FS
 
 // bench holds what the scenarios run on: the Valkey server, a client to read its INFO, and
 // the rate limit servers, strictrate-rls first.
@@ -257,8 +241,16 @@ func writeConfig(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("bench: config dir: %w", err)
 	}
-	for name, text := range configFiles {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+	files, err := fs.Glob(configFiles, "config/*.yaml")
+	if err != nil {
+		return fmt.Errorf("bench: config: %w", err)
+	}
+	for _, name := range files {
+		text, err := configFiles.ReadFile(name)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, filepath.Base(name)), text, 0o644)
+		}
+		if err != nil {
 			return fmt.Errorf("bench: config: %w", err)
 		}
 	}
