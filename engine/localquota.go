@@ -235,11 +235,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	now, until := time.Now(), sent.Add(h.hold)
 	if !now.Before(until) {
 		h.mu.Unlock()
-		entry := got.res.Entry
-		entry.Cost, entry.Shared = k, true
-		if entry.Decided.IsZero() {
-			entry.Decided = got.res.At
-		}
+		entry := sharedEntry(got.res, k)
 		lq.e.metrics.localReservations.Add(ctx, 1)
 		lq.e.metrics.localEvents.Add(ctx, int64(k), lq.e.metrics.localReserved...)
 		lq.giveBack(&settlement{key: h.key, entry: entry, cnt: k})
@@ -317,12 +313,20 @@ func (h *holder) localResult(now time.Time, n int) Result {
 	r.Remaining = max(h.room, 0) + h.k - h.used
 	r.ResetAfter = max(r.ResetAfter-elapsed, 0)
 	r.QuotaAfter = max(r.QuotaAfter-elapsed, 0)
-	r.Entry = h.res.Entry
-	r.Entry.Cost, r.Entry.Shared = n, true
-	if r.Entry.Decided.IsZero() {
-		r.Entry.Decided = h.res.At
-	}
+	r.Entry = sharedEntry(h.res, n)
 	return r
+}
+
+// sharedEntry is the entry of res, a reservation, as a Settle of cost of its events names it:
+// Shared, so that the Settle gives back cost - actual and never more than the entry holds (a
+// reservation holds several requests' events, as a slot does).
+func sharedEntry(res Result, cost int) EntryID {
+	id := res.Entry
+	id.Cost, id.Shared = cost, true
+	if id.Decided.IsZero() {
+		id.Decided = res.At
+	}
+	return id
 }
 
 // settlement is a reservation whose unused events are to be given back.
@@ -347,12 +351,7 @@ func (h *holder) retire() *settlement {
 		return nil
 	}
 	h.settled = true
-	entry := h.res.Entry
-	entry.Cost, entry.Shared = h.k, true
-	if entry.Decided.IsZero() {
-		entry.Decided = h.res.At
-	}
-	return &settlement{key: h.key, entry: entry, used: h.used, cnt: h.k - h.used}
+	return &settlement{key: h.key, entry: sharedEntry(h.res, h.k), used: h.used, cnt: h.k - h.used}
 }
 
 // expire ends h's reservation gen when its hold is over, and gives its unused events back.
@@ -387,7 +386,7 @@ func (lq *localQuotas) giveBack(s *settlement) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), localSettleTimeout)
 	defer cancel()
-	if err := lq.e.settleEntry(ctx, s.key, s.entry, s.used); err != nil {
+	if err := lq.e.Settle(ctx, s.key, Result{Entry: s.entry}, s.used); err != nil {
 		if lq.e.logger == nil {
 			return
 		}

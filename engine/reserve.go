@@ -47,8 +47,3 @@ func (e *Engine) reserveSet(ctx context.Context, key string, set *limitSet, k in
 	}
 	return e.runDecision(ctx, e.decides, "reserve", req)
 }
-
-// settleEntry is Settle of the request that recorded entry.
-func (e *Engine) settleEntry(ctx context.Context, key string, entry EntryID, actual int) error {
-	return e.Settle(ctx, key, Result{Allowed: true, Entry: entry}, actual)
-}
