@@ -116,7 +116,7 @@ func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
 // holder returns the holder of key under set, made on first use; nil when the engine keeps
 // maxLocalKeys holders that are all in use (see sweep).
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
-	id := key + "\x00" + set.oneNow
+	id := holderID(key, set)
 	lq.mu.RLock()
 	h := lq.holders[id]
 	lq.mu.RUnlock()
@@ -135,6 +135,9 @@ func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	lq.holders[id] = h
 	return h
 }
+
+// holderID names the holder of key under set: one per key and limits.
+func holderID(key string, set *limitSet) string { return key + "\x00" + set.oneNow }
 
 // sweep drops the holders that hold no reservation and were not asked about for two holds
 // (a key's demand is only ever counted over the last two), and returns how many. Under lq.mu
@@ -238,7 +241,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 		entry := sharedEntry(got.res, k)
 		lq.e.metrics.localReservations.Add(ctx, 1)
 		lq.e.metrics.localEvents.Add(ctx, int64(k), lq.e.metrics.localReserved...)
-		lq.giveBack(&settlement{key: h.key, entry: entry, cnt: k})
+		lq.giveBack(&settlement{key: h.key, entry: entry})
 		return Result{}, false
 	}
 	retired := h.retire()
@@ -331,12 +334,15 @@ func sharedEntry(res Result, cost int) EntryID {
 
 // settlement is a reservation whose unused events are to be given back.
 type settlement struct {
-	key       string
-	entry     EntryID // the reservation's, Shared, its Cost the events reserved
-	used, cnt int     // events used; events given back (cnt = entry.Cost - used)
+	key   string
+	entry EntryID // the reservation's, Shared, its Cost the events reserved
+	used  int     // events used
 }
 
 func (s *settlement) entryKey() EntryID { return reservationKey(s.entry) }
+
+// unused is the events to give back.
+func (s *settlement) unused() int { return s.entry.Cost - s.used }
 
 // reservationKey names a reservation's entry whatever the cost and decision time an EntryID
 // of it carries.
@@ -351,7 +357,7 @@ func (h *holder) retire() *settlement {
 		return nil
 	}
 	h.settled = true
-	return &settlement{key: h.key, entry: sharedEntry(h.res, h.k), used: h.used, cnt: h.k - h.used}
+	return &settlement{key: h.key, entry: sharedEntry(h.res, h.k), used: h.used}
 }
 
 // expire ends h's reservation gen when its hold is over, and gives its unused events back.
@@ -369,7 +375,7 @@ func (lq *localQuotas) expire(h *holder, gen int) {
 		delete(lq.byEntry, s.entryKey())
 	}
 	if idle {
-		delete(lq.holders, h.key+"\x00"+h.set.oneNow)
+		delete(lq.holders, holderID(h.key, h.set))
 	}
 	lq.mu.Unlock()
 	if s != nil {
@@ -381,7 +387,7 @@ func (lq *localQuotas) expire(h *holder, gen int) {
 // every process at once. When the server cannot take it, the events stay held until the entry
 // leaves its windows, one hold and one window after the reservation: never too few counted.
 func (lq *localQuotas) giveBack(s *settlement) {
-	if s.cnt <= 0 {
+	if s.unused() <= 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), localSettleTimeout)
@@ -391,10 +397,10 @@ func (lq *localQuotas) giveBack(s *settlement) {
 			return
 		}
 		lq.e.logger.Warn("strictrate: giving back a local reservation's unused events failed; they stay counted until the reservation leaves its windows",
-			"key", quoteKey(s.key), "events", s.cnt, "error", err)
+			"key", quoteKey(s.key), "events", s.unused(), "error", err)
 		return
 	}
-	lq.e.metrics.localEvents.Add(ctx, int64(s.cnt), lq.e.metrics.localReturned...)
+	lq.e.metrics.localEvents.Add(ctx, int64(s.unused()), lq.e.metrics.localReturned...)
 }
 
 // settleLocal gives cost - actual of a locally admitted request (id, as localResult made it)
