@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -529,16 +530,25 @@ func validateKey(key string) error {
 // A context error while ctx is not done is the client's own timeout (valkey-go ends a call
 // whose connection stops answering with context.DeadlineExceeded): the server could not
 // answer, and the caller did not give up. It is wrapped as ErrUnavailable and no longer
-// matches the context errors, so that nobody mistakes it for the caller's deadline.
+// matches the context errors, so that nobody mistakes it for the caller's deadline. The other
+// way round, a dial that the caller's passed deadline cut short ("i/o timeout") matches
+// context.DeadlineExceeded: the caller gave up, the server was not found wanting.
 func classify(ctx context.Context, what string, err error) error {
+	deadline, hasDeadline := ctx.Deadline()
+	callerDone := ctx.Err() != nil || hasDeadline && !time.Now().Before(deadline)
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// The client stops at the caller's deadline by its own timer, which may fire a moment
 		// before the context's: a deadline that has passed is the caller's too.
-		deadline, has := ctx.Deadline()
-		if ctx.Err() != nil || has && !time.Now().Before(deadline) {
+		if callerDone {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		return fmt.Errorf("%s: %w: the client timed out waiting for the server (%v)", what, ErrUnavailable, err)
+	}
+	if callerDone && errors.Is(err, os.ErrDeadlineExceeded) {
+		// A connection dialed on the caller's context gets the caller's deadline as its own, and
+		// a dial cut short by it reports "i/o timeout" (os.ErrDeadlineExceeded), not the
+		// context's error: it is the caller's deadline all the same.
+		return fmt.Errorf("%s: %w (%w)", what, context.DeadlineExceeded, err)
 	}
 	var verr *valkey.ValkeyError
 	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) {

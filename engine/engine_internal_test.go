@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +107,17 @@ func TestClassify(t *testing.T) {
 	// The caller's own deadline, passed: the caller's error, not the server's.
 	if err := classify(expired, "op", context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
 		t.Errorf("the caller's deadline: %v", err)
+	}
+	// A connection dialed on the caller's context, cut short by its deadline, says "i/o
+	// timeout" (os.ErrDeadlineExceeded), often before the context's own timer has fired: the
+	// caller's deadline still.
+	dialTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	if err := classify(expired, "op", dialTimeout); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
+		t.Errorf("a dial cut short by the caller's deadline: %v", err)
+	}
+	// While the caller's context is live, the same timeout is the client's own.
+	if err := classify(context.Background(), "op", dialTimeout); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a dial that timed out on its own: %v", err)
 	}
 	// The same error while the caller's context is live is the client's own timeout: the
 	// server did not answer, and nothing says the caller gave up.
