@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -429,7 +428,7 @@ func (b *bencher) floorLoad(ctx context.Context, d time.Duration, rate float64, 
 				cmds = fc.calls(f, c, rng, cmds[:0])
 				for _, r := range c.DoMulti(ctx, cmds...) {
 					if err := r.Error(); err != nil {
-						if !sliceEnded(ctx, err) {
+						if !runEnded(ctx, err) {
 							errs[g] = err
 						}
 						return
@@ -447,18 +446,6 @@ func (b *bencher) floorLoad(ctx context.Context, d time.Duration, rate float64, 
 	}
 	wg.Wait()
 	return sent.Load(), errors.Join(errs...)
-}
-
-// sliceEnded says whether err is only the load's own deadline. valkey-go may report it a
-// moment before ctx does; and a connection it dials lazily on ctx (the second pipe of a
-// client, say) is cut short by the same deadline with "i/o timeout" (os.ErrDeadlineExceeded),
-// which does not match context.DeadlineExceeded.
-func sliceEnded(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	deadline, ok := ctx.Deadline()
-	return ok && !time.Now().Before(deadline) && errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // meanLive is the mean live entries of floorSample of fc's keys, spread over the set.

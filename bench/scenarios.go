@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -538,7 +539,7 @@ func (b *bencher) drive(ctx context.Context, d time.Duration, op func(g int, e *
 			e := es[g%len(es)]
 			for ctx.Err() == nil {
 				if err := op(g, e); err != nil {
-					if ctx.Err() == nil {
+					if !runEnded(ctx, err) {
 						errs[g] = err
 					}
 					return
@@ -548,6 +549,18 @@ func (b *bencher) drive(ctx context.Context, d time.Duration, op func(g int, e *
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// runEnded says whether err, from a call made on ctx, is only the end of the run's own
+// deadline. The client may report the deadline a moment before ctx does; and a connection it
+// dials lazily on ctx (a client's second pipe, say) is cut short by the same deadline with "i/o
+// timeout" (os.ErrDeadlineExceeded), which does not match context.DeadlineExceeded.
+func runEnded(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	deadline, ok := ctx.Deadline()
+	return ok && !time.Now().Before(deadline) && errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // MemoryRow is scenario 3: bytes per key for a log at a full window.
