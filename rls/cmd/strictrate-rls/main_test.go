@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,7 +51,7 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(dir)
 		binary = filepath.Join(dir, "strictrate-rls")
 		args := []string{"build", "-o", binary}
-		if raceEnabled {
+		if raceEnabled() {
 			args = append(args, "-race")
 		}
 		build := exec.Command("go", append(args, ".")...)
@@ -61,6 +62,21 @@ func TestMain(m *testing.M) {
 		return valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s })
 	}()
 	os.Exit(code)
+}
+
+// raceEnabled says whether this test binary was built with -race (its build settings say so),
+// so that the command under test is built the same way.
+func raceEnabled() bool {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
 }
 
 // process is one run of the command.
