@@ -56,6 +56,13 @@ func auditTimes(t *testing.T, admitted []engine.Result, l engine.Limit) {
 	for i, r := range admitted {
 		times[i] = r.At
 	}
+	auditTimestamps(t, times, l)
+}
+
+// auditTimestamps fails t when some trailing window of l holds more than l.Max of times (each
+// one event), which it sorts.
+func auditTimestamps(t *testing.T, times []time.Time, l engine.Limit) {
+	t.Helper()
 	slices.SortFunc(times, time.Time.Compare)
 	first := 0
 	for i, at := range times {

@@ -212,17 +212,8 @@ func TestReservationsNeverOverAdmit(t *testing.T) {
 			if t.Failed() {
 				return
 			}
-			slices.SortFunc(admitted, time.Time.Compare)
 			for _, l := range p {
-				first := 0
-				for i, at := range admitted {
-					for !admitted[first].After(at.Add(-l.Window)) {
-						first++
-					}
-					if held := i - first + 1; held > l.Max {
-						t.Fatalf("%d admissions in the %s up to %s, Max %d", held, l.Window, at, l.Max)
-					}
-				}
+				auditTimestamps(t, admitted, l)
 			}
 			t.Logf("%d admissions, %d of them local, from %d reservations", len(admitted), local, reservations)
 			if local == 0 || len(admitted)-local == 0 {
