@@ -101,28 +101,29 @@ func minuteBoundary(ctx context.Context, servers []*server, run string, results 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	first := time.Now()
-	for i, s := range servers {
-		d := descriptor("ten_per_minute", run)
-		for range 10 {
-			code, err := decide(ctx, s, 0, d)
-			if err != nil {
-				return err
+	// tenEach sends ten requests of the 10/min descriptor to each server, and counts each
+	// one's admissions into *count(i).
+	tenEach := func(count func(i int) *int) error {
+		for i, s := range servers {
+			d := descriptor("ten_per_minute", run)
+			for range 10 {
+				code, err := decide(ctx, s, 0, d)
+				if err != nil {
+					return err
+				}
+				*count(i) += admitted(code)
 			}
-			results[i].Before += admitted(code)
 		}
+		return nil
+	}
+	first := time.Now()
+	if err := tenEach(func(i int) *int { return &results[i].Before }); err != nil {
+		return err
 	}
 	late := !time.Now().Before(b)
 	sleepUntil(ctx, b.Add(boundaryDelay))
-	for i, s := range servers {
-		d := descriptor("ten_per_minute", run)
-		for range 10 {
-			code, err := decide(ctx, s, 0, d)
-			if err != nil {
-				return err
-			}
-			results[i].After += admitted(code)
-		}
+	if err := tenEach(func(i int) *int { return &results[i].After }); err != nil {
+		return err
 	}
 	span := time.Since(first)
 	for i := range results {
