@@ -57,7 +57,7 @@ type localQuotas struct {
 	minDemand int
 
 	mu      sync.RWMutex
-	holders map[string]*holder
+	holders map[holderID]*holder
 	byEntry map[EntryID]*holder // the reservation's entry, Cost and Decided zero
 }
 
@@ -70,7 +70,7 @@ func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
 	case q.Hold > 0 && q.Hold < time.Millisecond:
 		return nil, fmt.Errorf("%w: local quota: Hold %s is below a millisecond", ErrInvalidArgument, q.Hold)
 	}
-	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[string]*holder{}, byEntry: map[EntryID]*holder{}}
+	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[holderID]*holder{}, byEntry: map[EntryID]*holder{}}
 	if lq.minDemand == 0 {
 		lq.minDemand = defaultLocalMinDemand
 	}
@@ -116,7 +116,7 @@ func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
 // holder returns the holder of key under set, made on first use; nil when the engine keeps
 // maxLocalKeys holders that are all in use (see sweep).
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
-	id := holderID(key, set)
+	id := holderIDOf(key, set)
 	lq.mu.RLock()
 	h := lq.holders[id]
 	lq.mu.RUnlock()
@@ -136,8 +136,12 @@ func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	return h
 }
 
-// holderID names the holder of key under set: one per key and limits.
-func holderID(key string, set *limitSet) string { return key + "\x00" + set.oneNow }
+// holderID names the holder of a key under a limit set: one per key and limits. A struct, not
+// the two joined, so that finding a key's holder, on every local admission, allocates nothing.
+type holderID struct{ key, limits string }
+
+// holderIDOf is the holderID of key under set.
+func holderIDOf(key string, set *limitSet) holderID { return holderID{key, set.oneNow} }
 
 // sweep drops the holders that hold no reservation and were not asked about for two holds
 // (a key's demand is only ever counted over the last two), and returns how many. Under lq.mu
@@ -186,7 +190,15 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	k := h.size(n)
 	h.pending = true
 	h.mu.Unlock()
+	r, ok = lq.take(ctx, h, k, n)
+	return r, ok, h
+}
 
+// take sends a reservation of k events of h's key, and installs it when it comes back within
+// ctx, admitting n of them for the request that took it; false when the request is the
+// server's to decide. Apart from allow, whose local admissions it would otherwise slow: the
+// goroutine here captures h, which would move allow's h to the heap on every call.
+func (lq *localQuotas) take(ctx context.Context, h *holder, k, n int) (Result, bool) {
 	// The reservation's call outlives its caller's context: a call the caller gave up on may
 	// still be taken by the server (one that stopped answering for a while takes it when it
 	// answers again), and its events must then be used or given back, not left held.
@@ -195,20 +207,16 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	go func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.hold+localSettleTimeout)
 		defer cancel()
-		res, err := lq.e.reserveSet(rctx, key, set, k, h.hold)
+		res, err := lq.e.reserveSet(rctx, h.key, h.set, k, h.hold)
 		done <- reserved{res, err}
 	}()
-	var got reserved
 	select {
-	case got = <-done:
+	case got := <-done:
+		return lq.install(ctx, h, got, k, n, sent)
 	case <-ctx.Done():
 		go func() { _, _ = lq.install(context.Background(), h, <-done, k, 0, sent) }()
-		return Result{}, false, h
+		return Result{}, false
 	}
-	if r, ok = lq.install(ctx, h, got, k, n, sent); !ok {
-		return Result{}, false, h
-	}
-	return r, true, h
 }
 
 // reserved is a reservation's call's outcome.
@@ -223,25 +231,27 @@ type reserved struct {
 // came back (its caller gave up, or the answer was slow) admits nothing: it is given back
 // whole at once, and the request goes to the server as without local quota.
 func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, n int, sent time.Time) (Result, bool) {
-	h.mu.Lock()
-	h.pending = false
 	// A fail-open admission (WithFailOpen: the server could not answer) recorded nothing: it
 	// is no reservation.
-	if got.err != nil || !got.res.Allowed || got.res.BackendErr != nil || got.res.Entry.IsZero() {
-		if got.err == nil && got.res.BackendErr == nil {
-			h.room = got.res.Remaining
-		}
+	taken := got.err == nil && got.res.Allowed && got.res.BackendErr == nil && !got.res.Entry.IsZero()
+	m := lq.e.metrics
+	if taken {
+		m.localReservations.Add(ctx, 1)
+		m.localEvents.Add(ctx, int64(k), m.localReserved...)
+	}
+	h.mu.Lock()
+	h.pending = false
+	if got.err == nil && got.res.BackendErr == nil {
+		h.room = got.res.Remaining
+	}
+	if !taken {
 		h.mu.Unlock()
 		return Result{}, false
 	}
-	h.room = got.res.Remaining
 	now, until := time.Now(), sent.Add(h.hold)
 	if !now.Before(until) {
 		h.mu.Unlock()
-		entry := sharedEntry(got.res, k)
-		lq.e.metrics.localReservations.Add(ctx, 1)
-		lq.e.metrics.localEvents.Add(ctx, int64(k), lq.e.metrics.localReserved...)
-		lq.giveBack(&settlement{key: h.key, entry: entry})
+		lq.giveBack(&settlement{key: h.key, entry: sharedEntry(got.res, k)})
 		return Result{}, false
 	}
 	retired := h.retire()
@@ -264,9 +274,6 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 		go lq.giveBack(retired)
 	}
 	time.AfterFunc(time.Until(until), func() { lq.expire(h, gen) })
-	m := lq.e.metrics
-	m.localReservations.Add(ctx, 1)
-	m.localEvents.Add(ctx, int64(k), m.localReserved...)
 	if n > 0 {
 		m.localEvents.Add(ctx, int64(n), m.localUsed...)
 	}
@@ -375,7 +382,7 @@ func (lq *localQuotas) expire(h *holder, gen int) {
 		delete(lq.byEntry, s.entryKey())
 	}
 	if idle {
-		delete(lq.holders, holderID(h.key, h.set))
+		delete(lq.holders, holderIDOf(h.key, h.set))
 	}
 	lq.mu.Unlock()
 	if s != nil {
@@ -407,9 +414,9 @@ func (lq *localQuotas) giveBack(s *settlement) {
 // back to its reservation while the reservation is held, and reports whether it did; false
 // leaves the Settle to the log, where the reservation's entry holds the request's events.
 func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
-	lq.mu.Lock()
+	lq.mu.RLock()
 	h := lq.byEntry[reservationKey(id)]
-	lq.mu.Unlock()
+	lq.mu.RUnlock()
 	if h == nil {
 		return false
 	}

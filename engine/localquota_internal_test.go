@@ -30,13 +30,13 @@ func TestLocalQuotaSweep(t *testing.T) {
 		"never asked at": {},
 	} {
 		h.hold = lq.hold
-		lq.holders[id] = h
+		lq.holders[holderID{key: id}] = h
 	}
 	if dropped := lq.sweep(now); dropped != 3 {
 		t.Errorf("sweep dropped %d holders, want 3", dropped)
 	}
 	for _, id := range []string{"asked lately", "holding", "in flight"} {
-		if lq.holders[id] == nil {
+		if lq.holders[holderID{key: id}] == nil {
 			t.Errorf("sweep dropped %q", id)
 		}
 	}
