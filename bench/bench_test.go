@@ -22,7 +22,8 @@ const benchGoroutines = 64
 
 const benchClients = 4
 
-// BenchmarkAllow measures Allow in both modes, atomic with and without batching, on one hot key (far more requests than the
+// BenchmarkAllow measures Allow in both modes, atomic with and without batching and with local
+// quota (WithLocalQuota), on one hot key (far more requests than the
 // limit) and on 10,000 keys (a limit that admits nearly all). Custom metrics: decisions/s and,
 // for the hot key, admitted/limit: admitted events over what the limit allows in the time
 // run (1 is exact; below 1, false denials).
@@ -39,6 +40,7 @@ func BenchmarkAllow(b *testing.B) {
 	}{
 		{"atomic", unbatched},
 		{"batched", batched},
+		{"localquota", []engine.Option{engine.WithBatching(true), engine.WithLocalQuota(engine.LocalQuota{})}},
 		{"pipelined", []engine.Option{engine.WithMode(engine.Pipelined)}},
 	} {
 		var es []*engine.Engine
