@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 )
 
-// ErrInvalidOptions is wrapped by the error Watch returns when its Options cannot work at all
-// (no server address, no node id); such an error is returned at once, not retried.
+// ErrInvalidOptions is wrapped by the error Watch (and Validate) returns when Options cannot
+// work at all (no server address, no node id); such an error is returned at once, not retried.
 var ErrInvalidOptions = errors.New("xds: invalid options")
 
 // Default backoff between two connection attempts, the reference server's defaults
@@ -53,6 +55,19 @@ type Options struct {
 	// Logger receives connection changes, accepted versions and rejected configurations.
 	// Nil discards them.
 	Logger *slog.Logger
+}
+
+// Validate reports whether o can work at all, as Watch would find at its start: an error
+// wrapping ErrInvalidOptions for a missing server address or node id, a negative size, or a
+// server address gRPC cannot parse. A program that must not start on options that will never
+// work calls it first, since Watch, once it runs, retries everything else until ctx ends.
+func (o Options) Validate() error {
+	o, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	_, err = newClient(o, func([]*rlsconfv3.RateLimitConfig) error { return nil })
+	return err
 }
 
 // withDefaults checks o and fills in the defaults of its optional fields.

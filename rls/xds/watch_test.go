@@ -315,12 +315,19 @@ func TestWatchRefusesUnusableOptions(t *testing.T) {
 		"bad target": {ServerURL: "unknownscheme:///x\x00", NodeID: node},
 	} {
 		t.Run(name, func(t *testing.T) {
+			if err := o.Validate(); !errors.Is(err, xds.ErrInvalidOptions) {
+				t.Errorf("Validate = %v, want an error wrapping ErrInvalidOptions", err)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			if err := xds.Watch(ctx, o, apply); !errors.Is(err, xds.ErrInvalidOptions) {
 				t.Errorf("Watch = %v, want an error wrapping ErrInvalidOptions", err)
 			}
 		})
+	}
+	// Options that can work, though no server answers there yet, are valid: Watch retries them.
+	if err := (xds.Options{ServerURL: "127.0.0.1:1", NodeID: node}).Validate(); err != nil {
+		t.Errorf("Validate of usable options = %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

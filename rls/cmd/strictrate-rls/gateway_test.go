@@ -159,3 +159,25 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		t.Errorf("ratelimit_service_config_load_success: %v, want at least 2", got)
 	}
 }
+
+// TestXDSUnusableServerAddress: an xDS server address gRPC cannot parse will never work, so
+// the command refuses to start on it, naming it, with or without
+// FORCE_START_WITHOUT_INITIAL_CONFIG (without it, it used to wait for a first configuration
+// that could never come).
+func TestXDSUnusableServerAddress(t *testing.T) {
+	t.Parallel()
+	for _, force := range []string{"false", "true"} {
+		e := baseEnv(t)
+		e["CONFIG_TYPE"] = "GRPC_XDS_SOTW"
+		e["CONFIG_GRPC_XDS_SERVER_URL"] = "dns:///%zz"
+		e["CONFIG_GRPC_XDS_NODE_ID"] = gatewayNode
+		e["FORCE_START_WITHOUT_INITIAL_CONFIG"] = force
+		p := launch(t, e)
+		if code := p.wait(10 * time.Second); code == 0 {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: the command exited 0", force)
+		}
+		if out := p.log.String(); !strings.Contains(out, "%zz") {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: the output does not name the address:\n%s", force, out)
+		}
+	}
+}

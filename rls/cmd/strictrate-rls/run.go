@@ -247,6 +247,11 @@ func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger
 		}
 		o.TLS = t
 	}
+	// Watch retries everything but options that can never work, which it returns at once:
+	// refused here, before the watch starts, they stop the start whether or not it waits.
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("xds configuration (CONFIG_GRPC_XDS_*): %w", err)
+	}
 	first := make(chan struct{})
 	var once sync.Once
 	go func() {
