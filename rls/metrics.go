@@ -18,6 +18,10 @@ type metrics struct {
 	callErrors                                               *prometheus.CounterVec
 	totalRequests                                            *prometheus.CounterVec
 	responseTime                                             *prometheus.HistogramVec
+	// shouldRateLimitCalls and shouldRateLimitTime are totalRequests and responseTime of the
+	// one method counted there, found once, not by its label on every call.
+	shouldRateLimitCalls prometheus.Counter
+	shouldRateLimitTime  prometheus.Observer
 
 	// rules holds each rule's counters by its stats key (*ruleCounters), found once: a
 	// counter vector's lookup hashes and validates its labels on every call, which for a
@@ -70,6 +74,8 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		responseTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ratelimit_service_response_time_seconds",
 			Help: "Time to answer a gRPC call.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"grpc_method"}),
 	}
+	m.shouldRateLimitCalls = m.totalRequests.WithLabelValues(shouldRateLimitMethod)
+	m.shouldRateLimitTime = m.responseTime.WithLabelValues(shouldRateLimitMethod)
 	if r != nil {
 		for _, c := range []prometheus.Collector{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode,
 			m.overLimitLocalCache, m.configLoadSuccess, m.configLoadError, m.globalShadow, m.callErrors,

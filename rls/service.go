@@ -105,8 +105,8 @@ type descriptorPlan struct {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	began := time.Now()
 	resp, err := s.decide(ctx, req)
-	s.metrics.totalRequests.WithLabelValues(shouldRateLimitMethod).Inc()
-	s.metrics.responseTime.WithLabelValues(shouldRateLimitMethod).Observe(time.Since(began).Seconds())
+	s.metrics.shouldRateLimitCalls.Inc()
+	s.metrics.shouldRateLimitTime.Observe(time.Since(began).Seconds())
 	return resp, err
 }
 
