@@ -214,3 +214,24 @@ descriptors:
 		t.Errorf("2 requests against the second file's 1 a minute: %s, want %s", got, want(1, 1))
 	}
 }
+
+// TestDisableStats: DISABLE_STATS serves no metrics, on the debug port or the Prometheus
+// one, while decisions go on as before.
+func TestDisableStats(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(3))
+	e := fileEnv(t, root) // USE_PROMETHEUS=true
+	e["DISABLE_STATS"] = "true"
+	p := start(t, e)
+	c := dial(t, p.grpc)
+	if got := decisions(t, c, request("edge", "remote_address", "10.0.0.1"), 4); got != want(3, 1) {
+		t.Fatalf("4 requests against 3 a minute: %s, want %s", got, want(3, 1))
+	}
+	if code, _, err := get("http://" + p.debug + "/metrics"); err != nil || code != http.StatusNotFound {
+		t.Errorf("/metrics on the debug port: %d %v, want 404", code, err)
+	}
+	if _, _, err := get("http://" + p.prometheus + "/metrics"); err == nil {
+		t.Errorf("the Prometheus endpoint answers under DISABLE_STATS")
+	}
+}

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valkey-io/valkey-go"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -59,12 +61,18 @@ func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer
 
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
-	if err != nil {
-		return fmt.Errorf("metrics exporter: %w", err)
+	// The engine's metrics go to the Prometheus registry; under DISABLE_STATS, which serves
+	// none, they are not recorded at all.
+	var meters metric.MeterProvider = noop.NewMeterProvider()
+	if !s.DisableStats {
+		exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+		if err != nil {
+			return fmt.Errorf("metrics exporter: %w", err)
+		}
+		sdk := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+		defer sdk.Shutdown(context.Background())
+		meters = sdk
 	}
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer meters.Shutdown(context.Background())
 
 	tracer, shutdownTracing, err := setupTracing(ctx, s, logger)
 	if err != nil {
@@ -109,7 +117,7 @@ func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (val
 }
 
 // engineOptions are the engine's options from the settings.
-func engineOptions(s settings.Settings, logger *slog.Logger, meters *sdkmetric.MeterProvider) []engine.Option {
+func engineOptions(s settings.Settings, logger *slog.Logger, meters metric.MeterProvider) []engine.Option {
 	opts := []engine.Option{
 		engine.WithBatching(s.Batching),
 		engine.WithFailOpen(s.FailOpen),
