@@ -70,17 +70,45 @@ for s = 1, tonumber(ARGV[1]) do
 end
 -- weight is what a request's peek would cost the server, for choosing its group's lead (the
 -- request decided without a peek): 2 for a log that takes the general path (lib_log.lua), 1
--- for a small header, 0 for no log.
+-- for a small header that peek_small reads (lib_peek.lua), 0 for no log.
 local function weight(r)
   local h = r.header
   if type(h) ~= 'string' then
     return 0
   end
   local kind = string.byte(h, 1)
-  if (kind == KIND_T or kind == KIND_U or kind == KIND_V) and (#r.limits == 2 or #r.limits == 4 and r.limits[1] == -1) then
+  if (kind == KIND_T or kind == KIND_U or kind == KIND_V or kind == KIND_S) and one_limit(r.limits) ~= nil then
     return 1
   end
   return 2
+end
+
+-- peek_one peeks r at now, its cost included, and keeps its decision (and r.room) on r. It
+-- returns false when r denies its group: it has no room and is not advisory, or its peek
+-- failed.
+local function peek_one(r, now, server_clock)
+  local ok, remaining, retry, quota, reset, tightest, seq = pcall(peek_request, r.key, now, r.n, r.limits, server_clock, r.header)
+  if not ok then
+    r.decision = error_of(remaining)
+    return false
+  end
+  r.room = retry == 0
+  r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
+  return r.room or r.advisory
+end
+
+-- decide_one decides r at now and keeps its decision on r, with r.recorded when it admitted.
+-- It returns false when the decision failed (the server refused a write), else true and
+-- whether r had room.
+local function decide_one(r, now, server_clock)
+  local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide_request, r.key, now, r.n, r.limits, server_clock, r.header)
+  if not ok then
+    r.decision = error_of(remaining)
+    return false
+  end
+  r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
+  r.recorded = retry == 0
+  return true, r.recorded
 end
 
 local groups = tonumber(ARGV[a])
@@ -100,35 +128,25 @@ for _ = 1, groups do
   a = a + 3
 
   -- The headers, then the request decided without a peek (lead, below).
-  local reqs, lead = {}, nil
+  local reqs, lead, lead_weight = {}, nil, -1
   for i = 1, k do
     local r = {key = KEYS[first + i - 1], n = tonumber(ARGV[a]), limits = sets[tonumber(ARGV[a + 1])], advisory = ARGV[a + 2] == '1'}
     a = a + 3
     r.header = read_header(r.key)
     reqs[i] = r
-    if admit and r.n > 0 and not r.advisory and (lead == nil or weight(r) > weight(reqs[lead])) then
-      lead = i
+    if admit and r.n > 0 and not r.advisory then
+      local w = weight(r)
+      if w > lead_weight then
+        lead, lead_weight = i, w
+      end
     end
   end
 
   -- The peeks: every request of the group but the lead, with its cost. A peek's header serves
   -- its decision: nothing writes that key in between.
-  local function peek(r)
-    local ok, remaining, retry, quota, reset, tightest, seq = pcall(peek_request, r.key, now, r.n, r.limits, server_clock, r.header)
-    if ok then
-      r.room = retry == 0
-      r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
-      if not r.room and not r.advisory then
-        admit = false
-      end
-    else
-      r.decision = error_of(remaining)
-      admit = false
-    end
-  end
   for i = 1, k do
-    if i ~= lead then
-      peek(reqs[i])
+    if i ~= lead and not peek_one(reqs[i], now, server_clock) then
+      admit = false
     end
   end
 
@@ -137,28 +155,11 @@ for _ = 1, groups do
   -- else it is recorded first. Keys are distinct within a group, so the order of the group's
   -- decisions changes nothing. The lead is the request whose peek would cost the most, one
   -- with a cost that is not advisory: a group pays for one peek fewer than it has requests.
-  local recorded = {}
-  for i = 1, k do
-    recorded[i] = '0'
-  end
-  local function decide(i)
-    local r = reqs[i]
-    local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide_request, r.key, now, r.n, r.limits, server_clock, r.header)
-    if not ok then
-      r.decision = error_of(remaining)
-      return false
-    end
-    r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
-    if retry == 0 then
-      recorded[i] = '1'
-    end
-    return true, retry == 0
-  end
   if lead ~= nil then
     if not admit then
-      peek(reqs[lead])
+      peek_one(reqs[lead], now, server_clock)
     else
-      local ok, room = decide(lead)
+      local ok, room = decide_one(reqs[lead], now, server_clock)
       admit = ok and room
     end
   end
@@ -168,12 +169,16 @@ for _ = 1, groups do
   if admit then
     for i = 1, k do
       local r = reqs[i]
-      if i ~= lead and r.room and r.n > 0 and not decide(i) then
+      if i ~= lead and r.room and r.n > 0 and not decide_one(r, now, server_clock) then
         break
       end
     end
   end
 
+  local recorded = {}
+  for i = 1, k do
+    recorded[i] = reqs[i].recorded and '1' or '0'
+  end
   reply[#reply + 1] = table.concat(recorded)
   for i = 1, k do
     reply[#reply + 1] = reqs[i].decision

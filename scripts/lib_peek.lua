@@ -57,17 +57,24 @@ local function peek_small(h, now, n, window, max)
   return math.max(max - total, 0), retry_after, quota_after, newest + math.max(window, horizon) - now
 end
 
+-- one_limit is the window and max of limits when they are one limit, with or without a
+-- resolution (-1, res before its pair: a resolution changes where an entry is recorded, not
+-- how the window counts), which peek_small can peek on a small header; else nil.
+local function one_limit(limits)
+  if #limits == 2 then
+    return limits[1], limits[2]
+  elseif #limits == 4 and limits[1] == -1 then
+    return limits[3], limits[4]
+  end
+  return nil
+end
+
 local function peek_request(key, now, n, limits, _, h)
   if h == nil then
     h = read_header(key)
   end
-  -- One limit, with or without a resolution (-1, res before its pair): a resolution changes
-  -- where an entry is recorded, not how the window counts.
-  local window, max = limits[1], limits[2]
-  if #limits == 4 and window == -1 then
-    window, max = limits[3], limits[4]
-  end
-  if #limits == 2 or #limits == 4 and limits[1] == -1 then
+  local window, max = one_limit(limits)
+  if window ~= nil then
     local remaining, retry_after, quota_after, reset_after = peek_small(h, now, n, window, max)
     if remaining ~= nil then
       return remaining, retry_after, quota_after, reset_after, 1, 1
