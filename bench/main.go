@@ -162,23 +162,10 @@ type Settings struct {
 	Started       string `json:"started"`
 }
 
-func serverVersion(ctx context.Context, c valkey.Client) string {
-	info, err := valkeytest.ReadInfo(ctx, c, "server")
-	if err != nil {
-		return "unknown"
-	}
-	for _, field := range []string{"valkey_version", "redis_version"} {
-		if v := info[field]; v != "" {
-			return "Valkey " + v
-		}
-	}
-	return "unknown"
-}
-
 func currentSettings(ctx context.Context, cfg config, srv *valkeytest.Server, c valkey.Client) Settings {
 	return Settings{
 		Config:        cfg,
-		ServerVersion: serverVersion(ctx, c),
+		ServerVersion: valkeytest.ServerVersion(ctx, c),
 		ServerSource:  srv.Source,
 		GoVersion:     runtime.Version(),
 		GOMAXPROCS:    runtime.GOMAXPROCS(0),

@@ -60,11 +60,7 @@ func parseServerStats(commandstats, cpu string) serverStats {
 		s.usecByCommand[name] = st.Usec
 		s.callsByCommand[name] = st.Calls
 	}
-	info := valkeytest.ParseInfo(cpu)
-	for _, name := range []string{"used_cpu_sys", "used_cpu_user"} {
-		n, _ := strconv.ParseFloat(info[name], 64)
-		s.cpuSeconds += n
-	}
+	s.cpuSeconds, _ = valkeytest.ParseInfo(cpu).CPUSeconds() // 0 where INFO cpu says nothing
 	return s
 }
 

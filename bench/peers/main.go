@@ -305,12 +305,8 @@ func readServer(ctx context.Context, admin valkey.Client) (serverReading, error)
 	if err != nil {
 		return r, fmt.Errorf("INFO cpu: %w", err)
 	}
-	for _, field := range []string{"used_cpu_sys", "used_cpu_user"} {
-		v, err := strconv.ParseFloat(info[field], 64)
-		if err != nil {
-			return r, fmt.Errorf("INFO cpu %s=%q: %w", field, info[field], err)
-		}
-		r.cpuSeconds += v
+	if r.cpuSeconds, err = info.CPUSeconds(); err != nil {
+		return r, err
 	}
 	stats, err := valkeytest.ReadInfo(ctx, admin, "commandstats")
 	if err != nil {

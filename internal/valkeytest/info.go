@@ -2,6 +2,7 @@ package valkeytest
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -76,4 +77,35 @@ func (i Info) CommandStats() map[string]CommandStat {
 		stats[command] = st
 	}
 	return stats
+}
+
+// CPUSeconds is the server process's CPU time from the fields of an INFO cpu reply:
+// used_cpu_sys plus used_cpu_user, in seconds. It fails when either field is absent or not a
+// number.
+func (i Info) CPUSeconds() (float64, error) {
+	var total float64
+	for _, field := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := strconv.ParseFloat(i[field], 64)
+		if err != nil {
+			return 0, fmt.Errorf("valkeytest: INFO cpu %s=%q: %w", field, i[field], err)
+		}
+		total += v
+	}
+	return total, nil
+}
+
+// ServerVersion names the server c reaches and its version, "Valkey 8.0.1" or "Redis 7.2.4",
+// from INFO server; "unknown" when that cannot be told.
+func ServerVersion(ctx context.Context, c valkey.Client) string {
+	info, err := ReadInfo(ctx, c, "server")
+	if err != nil {
+		return "unknown"
+	}
+	if v := info["valkey_version"]; v != "" {
+		return "Valkey " + v
+	}
+	if v := info["redis_version"]; v != "" {
+		return "Redis " + v
+	}
+	return "unknown"
 }

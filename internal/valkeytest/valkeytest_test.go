@@ -101,6 +101,12 @@ func TestParseInfo(t *testing.T) {
 	if _, ok := info["# Replication"]; ok {
 		t.Fatalf("a section header was read as a field: %v", info)
 	}
+	if _, err := info.CPUSeconds(); err == nil {
+		t.Errorf("CPUSeconds without used_cpu_user: no error")
+	}
+	if cpu, err := ParseInfo("used_cpu_sys:1.25\r\nused_cpu_user:2.5\r\n").CPUSeconds(); err != nil || cpu != 3.75 {
+		t.Errorf("CPUSeconds = %v, %v; want 3.75", cpu, err)
+	}
 	stats := info.CommandStats()
 	if len(stats) != 2 || stats["evalsha"] != (CommandStat{Calls: 10, Usec: 150}) || stats["client|list"] != (CommandStat{Calls: 2, Usec: 9.5}) {
 		t.Fatalf("CommandStats = %+v", stats)

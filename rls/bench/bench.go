@@ -2,17 +2,16 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"embed"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valkey-io/valkey-go"
@@ -81,7 +80,7 @@ func (b *bench) start(ctx context.Context, work string) (err error) {
 	if err != nil {
 		return fmt.Errorf("bench: valkey client: %w", err)
 	}
-	b.setup = setup{Valkey: valkeyVersion(ctx, b.info), ValkeySource: b.vk.Source, GoVersion: runtime.Version(),
+	b.setup = setup{Valkey: valkeytest.ServerVersion(ctx, b.info), ValkeySource: b.vk.Source, GoVersion: runtime.Version(),
 		NumCPU: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Started: time.Now().UTC()}
 
 	root := filepath.Join(work, "runtime")
@@ -98,7 +97,7 @@ func (b *bench) start(ctx context.Context, work string) (err error) {
 	specs := []processSpec{{name: nameStrictrate, bin: bin, extraEnv: cfg.StrictrateEnv}}
 	if cfg.Reference != "" {
 		specs = append(specs, processSpec{name: nameReference, bin: cfg.Reference, extraEnv: cfg.ReferenceEnv})
-		b.setup.ReferenceVersion = moduleVersion(ctx, cfg.Reference, "github.com/envoyproxy/ratelimit")
+		b.setup.ReferenceVersion = moduleVersion(cfg.Reference, "github.com/envoyproxy/ratelimit")
 	}
 	for _, spec := range specs {
 		spec.valkey, spec.configDir, spec.logDir, spec.conns = b.vk.Addr, root, work, cfg.Conns
@@ -186,10 +185,8 @@ func (b *bench) counters(s *server) func(context.Context) counters {
 	return func(ctx context.Context) counters {
 		c := counters{ValkeyCPU: -1, ServerCPU: -1, ClientCPU: -1, ValkeyCommands: -1}
 		if info, err := valkeytest.ReadInfo(ctx, b.info, "cpu"); err == nil {
-			sys, err1 := strconv.ParseFloat(info["used_cpu_sys"], 64)
-			user, err2 := strconv.ParseFloat(info["used_cpu_user"], 64)
-			if err1 == nil && err2 == nil {
-				c.ValkeyCPU = time.Duration((sys + user) * float64(time.Second))
+			if cpu, err := info.CPUSeconds(); err == nil {
+				c.ValkeyCPU = time.Duration(cpu * float64(time.Second))
 			}
 		}
 		if info, err := valkeytest.ReadInfo(ctx, b.info, "stats"); err == nil {
@@ -257,32 +254,19 @@ func writeConfig(dir string) error {
 	return nil
 }
 
-// valkeyVersion is "Valkey 8.0.1" or the like, from INFO server.
-func valkeyVersion(ctx context.Context, c valkey.Client) string {
-	info, err := valkeytest.ReadInfo(ctx, c, "server")
-	if err != nil {
-		return "unknown"
-	}
-	if v := info["valkey_version"]; v != "" {
-		return "Valkey " + v
-	}
-	if v := info["redis_version"]; v != "" {
-		return "Redis " + v
-	}
-	return "unknown"
-}
-
-// moduleVersion is the version of module mod that the Go binary bin was built from
-// (`go version -m`), or "" when that cannot be told.
-func moduleVersion(ctx context.Context, bin, mod string) string {
-	out, err := exec.CommandContext(ctx, "go", "version", "-m", bin).Output()
+// moduleVersion is the version of module mod that the Go binary bin was built from (its
+// build information, as `go version -m` prints it), or "" when that cannot be told.
+func moduleVersion(bin, mod string) string {
+	info, err := buildinfo.ReadFile(bin)
 	if err != nil {
 		return ""
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && (f[0] == "mod" || f[0] == "dep") && f[1] == mod {
-			return f[2]
+	if info.Main.Path == mod {
+		return info.Main.Version
+	}
+	for _, dep := range info.Deps {
+		if dep.Path == mod {
+			return dep.Version
 		}
 	}
 	return ""
