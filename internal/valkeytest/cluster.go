@@ -212,14 +212,11 @@ func startNode(ctx context.Context, bin, dir string) (*Node, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
+		ports, err := FreePorts(2)
 		if err != nil {
 			return nil, err
 		}
-		bus, err := freePort()
-		if err != nil {
-			return nil, err
-		}
+		port, bus := ports[0], ports[1]
 		p := &process{bin: bin, dir: dir, port: port, extra: []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),

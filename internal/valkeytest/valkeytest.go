@@ -282,12 +282,12 @@ func startBinary(ctx context.Context, bin string, args, env []string) (*Server, 
 	var lastErr error
 	// A free port can be taken by someone else between the probe and the bind: try a few.
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
+		ports, err := FreePorts(1)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		p.port = port
+		p.port = ports[0]
 		if lastErr = p.start(ctx); lastErr == nil {
 			name := filepath.Base(bin)
 			return &Server{Addr: p.addr(), Source: name, proc: p, close: p.stopAndClean}, nil
@@ -464,14 +464,22 @@ func ping(ctx context.Context, addr string) error {
 	return c.Do(ctx, c.B().Ping().Build()).Error()
 }
 
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// FreePorts returns n distinct TCP ports free on 127.0.0.1 a moment ago, for servers a test
+// or bench starts: they are held open together while they are picked, so that none repeats.
+// Another process may still take one before it is bound: callers that can, retry.
+func FreePorts(n int) ([]string, error) {
+	ports := make([]string, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("valkeytest: free port: %w", err)
+		}
+		defer l.Close()
+		if _, ports[i], err = net.SplitHostPort(l.Addr().String()); err != nil {
+			return nil, err
+		}
 	}
-	defer l.Close()
-	_, port, err := net.SplitHostPort(l.Addr().String())
-	return port, err
+	return ports, nil
 }
 
 // tail returns the last lines of a log file, for error messages.

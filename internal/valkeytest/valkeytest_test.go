@@ -137,11 +137,11 @@ func TestAddrIsUsedAsIs(t *testing.T) {
 // freeAddr returns a loopback address nothing listens on.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	port, err := freePort()
+	ports, err := FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return "127.0.0.1:" + port
+	return "127.0.0.1:" + ports[0]
 }
 
 func TestWaitFor(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +15,8 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // Server names in the report.
@@ -70,7 +71,7 @@ func buildStrictrate(ctx context.Context, dir string) (string, error) {
 // ports: the same for both servers but for the prefix and the ports. The rest of the
 // bench's own environment is not passed on, so that a REDIS_URL or LOG_LEVEL set in the
 // shell cannot change what is measured.
-func (spec processSpec) environment(grpcPort, httpPort, debugPort int) []string {
+func (spec processSpec) environment(grpcPort, httpPort, debugPort string) []string {
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + os.Getenv("HOME"),
@@ -83,11 +84,11 @@ func (spec processSpec) environment(grpcPort, httpPort, debugPort int) []string 
 		"LOG_LEVEL=warn",
 		"CACHE_KEY_PREFIX=" + spec.prefix,
 		"HOST=127.0.0.1",
-		"PORT=" + strconv.Itoa(httpPort),
+		"PORT=" + httpPort,
 		"GRPC_HOST=127.0.0.1",
-		"GRPC_PORT=" + strconv.Itoa(grpcPort),
+		"GRPC_PORT=" + grpcPort,
 		"DEBUG_HOST=127.0.0.1",
-		"DEBUG_PORT=" + strconv.Itoa(debugPort),
+		"DEBUG_PORT=" + debugPort,
 	}
 	return append(env, spec.extraEnv...)
 }
@@ -95,16 +96,16 @@ func (spec processSpec) environment(grpcPort, httpPort, debugPort int) []string 
 // startServer launches spec's binary, waits until it answers a request of the bench's
 // domain, and connects spec.conns gRPC connections to it. The caller must stop it.
 func startServer(ctx context.Context, spec processSpec) (*server, error) {
-	ports, err := freePorts(3)
+	ports, err := valkeytest.FreePorts(3)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	s := &server{
 		name:      spec.name,
 		logPath:   filepath.Join(spec.logDir, spec.name+".log"),
-		grpcAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
-		httpAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
-		debugAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])),
+		grpcAddr:  net.JoinHostPort("127.0.0.1", ports[0]),
+		httpAddr:  net.JoinHostPort("127.0.0.1", ports[1]),
+		debugAddr: net.JoinHostPort("127.0.0.1", ports[2]),
 		done:      make(chan struct{}),
 	}
 	logFile, err := os.Create(s.logPath)
@@ -244,27 +245,6 @@ func (s *server) stop() {
 		killGroup(s.cmd)
 		<-s.done
 	}
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1, held open together while they are
-// picked so that none repeats.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("bench: free port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // tail is the end of a log file, for an error message.

@@ -129,7 +129,10 @@ func baseEnv(t *testing.T) env {
 // exited before; its output is logged when the test fails.
 func launch(t *testing.T, e env) *process {
 	t.Helper()
-	ports := freePorts(t, 4)
+	ports, err := valkeytest.FreePorts(4)
+	if err != nil {
+		t.Fatal(err)
+	}
 	full := env{
 		"PATH": os.Getenv("PATH"), "HOME": os.Getenv("HOME"),
 		"HOST": "127.0.0.1", "PORT": ports[0],
@@ -327,21 +330,6 @@ func containsAll(s string, subs []string) bool {
 		}
 	}
 	return true
-}
-
-// freePorts returns n distinct ports free on 127.0.0.1 a moment ago.
-func freePorts(t *testing.T, n int) []string {
-	t.Helper()
-	ports := make([]string, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		defer ln.Close()
-		_, ports[i], _ = net.SplitHostPort(ln.Addr().String())
-	}
-	return ports
 }
 
 // dial is Envoy's client of the rate limit service at addr, closed at the end of the test;
