@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
@@ -387,4 +388,16 @@ func (p *testPKI) clientTLS(withCert bool) *tls.Config {
 		return p.ca.ClientTLS(p.client)
 	}
 	return p.ca.ClientTLS()
+}
+
+// isACK matches the ACK of version.
+func isACK(version string) func(*discoveryv3.DiscoveryRequest) bool {
+	return func(r *discoveryv3.DiscoveryRequest) bool {
+		return r.GetResponseNonce() != "" && r.GetErrorDetail() == nil && r.GetVersionInfo() == version
+	}
+}
+
+// isNACK matches any NACK.
+func isNACK(r *discoveryv3.DiscoveryRequest) bool {
+	return r.GetResponseNonce() != "" && r.GetErrorDetail() != nil
 }
