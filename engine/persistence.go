@@ -65,8 +65,8 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	}
 	return report("logs in memory only", inMemory, "node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
 		"forgets every admitted event of every window, and each key can admit up to its Max again at once; "+
-		"run appendonly yes (a crash then forgets nothing; a power loss up to about a second under appendfsync everysec, "+
-		"nothing under always or WithDurableAck), or attach a replica")
+		"run appendonly yes (under appendfsync always a crash or a power loss forgets nothing; under everysec a crash forgets "+
+		"nothing while the disk keeps up, up to 2 seconds on a slow one, and a power loss up to about a second), or attach a replica")
 }
 
 // checkDurable returns ErrPersistence unless the primary at addr can fsync an admission before
