@@ -205,21 +205,22 @@ const appendHoldBack = 3 * time.Second
 // before it replies, except while a slow background fsync makes it hold writes back (a busy
 // disk): only the admissions of those last seconds may be lost, and they are logged.
 func TestCrashWithAppendOnlyKeepsEveryAdmission(t *testing.T) {
-	own := valkeytest.New(t, valkeytest.AppendOnly("everysec"))
+	crashKeepsSettled(t, "appendonly yes, everysec", valkeytest.AppendOnly("everysec"))
+}
+
+// crashKeepsSettled starts a server with opts, has admitUntilCrash admit on it for
+// appendHoldBack and 2 s more, and fails t unless every admission told yes over appendHoldBack
+// before the kill is in the logs after the restart, and enough of them were (1,000) for that
+// to say something. It logs the figures, the admissions lost among the last ones included.
+func crashKeepsSettled(t *testing.T, setting string, opts ...valkeytest.Option) {
+	t.Helper()
+	own := valkeytest.New(t, opts...)
 	c := own.Client(t)
 	es := []*engine.Engine{enginetest.New(t, c), enginetest.New(t, own.Client(t))}
 	keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
 	told, failed, killedAt := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour},
 		2000, appendHoldBack+2*time.Second)
 	lost, logged := missingFromLogs(t, c, keys, told)
-	checkCrashKept(t, "appendonly yes, everysec", told, lost, failed, logged, killedAt)
-}
-
-// checkCrashKept fails t unless every admission told yes over appendHoldBack before the kill
-// is in the logs, and enough of them were (1,000) for that to say something; it logs the
-// figures, the admissions lost among the last ones included.
-func checkCrashKept(t *testing.T, setting string, told, lost []toldYes, failed, logged int64, killedAt time.Time) {
-	t.Helper()
 	settled := killedAt.Add(-appendHoldBack)
 	older, lostOlder := 0, 0
 	for _, y := range told {
@@ -271,15 +272,8 @@ func buildPreload(t *testing.T, name string) string {
 // How many recent ones were lost is logged (the hold-back is Valkey's, not the engine's).
 func TestCrashOnSlowDiskLosesOnlyHeldBackAdmissions(t *testing.T) {
 	so := buildPreload(t, "slowfsync")
-	own := valkeytest.New(t, valkeytest.AppendOnly("everysec"),
+	crashKeepsSettled(t, "appendonly yes, everysec, fsync 1.5 s", valkeytest.AppendOnly("everysec"),
 		valkeytest.ServerEnv("LD_PRELOAD="+so, "SLOWFSYNC_MS=1500"))
-	c := own.Client(t)
-	es := []*engine.Engine{enginetest.New(t, c), enginetest.New(t, own.Client(t))}
-	keys := []string{enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)}
-	told, failed, killedAt := admitUntilCrash(t, own, es, keys, engine.Limit{Max: 1_000_000, Window: time.Hour},
-		2000, appendHoldBack+2*time.Second)
-	lost, logged := missingFromLogs(t, c, keys, told)
-	checkCrashKept(t, "appendonly yes, everysec, fsync 1.5 s", told, lost, failed, logged, killedAt)
 }
 
 // A power loss, simulated: testdata/powerloss.c, built with the C compiler and loaded into the
