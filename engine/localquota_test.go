@@ -48,6 +48,21 @@ func hammerAllow(t *testing.T, es []*engine.Engine, goroutines int, key string, 
 	return admitted
 }
 
+// admitEach calls Allow on key under l times times through e, fails t unless every call
+// admitted, and returns the Results.
+func admitEach(t *testing.T, e *engine.Engine, key string, l engine.Limit, times int) []engine.Result {
+	t.Helper()
+	admitted := make([]engine.Result, 0, times)
+	for range times {
+		r, err := e.Allow(context.Background(), key, l)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+		admitted = append(admitted, r)
+	}
+	return admitted
+}
+
 // auditTimes fails t when some trailing window of l holds more than l.Max of the admissions'
 // times (each admission one event).
 func auditTimes(t *testing.T, admitted []engine.Result, l engine.Limit) {
@@ -141,14 +156,7 @@ func TestLocalQuotaGivesBackUnusedAndRefunds(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 4}))
 	ctx := context.Background()
 	key, l := enginetest.NewKey(t), engine.PerMinute(100)
-	var admitted []engine.Result
-	for range 20 {
-		r, err := e.Allow(ctx, key, l)
-		if err != nil || !r.Allowed {
-			t.Fatalf("Allow: %+v, %v", r, err)
-		}
-		admitted = append(admitted, r)
-	}
+	admitted := admitEach(t, e, key, l, 20)
 	// While held, the reservation takes room from the others: a peek sees less than 80 left.
 	held, err := e.Peek(ctx, key, l)
 	if err != nil {
@@ -322,14 +330,7 @@ func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
 			e := enginetest.New(t, srv.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: hold, MinDemand: 4}))
 			ctx := context.Background()
 			key := enginetest.NewKey(t)
-			var admitted []engine.Result
-			for range 20 {
-				r, err := e.Allow(ctx, key, l)
-				if err != nil || !r.Allowed {
-					t.Fatalf("Allow: %+v, %v", r, err)
-				}
-				admitted = append(admitted, r)
-			}
+			admitted := admitEach(t, e, key, l, 20)
 			peek := func() int {
 				t.Helper()
 				var r engine.Result
@@ -435,11 +436,7 @@ func TestLocalQuotaReset(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
 	ctx := context.Background()
 	key, l := enginetest.NewKey(t), engine.PerMinute(20)
-	for range 8 {
-		if r, err := e.Allow(ctx, key, l); err != nil || !r.Allowed {
-			t.Fatalf("Allow: %+v, %v", r, err)
-		}
-	}
+	admitEach(t, e, key, l, 8)
 	if err := e.Reset(ctx, key); err != nil {
 		t.Fatal(err)
 	}
