@@ -83,17 +83,28 @@ local function weight(r)
   return 2
 end
 
+-- run_one runs f (peek_request or decide_request) for r at now and keeps its decision on r. It
+-- returns the decision's retry (0: r had room), or nil when f failed (the server refused a
+-- write), r's decision then the error.
+local function run_one(f, r, now, server_clock)
+  local ok, remaining, retry, quota, reset, tightest, seq = pcall(f, r.key, now, r.n, r.limits, server_clock, r.header)
+  if not ok then
+    r.decision = error_of(remaining)
+    return nil
+  end
+  r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
+  return retry
+end
+
 -- peek_one peeks r at now, its cost included, and keeps its decision (and r.room) on r. It
 -- returns false when r denies its group: it has no room and is not advisory, or its peek
 -- failed.
 local function peek_one(r, now, server_clock)
-  local ok, remaining, retry, quota, reset, tightest, seq = pcall(peek_request, r.key, now, r.n, r.limits, server_clock, r.header)
-  if not ok then
-    r.decision = error_of(remaining)
+  local retry = run_one(peek_request, r, now, server_clock)
+  if retry == nil then
     return false
   end
   r.room = retry == 0
-  r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
   return r.room or r.advisory
 end
 
@@ -101,12 +112,10 @@ end
 -- It returns false when the decision failed (the server refused a write), else true and
 -- whether r had room.
 local function decide_one(r, now, server_clock)
-  local ok, remaining, retry, quota, reset, tightest, seq = pcall(decide_request, r.key, now, r.n, r.limits, server_clock, r.header)
-  if not ok then
-    r.decision = error_of(remaining)
+  local retry = run_one(decide_request, r, now, server_clock)
+  if retry == nil then
     return false
   end
-  r.decision = encode_decision(r.limits, remaining, retry, quota, reset, tightest, seq)
   r.recorded = retry == 0
   return true, r.recorded
 end
