@@ -7,6 +7,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/internal/sendctx"
 	"github.com/strictrate/strictrate/loader"
 )
 
@@ -155,7 +156,7 @@ func (e *Engine) execAckedVia(ctx context.Context, client valkey.Client, onNode 
 		})
 		got = e.ackPolicy.readInline(after)
 		if r.readReply(reply) && reply.Error() == nil {
-			got = e.ackPolicy.readAfter(got, dc.Do(ctx, e.ackPolicy.afterAdmission(dc.B())))
+			got = e.ackPolicy.readAfter(got, dc.Do(sendctx.Of(ctx), e.ackPolicy.afterAdmission(dc.B())))
 		}
 		return nil
 	})

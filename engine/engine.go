@@ -36,6 +36,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/nodes"
+	"github.com/strictrate/strictrate/internal/sendctx"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
 )
@@ -342,7 +343,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 	if e.local != nil {
 		e.local.forget(key) // a reservation of the log deleted admits nothing more
 	}
-	if err := e.client.Do(ctx, e.client.B().Del().Key(full).Build()).Error(); err != nil {
+	if err := e.do(ctx, func(b valkey.Builder) valkey.Completed { return b.Del().Key(full).Build() }).Error(); err != nil {
 		return classify(ctx, "strictrate: reset "+quoteKey(key), err)
 	}
 	return nil
@@ -495,6 +496,16 @@ func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l 
 	return e.runDecision(ctx, c, op, req)
 }
 
+// do sends the command build makes through the engine's client, on ctx without its deadline
+// (package sendctx: a deadline that passes never closes a connection other calls share), and
+// again while nothing was written and ctx is live. build is called for each send: a command
+// is sent once.
+func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
+	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+		return e.client.Do(ctx, build(e.client.B()))
+	}, valkey.ValkeyResult.Error)
+}
+
 // validate checks a request for n events of key against l; every exported method checks its
 // arguments once, before anything is sent.
 func validate(key string, l Limit, n int) error {
@@ -527,9 +538,10 @@ func validateKey(key string) error {
 // CLUSTERDOWN, TRYAGAIN, MASTERDOWN, BUSY, READONLY, OOM). The error of ctx, the caller's
 // context, once it is done, and other server errors are wrapped as they are.
 //
-// A context error while ctx is not done is the client's own timeout (valkey-go ends a call
-// whose connection stops answering with context.DeadlineExceeded): the server could not
-// answer, and the caller did not give up. It is wrapped as ErrUnavailable and no longer
+// A context error while ctx is not done is the client's own timeout (a connection's dial or
+// handshake that did not finish in valkey-go's dial timeout, or cut short by other callers
+// each time it was tried: package sendctx): the server could not answer, and the caller did
+// not give up. It is wrapped as ErrUnavailable and no longer
 // matches the context errors, so that nobody mistakes it for the caller's deadline. The other
 // way round, a dial that the caller's passed deadline cut short ("i/o timeout") matches
 // context.DeadlineExceeded: the caller gave up, the server was not found wanting.

@@ -8,6 +8,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/nodes"
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // checkEviction reads maxmemory-policy on every node and applies the EvictionCheck to the
@@ -19,7 +20,7 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 		return nil
 	}
 	for _, n := range nodes.Sorted(client) {
-		kv, err := n.Client.Do(ctx, n.Client.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
+		kv, err := n.Client.Do(sendctx.Of(ctx), n.Client.B().ConfigGet().Parameter("maxmemory-policy").Build()).AsStrMap()
 		if err != nil {
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 				continue // CONFIG is disabled or not permitted here: nothing to check

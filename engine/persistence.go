@@ -10,6 +10,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/nodes"
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // checkPersistence reads INFO persistence and replication on every node. A primary with
@@ -26,7 +27,7 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	}
 	var inMemory, weakAck []string
 	for _, n := range nodes.Sorted(client) {
-		text, err := n.Client.Do(ctx, n.Client.B().Info().Section("persistence", "replication").Build()).ToString()
+		text, err := n.Client.Do(sendctx.Of(ctx), n.Client.B().Info().Section("persistence", "replication").Build()).ToString()
 		if err != nil {
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 				continue // INFO is disabled or not permitted here: nothing to check
@@ -81,7 +82,7 @@ func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool
 	if !aof {
 		return false, fmt.Errorf("%w: node %s runs appendonly no; %s", ErrPersistence, addr, advice)
 	}
-	kv, err := node.Do(ctx, node.B().ConfigGet().Parameter("appendfsync").Build()).AsStrMap()
+	kv, err := node.Do(sendctx.Of(ctx), node.B().ConfigGet().Parameter("appendfsync").Build()).AsStrMap()
 	if err != nil {
 		if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 			return false, nil // CONFIG is disabled or not permitted here: nothing more to check

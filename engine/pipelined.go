@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // Pipelined mode is the seed article's design, kept to measure Atomic against: a key's log is
@@ -42,18 +44,24 @@ func (e *Engine) allowPipelined(ctx context.Context, key string, l Limit, n int,
 	full := e.prefix + key
 	window := l.windowMicros()
 	score := float64(now)
-	b := e.client.B()
-	add := b.Zadd().Key(full).ScoreMember()
-	for i := 0; i < n; i++ {
-		add = add.ScoreMember(score, e.nextMember())
+	members := make([]string, n)
+	for i := range members {
+		members[i] = e.nextMember()
 	}
 	pttl := ceilUnits(time.Millisecond, l.Window)
-	replies := e.client.DoMulti(ctx,
-		b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
-		add.Build(),
-		b.Zcard().Key(full).Build(),
-		b.Pexpire().Key(full).Milliseconds(pttl).Build(),
-	)
+	replies := sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
+		b := e.client.B()
+		add := b.Zadd().Key(full).ScoreMember()
+		for _, m := range members {
+			add = add.ScoreMember(score, m)
+		}
+		return e.client.DoMulti(ctx,
+			b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
+			add.Build(),
+			b.Zcard().Key(full).Build(),
+			b.Pexpire().Key(full).Milliseconds(pttl).Build(),
+		)
+	}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
 	// The error context is built only on failure: a decision that succeeds allocates nothing for
 	// it, as in Atomic mode, so that the comparison measures the designs and not this.
 	for _, r := range replies {
@@ -85,7 +93,9 @@ func (e *Engine) peekPipelined(ctx context.Context, key string, l Limit, n int, 
 		return Result{}, err
 	}
 	full := e.prefix + key
-	count, err := e.client.Do(ctx, e.client.B().Zcount().Key(full).Min("("+strconv.FormatInt(now-l.windowMicros(), 10)).Max("+inf").Build()).AsInt64()
+	count, err := e.do(ctx, func(b valkey.Builder) valkey.Completed {
+		return b.Zcount().Key(full).Min("(" + strconv.FormatInt(now-l.windowMicros(), 10)).Max("+inf").Build()
+	}).AsInt64()
 	if err != nil {
 		return e.backendFailure(ctx, e.pipelinedError(ctx, "strictrate: peek "+quoteKey(key), full, err))
 	}
@@ -110,7 +120,7 @@ func (e *Engine) pipelinedError(ctx context.Context, what, full string, err erro
 		return classify(ctx, what, err)
 	}
 	found := "another type"
-	if typ, terr := e.client.Do(ctx, e.client.B().Type().Key(full).Build()).ToString(); terr == nil {
+	if typ, terr := e.do(ctx, func(b valkey.Builder) valkey.Completed { return b.Type().Key(full).Build() }).ToString(); terr == nil {
 		found = "a " + typ
 	}
 	return fmt.Errorf("%s: %w: the key holds %s, not a Pipelined-mode log (a sorted set)", what, ErrUnknownLayout, found)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // In a cluster, a batch goes to the primary that serves its keys' slots, as one call of the
@@ -140,7 +142,7 @@ func (m *slotMap) load(ctx context.Context) (*slotTable, error) {
 	var errs []error
 	for _, addr := range addrs {
 		node := all[addr]
-		reply, err := node.Do(ctx, node.B().ClusterSlots().Build()).ToArray()
+		reply, err := node.Do(sendctx.Of(ctx), node.B().ClusterSlots().Build()).ToArray()
 		if err == nil {
 			var t *slotTable
 			if t, err = parseClusterSlots(reply, addr); err == nil && len(t.addrs) > 0 {

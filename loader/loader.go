@@ -19,6 +19,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/nodes"
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // ErrPreload is wrapped by every error Preload returns, so callers can tell a script that
@@ -60,8 +61,14 @@ func (s *Script) ReadOnly() bool { return s.readOnly }
 
 // Exec runs the script with the given keys and arguments as one EVALSHA, or EVAL after NOSCRIPT.
 // The result is valkey-go's, unwrapped, so the caller reads the reply without another copy.
+//
+// The call is made on ctx without its deadline (package sendctx): it still ends when ctx does,
+// but a deadline that passes never closes a connection other calls share; and a call that a
+// dial cut short, before anything was written, is sent again while ctx is live.
 func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []string) valkey.ValkeyResult {
-	return s.lua.Exec(ctx, client, keys, args)
+	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+		return s.lua.Exec(ctx, client, keys, args)
+	}, valkey.ValkeyResult.Error)
 }
 
 // ExecThen runs the script as Exec does and sends the commands then appends right behind it,
@@ -91,11 +98,13 @@ func (s *Script) ExecThen(ctx context.Context, client valkey.CoreClient, keys, a
 // node does not serve fails that command ("Script attempted to access a non local key in a
 // cluster node").
 func (s *Script) ExecOnNode(ctx context.Context, node valkey.CoreClient, keys, args []string) valkey.ValkeyResult {
-	reply := node.Do(ctx, s.command(node.B(), false, false, keys, args))
-	if verr, ok := valkey.IsValkeyErr(reply.Error()); ok && verr.IsNoScript() {
-		reply = node.Do(ctx, s.command(node.B(), true, false, keys, args))
-	}
-	return reply
+	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+		reply := node.Do(ctx, s.command(node.B(), false, false, keys, args))
+		if verr, ok := valkey.IsValkeyErr(reply.Error()); ok && verr.IsNoScript() {
+			reply = node.Do(ctx, s.command(node.B(), true, false, keys, args))
+		}
+		return reply
+	}, valkey.ValkeyResult.Error)
 }
 
 // ExecThenOnNode is ExecThen for a call ExecOnNode makes: the keys undeclared, in ARGV, so
@@ -108,11 +117,13 @@ func (s *Script) ExecThenOnNode(ctx context.Context, node valkey.CoreClient, key
 // execThen is ExecThen, with the keys declared (declare) or passed in ARGV (ExecOnNode).
 func (s *Script) execThen(ctx context.Context, client valkey.CoreClient, declare bool, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
 	b := client.B()
-	replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, false, declare, keys, args)))...)
-	if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
-		return replies[0], replies[1:]
-	}
-	replies = client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, true, declare, keys, args)))...)
+	replies := sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
+		replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, false, declare, keys, args)))...)
+		if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
+			return replies
+		}
+		return client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, true, declare, keys, args)))...)
+	}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
 	return replies[0], replies[1:]
 }
 
@@ -159,7 +170,7 @@ func Preload(ctx context.Context, client valkey.Client, scripts ...*Script) erro
 	for _, n := range nodes.Sorted(client) {
 		node, addr := n.Client, n.Addr
 		for _, s := range scripts {
-			got, err := node.Do(ctx, node.B().ScriptLoad().Script(s.source).Build()).ToString()
+			got, err := node.Do(sendctx.Of(ctx), node.B().ScriptLoad().Script(s.source).Build()).ToString()
 			switch {
 			case err != nil:
 				errs = append(errs, fmt.Errorf("%w: SCRIPT LOAD %s on %s: %w", ErrPreload, s.name, addr, err))
