@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -73,6 +74,100 @@ func TestHugeCostIsOneEntry(t *testing.T) {
 	if million > 1.5*one+3*20 {
 		t.Fatalf("AllowN(1e6) costs the server %.1f µs per call, AllowN(1) %.1f: cost grows with n", million/3, one/3)
 	}
+}
+
+// denialUsec runs calls denials of cost n against l on key and returns the least server
+// time one of them took, in µs, from the server's slow log (which the test's own server logs
+// every call to): the least, since a busy machine only ever adds to a call's time. It returns
+// the last denial too.
+func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l engine.Limit, n, calls int) (int64, engine.Result) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Do(ctx, c.B().SlowlogReset().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	var r engine.Result
+	for i := 0; i < calls; i++ {
+		if r = enginetest.MustAllowN(t, e, key, l, n); r.Allowed {
+			t.Fatalf("a request of cost %d against %s on a full log: admitted", n, l)
+		}
+	}
+	logged, err := c.Do(ctx, c.B().SlowlogGet().Count(-1).Build()).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	least, seen := int64(-1), 0
+	for _, entry := range logged {
+		fields, err := entry.ToArray()
+		if err != nil || len(fields) < 4 {
+			t.Fatalf("SLOWLOG GET entry %v (%v)", entry, err)
+		}
+		args, _ := fields[3].AsStrSlice()
+		if len(args) == 0 || !strings.EqualFold(args[0], "evalsha") {
+			continue
+		}
+		usec, err := fields[2].AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen++; least < 0 || usec < least {
+			least = usec
+		}
+	}
+	if seen != calls {
+		t.Fatalf("the slow log holds %d script calls, want %d", seen, calls)
+	}
+	return least, r
+}
+
+// No request buys server time with its cost, or with how far a lowered limit leaves a long log
+// over it: on a log of 20,000 entries, a denial of cost 10,000, or of cost 1 against a limit of
+// half the log, costs the server about what a denial of cost 1 on the full log does (each used
+// to walk 10,000 entries: 1.5 ms, against 20 µs). Their RetryAfter is then the wait until the
+// 32nd oldest entry of the window leaves, before which they cannot be admitted.
+func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.ServerArgs("--slowlog-log-slower-than", "0", "--slowlog-max-len", "1000"))
+	c := own.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	const entries, perMilli = 20_000, 100
+	full := engine.Limit{Max: entries, Window: time.Hour}
+	key := enginetest.NewKey(t)
+	// 100 entries a millisecond, for 200 milliseconds.
+	for ms := 0; ms < entries/perMilli; ms++ {
+		clock.Set(enginetest.T0.Add(time.Duration(ms) * time.Millisecond))
+		rs := enginetest.RunConcurrently(t, []*engine.Engine{e}, 8, perMilli, func(e *engine.Engine) (engine.Result, error) {
+			return e.Allow(context.Background(), key, full)
+		})
+		for _, r := range rs {
+			if !r.Allowed {
+				t.Fatalf("filling the log: denied at %s", r.At)
+			}
+		}
+	}
+	now := enginetest.T0.Add(time.Second)
+	clock.Set(now)
+	lowered := engine.Limit{Max: entries / 2, Window: time.Hour}
+	// The 32nd oldest entry is of the first millisecond; the events that must leave end in the
+	// 100th.
+	earliest := enginetest.T0.Add(time.Hour).Sub(now)
+	// The least of 20 calls of each: a denial of cost 1 walks one entry or two.
+	one, rOne := denialUsec(t, c, e, key, full, 1, 20)
+	costly, rCostly := denialUsec(t, c, e, key, full, entries/2, 20)
+	over, rOver := denialUsec(t, c, e, key, lowered, 1, 20)
+	whole, rWhole := denialUsec(t, c, e, key, full, entries, 20)
+	t.Logf("least server µs per denial on a log of %d entries: cost 1 %d, cost %d %d, cost %d %d, cost 1 over a limit of %d %d",
+		entries, one, entries/2, costly, entries, whole, lowered.Max, over)
+	// Walking half the log took 1,500 µs here; a walk that does not grow takes a few dozen.
+	for _, got := range []int64{costly, whole, over} {
+		if got > 3*one+100 {
+			t.Fatalf("a denial's server time grows with its cost or with the log's excess over the limit")
+		}
+	}
+	enginetest.Want(t, "cost 1 on the full log: retry after", rOne.RetryAfter, earliest)
+	enginetest.Want(t, "cost 10,000 on the full log: retry after", rCostly.RetryAfter, earliest)
+	enginetest.Want(t, "cost 1 over a lowered limit: retry after", rOver.RetryAfter, earliest)
+	// The whole limit: the newest entry must leave, found from the newest end.
+	enginetest.Want(t, "cost 20,000 on the full log: retry after", rWhole.RetryAfter, enginetest.T0.Add(199*time.Millisecond+time.Hour).Sub(now))
 }
 
 // weightedDecision is one decision of the weighted audit: when the server took it, its cost,

@@ -48,7 +48,10 @@ type Result struct {
 	// Remaining is how many events would still be admitted now, after this decision.
 	Remaining int
 	// RetryAfter is, when denied, how long to wait until the same request is admitted if
-	// nobody else takes the room; 0 when allowed.
+	// nobody else takes the room; 0 when allowed. The decision reads at most 32 entries from
+	// each end of the window to find it, so that no request buys server time with its cost:
+	// when the events that must leave end deeper in a long log, it is the wait until the 32nd
+	// oldest entry leaves, before which the request is not admitted (ask again then).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the log holds no event; 0 when it is empty.
 	ResetAfter time.Duration

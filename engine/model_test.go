@@ -5,11 +5,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/scripts"
 )
 
 // modelEntry is one admitted request in the model's log, or a run of refunded ones.
@@ -49,15 +52,39 @@ func (m *modelLog) count(now, window int64) int {
 	return sum
 }
 
+// coverWalk is how many entries a decision reads from each end of a window to find when a
+// denied request would be admitted (lib_log.lua's COVER_WALK: TestCoverWalkIsTheScripts).
+const coverWalk = 32
+
+// The model reads as far as the scripts do: lib_log.lua's COVER_WALK is coverWalk.
+func TestCoverWalkIsTheScripts(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^--const COVER_WALK (\d+)$`).FindStringSubmatch(scripts.Decide())
+	if m == nil {
+		t.Fatal("lib_log.lua defines no COVER_WALK")
+	}
+	if got, _ := strconv.Atoi(m[1]); got != coverWalk {
+		t.Fatalf("lib_log.lua's COVER_WALK is %d, the model's %d", got, coverWalk)
+	}
+}
+
 // covering is the time of the entry in window at which need events have been counted, oldest
-// first.
+// first, when it is among the coverWalk oldest or newest entries of the window; deeper, the
+// time of the coverWalk-th oldest: the script reads no more, and says when the request is
+// admitted at the earliest.
 func (m *modelLog) covering(now, window int64, need int) int64 {
-	sum := 0
+	var in []modelEntry
 	for _, e := range m.entries {
 		if e.at > now-window {
-			if sum += e.cost; sum >= need {
-				return e.at
+			in = append(in, e)
+		}
+	}
+	sum := 0
+	for i, e := range in {
+		if sum += e.cost; sum >= need {
+			if i >= coverWalk && i < len(in)-coverWalk {
+				return in[coverWalk-1].at
 			}
+			return e.at
 		}
 	}
 	panic("covering: not enough events")

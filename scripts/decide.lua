@@ -2,8 +2,10 @@
 --
 -- Trims the entries that left the key's horizon, counts every window, adds one entry of cost
 -- n only when every limit has room for it, and sets the key's expiry. Runs as EVALSHA; nothing
--- can interleave, so the counts are exact. The server's work does not grow with n: a request
--- is one entry, and each entry is trimmed once.
+-- can interleave, so the counts are exact. The server's work does not grow with n, nor with how
+-- far a lowered limit leaves the log over it: a request is one entry, each entry is trimmed
+-- once, and a denial reads at most 32 entries from each end of a window to tell when the
+-- request would be admitted (lib_log.lua's covering).
 --
 -- KEYS[1]  the key's log (lib_log.lua: a list, its header first)
 -- ARGV[1]  the request, as integers of 8 bytes each, big-endian two's complement:
