@@ -32,11 +32,19 @@ type LocalQuota struct {
 	MinDemand int
 }
 
-// Defaults of LocalQuota's zero fields, and the most keys one engine keeps local state for.
+// Defaults of LocalQuota's zero fields; the most keys one engine keeps local state for, and the
+// most holders one new key's sweep looks at.
+//
+// maxLocalKeys is a constant, not an option: it binds only in a flood of keys asked about
+// once or twice (a holder is made on a key's first request, and dropped two to four holds
+// after its last), since keys in demand are far fewer (at the defaults, 100,000 of them is at
+// least 3.2 million requests a second through one process). Past it a new key is decided by the
+// server, as without local quota, which is exact; keys already held keep their holders.
 const (
 	defaultLocalHold      = time.Second
 	defaultLocalMinDemand = 32
 	maxLocalKeys          = 100_000
+	localSweepBudget      = 16
 	localSettleTimeout    = 5 * time.Second
 )
 
@@ -50,15 +58,19 @@ const (
 func WithLocalQuota(q LocalQuota) Option { return func(o *options) { o.localQuota = &q } }
 
 // localQuotas is an engine's local quota: a holder per key and limit set this process asks
-// about, and the holders by the entry of their current reservation (for Refund and Settle).
+// about, at most maxKeys of them, queued by hold for sweep; and the holders by the entry of
+// their current reservation (for Refund and Settle).
 type localQuotas struct {
 	e         *Engine
 	hold      time.Duration
 	minDemand int
+	maxKeys   int // maxLocalKeys; a test lowers it
 
 	mu      sync.RWMutex
 	holders map[holderID]*holder
-	byEntry map[EntryID]*holder // the reservation's entry, Cost and Decided zero
+	queues  map[time.Duration]*holderQueue // every holder of holders, by its hold
+	byEntry map[EntryID]*holder            // the reservation's entry, Cost and Decided zero
+	swept   int                            // holders the sweeps looked at, for the tests
 }
 
 func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
@@ -70,7 +82,8 @@ func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
 	case q.Hold > 0 && q.Hold < time.Millisecond:
 		return nil, fmt.Errorf("%w: local quota: Hold %s is below a millisecond", ErrInvalidArgument, q.Hold)
 	}
-	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[holderID]*holder{}, byEntry: map[EntryID]*holder{}}
+	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, maxKeys: maxLocalKeys,
+		holders: map[holderID]*holder{}, queues: map[time.Duration]*holderQueue{}, byEntry: map[EntryID]*holder{}}
 	if lq.minDemand == 0 {
 		lq.minDemand = defaultLocalMinDemand
 	}
@@ -83,6 +96,10 @@ type holder struct {
 	key  string // the caller's key
 	set  *limitSet
 	hold time.Duration // its reservations' hold (localQuotas.holdFor)
+
+	// Its place in its hold's queue, under localQuotas.mu: sweep looks at it from due on.
+	prev, next *holder
+	due        time.Time
 
 	mu          sync.Mutex
 	since       time.Time // the start of the current demand interval (one hold long)
@@ -114,7 +131,9 @@ func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
 }
 
 // holder returns the holder of key under set, made on first use; nil when the engine keeps
-// maxLocalKeys holders that are all in use (see sweep).
+// maxKeys holders and sweep drops none of them: the key is then decided as without local
+// quota, until holders are dropped. Making a holder sweeps first, so that the holders kept
+// are those of keys asked about lately, at a cost that does not grow with how many are kept.
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	id := holderIDOf(key, set)
 	lq.mu.RLock()
@@ -128,11 +147,13 @@ func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	if h = lq.holders[id]; h != nil {
 		return h
 	}
-	if len(lq.holders) >= maxLocalKeys && lq.sweep(time.Now()) == 0 {
+	now := time.Now()
+	if lq.sweep(now); len(lq.holders) >= lq.maxKeys {
 		return nil
 	}
 	h = &holder{key: key, set: set, room: -1, hold: lq.holdFor(set)}
 	lq.holders[id] = h
+	lq.enqueue(h, now)
 	return h
 }
 
@@ -143,21 +164,89 @@ type holderID struct{ key, limits string }
 // holderIDOf is the holderID of key under set.
 func holderIDOf(key string, set *limitSet) holderID { return holderID{key, set.oneNow} }
 
-// sweep drops the holders that hold no reservation and were not asked about for two holds
-// (a key's demand is only ever counted over the last two), and returns how many. Under lq.mu
-// (written).
+// sweep drops holders that hold no reservation and were not asked about for two holds (a
+// key's demand is only ever counted over the last two), and returns how many. It looks only
+// at holders that are due, at most localSweepBudget of them, so that a new key's cost does not
+// grow with the holders kept: a holder is due two holds after it was queued, and its hold's
+// queue is in that order, so the due ones are at its front. One it cannot drop yet goes to the
+// back, due two holds later: each holder is looked at once per two holds at most, and dropped
+// two to four holds after its last request. Under lq.mu (written).
 func (lq *localQuotas) sweep(now time.Time) int {
-	dropped := 0
-	for id, h := range lq.holders {
-		h.mu.Lock()
-		idle := !h.pending && (h.gen == 0 || h.settled) && now.Sub(h.since) >= 2*h.hold
-		h.mu.Unlock()
-		if idle {
-			delete(lq.holders, id)
-			dropped++
+	dropped, budget := 0, localSweepBudget
+	for _, q := range lq.queues {
+		for h := q.head; budget > 0 && h != nil && !now.Before(h.due); h = q.head {
+			budget--
+			lq.swept++
+			h.mu.Lock()
+			idle := !h.pending && (h.gen == 0 || h.settled) && now.Sub(h.since) >= 2*h.hold
+			h.mu.Unlock()
+			if idle {
+				lq.drop(h)
+				dropped++
+				continue
+			}
+			q.remove(h)
+			lq.enqueue(h, now)
 		}
 	}
 	return dropped
+}
+
+// enqueue puts h, a holder of lq.holders, at the back of its hold's queue, due two holds after
+// now. Under lq.mu (written).
+func (lq *localQuotas) enqueue(h *holder, now time.Time) {
+	q := lq.queues[h.hold]
+	if q == nil {
+		q = &holderQueue{}
+		lq.queues[h.hold] = q
+	}
+	h.due = now.Add(2 * h.hold)
+	q.push(h)
+}
+
+// drop removes h from lq.holders and its queue, if it is still there: forget may have removed
+// it already, and a holder made since for the same key and limits is another. Under lq.mu
+// (written).
+func (lq *localQuotas) drop(h *holder) {
+	id := holderIDOf(h.key, h.set)
+	if lq.holders[id] != h {
+		return
+	}
+	delete(lq.holders, id)
+	q := lq.queues[h.hold]
+	if q.remove(h); q.head == nil {
+		delete(lq.queues, h.hold)
+	}
+}
+
+// holderQueue is the holders of one hold, in the order they fall due: a list through the
+// holders themselves, so that queuing allocates nothing.
+type holderQueue struct{ head, tail *holder }
+
+// push puts h, in no queue, at the back.
+func (q *holderQueue) push(h *holder) {
+	h.prev, h.next = q.tail, nil
+	if q.tail == nil {
+		q.head = h
+	} else {
+		q.tail.next = h
+	}
+	q.tail = h
+}
+
+// remove takes h, in q, out of it.
+func (q *holderQueue) remove(h *holder) {
+	if h.prev == nil {
+		q.head = h.next
+	} else {
+		h.prev.next = h.next
+	}
+	if h.next == nil {
+		q.tail = h.prev
+	} else {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next = nil, nil
 }
 
 // allow admits n events of key under its limit set set from local quota: from the
@@ -382,7 +471,7 @@ func (lq *localQuotas) expire(h *holder, gen int) {
 		delete(lq.byEntry, s.entryKey())
 	}
 	if idle {
-		delete(lq.holders, holderIDOf(h.key, h.set))
+		lq.drop(h)
 	}
 	lq.mu.Unlock()
 	if s != nil {
@@ -434,7 +523,7 @@ func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
 func (lq *localQuotas) forget(key string) {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
-	for id, h := range lq.holders {
+	for _, h := range lq.holders {
 		if h.key != key {
 			continue
 		}
@@ -443,6 +532,6 @@ func (lq *localQuotas) forget(key string) {
 			delete(lq.byEntry, s.entryKey())
 		}
 		h.mu.Unlock()
-		delete(lq.holders, id)
+		lq.drop(h)
 	}
 }
