@@ -102,13 +102,18 @@ type holder struct {
 	due        time.Time
 
 	mu          sync.Mutex
-	since       time.Time // the start of the current demand interval (one hold long)
-	count, last int       // requests in the current interval, and in the one before
-	room        int       // the room the last decision on the key reported; -1 unknown
-	pending     bool      // a reservation's call is in flight
+	since       time.Time    // the start of the current demand interval (one hold long)
+	count, last int          // requests in the current interval, and in the one before
+	room        int          // the room the last decision on the key reported; -1 unknown
+	pending     bool         // a reservation's call is in flight
+	cur         *reservation // the current reservation: nil for none yet
+}
 
-	gen     int       // the current reservation's number: 0 for none yet
-	res     Result    // the reservation as the server decided it
+// reservation is a holder's reservation, kept apart from the holder: most holders never take
+// one (a key asked about once or twice), and within each holder it would be more than half of
+// its memory. Under the holder's mu.
+type reservation struct {
+	res     Result    // as the server decided it
 	k       int       // its events
 	used    int       // admitted from it, less what Refund and Settle gave back
 	until   time.Time // when the process stops admitting from it (monotonic)
@@ -178,7 +183,7 @@ func (lq *localQuotas) sweep(now time.Time) int {
 			budget--
 			lq.swept++
 			h.mu.Lock()
-			idle := !h.pending && (h.gen == 0 || h.settled) && now.Sub(h.since) >= 2*h.hold
+			idle := !h.pending && (h.cur == nil || h.cur.settled) && now.Sub(h.since) >= 2*h.hold
 			h.mu.Unlock()
 			if idle {
 				lq.drop(h)
@@ -265,8 +270,8 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	h.mu.Lock()
 	now := time.Now()
 	h.noteDemand(now, n, h.hold)
-	if !h.settled && h.gen > 0 && now.Before(h.until) && h.k-h.used >= n {
-		h.used += n
+	if c := h.cur; c != nil && !c.settled && now.Before(c.until) && c.k-c.used >= n {
+		c.used += n
 		r = h.localResult(now, n)
 		h.mu.Unlock()
 		lq.e.metrics.localEvents.Add(ctx, int64(n), lq.e.metrics.localUsed...)
@@ -344,9 +349,8 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 		return Result{}, false
 	}
 	retired := h.retire()
-	h.gen++
-	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, until, false
-	gen := h.gen
+	cur := &reservation{res: got.res, k: k, used: n, until: until}
+	h.cur = cur
 	var r Result
 	if n > 0 {
 		r = h.localResult(now, n)
@@ -362,7 +366,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	if retired != nil {
 		go lq.giveBack(retired)
 	}
-	time.AfterFunc(time.Until(until), func() { lq.expire(h, gen) })
+	time.AfterFunc(time.Until(until), func() { lq.expire(h, cur) })
 	if n > 0 {
 		m.localEvents.Add(ctx, int64(n), m.localUsed...)
 	}
@@ -406,13 +410,14 @@ func (h *holder) size(n int) int {
 
 // localResult is the Result of n events admitted at now from h's reservation. Under h.mu.
 func (h *holder) localResult(now time.Time, n int) Result {
-	r := h.res
+	c := h.cur
+	r := c.res
 	elapsed := now.Sub(r.At)
 	r.At = now
-	r.Remaining = max(h.room, 0) + h.k - h.used
+	r.Remaining = max(h.room, 0) + c.k - c.used
 	r.ResetAfter = max(r.ResetAfter-elapsed, 0)
 	r.QuotaAfter = max(r.QuotaAfter-elapsed, 0)
-	r.Entry = sharedEntry(h.res, n)
+	r.Entry = sharedEntry(c.res, n)
 	return r
 }
 
@@ -449,22 +454,23 @@ func reservationKey(id EntryID) EntryID {
 // retire ends h's current reservation, if one is held: it is settled, and what it did not use
 // is returned for giveBack (nil when nothing is to be given back). Under h.mu.
 func (h *holder) retire() *settlement {
-	if h.gen == 0 || h.settled {
+	c := h.cur
+	if c == nil || c.settled {
 		return nil
 	}
-	h.settled = true
-	return &settlement{key: h.key, entry: sharedEntry(h.res, h.k), used: h.used}
+	c.settled = true
+	return &settlement{key: h.key, entry: sharedEntry(c.res, c.k), used: c.used}
 }
 
-// expire ends h's reservation gen when its hold is over, and gives its unused events back.
-func (lq *localQuotas) expire(h *holder, gen int) {
+// expire ends h's reservation c when its hold is over, and gives its unused events back.
+func (lq *localQuotas) expire(h *holder, c *reservation) {
 	h.mu.Lock()
 	var s *settlement
-	if h.gen == gen {
+	if h.cur == c {
 		s = h.retire()
 	}
 	h.noteDemand(time.Now(), 0, h.hold)
-	idle := h.gen == gen && !h.pending && max(h.count, h.last) == 0
+	idle := h.cur == c && !h.pending && max(h.count, h.last) == 0
 	h.mu.Unlock()
 	lq.mu.Lock()
 	if s != nil {
@@ -511,10 +517,11 @@ func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.settled || reservationKey(h.res.Entry) != reservationKey(id) {
+	c := h.cur
+	if c == nil || c.settled || reservationKey(c.res.Entry) != reservationKey(id) {
 		return false
 	}
-	h.used = max(h.used-(id.Cost-actual), 0)
+	c.used = max(c.used-(id.Cost-actual), 0)
 	return true
 }
 

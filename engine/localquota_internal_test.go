@@ -32,9 +32,9 @@ func TestLocalQuotaSweep(t *testing.T) {
 	for key, h := range map[string]*holder{
 		"idle":           {since: old},
 		"asked lately":   {since: now.Add(-50 * time.Millisecond)},
-		"holding":        {since: old, gen: 1},
+		"holding":        {since: old, cur: &reservation{}},
 		"in flight":      {since: old, pending: true},
-		"settled, idle":  {since: old, gen: 2, settled: true},
+		"settled, idle":  {since: old, cur: &reservation{settled: true}},
 		"never asked at": {},
 	} {
 		h.key, h.set, h.hold = key, set, lq.hold
@@ -59,6 +59,13 @@ func TestLocalQuotaSweep(t *testing.T) {
 	if dropped := lq.sweep(now.Add(2 * lq.hold)); dropped != 1 || lq.holders[holderIDOf("asked lately", set)] != nil {
 		t.Errorf("two holds on, sweep dropped %d holders, want \"asked lately\"", dropped)
 	}
+}
+
+// reserved is h's current reservation, read under h.mu.
+func (h *holder) reserved() *reservation {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cur
 }
 
 // A flood of new keys, five times the holders the engine keeps, all within one hold: the
@@ -119,8 +126,8 @@ func TestLocalQuotaFloodOfNewKeys(t *testing.T) {
 	if admitted += allow(hot, 3*l.Max); admitted != l.Max {
 		t.Errorf("the key in demand admitted %d, Max %d", admitted, l.Max)
 	}
-	if h := holderOf(hot); h == nil || h.gen == 0 {
-		t.Errorf("the key in demand has holder %v, want one with reservations", h)
+	if h := holderOf(hot); h == nil || h.reserved() == nil {
+		t.Errorf("the key in demand has holder %v, want one with a reservation", h)
 	}
 	past := prefix + "past the bound"
 	if admitted := allow(past, 3*l.Max); admitted != l.Max {
