@@ -15,6 +15,10 @@ import (
 // hold an admission made from it, so the key never admits more than Max in any trailing
 // window, whatever the processes and however long the server takes to answer.
 //
+// The engine keeps a little state for each key this process asked about lately (dropped two
+// to four holds after its last request), for at most 100,000 keys: past that, a new key is
+// decided by the server, as without local quota, until some are dropped.
+//
 // The zero value is a sensible configuration: a hold of a tenth of the key's shortest window
 // (at most a second), and keys served locally once this process asks about them 32 times
 // within one hold.
