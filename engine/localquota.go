@@ -15,6 +15,10 @@ import (
 // hold an admission made from it, so the key never admits more than Max in any trailing
 // window, whatever the processes and however long the server takes to answer.
 //
+// The engine keeps a little state for each key this process asked about lately (dropped two
+// to four holds after its last request), for at most 100,000 keys: past that, a new key is
+// decided by the server, as without local quota, until some are dropped.
+//
 // The zero value is a sensible configuration: a hold of a tenth of the key's shortest window
 // (at most a second), and keys served locally once this process asks about them 32 times
 // within one hold.
@@ -32,11 +36,19 @@ type LocalQuota struct {
 	MinDemand int
 }
 
-// Defaults of LocalQuota's zero fields, and the most keys one engine keeps local state for.
+// Defaults of LocalQuota's zero fields; the most keys one engine keeps local state for, and the
+// most holders one new key's sweep looks at.
+//
+// maxLocalKeys is a constant, not an option: it binds only in a flood of keys asked about
+// once or twice (a holder is made on a key's first request, and dropped two to four holds
+// after its last), since keys in demand are far fewer (at the defaults, 100,000 of them is at
+// least 3.2 million requests a second through one process). Past it a new key is decided by the
+// server, as without local quota, which is exact; keys already held keep their holders.
 const (
 	defaultLocalHold      = time.Second
 	defaultLocalMinDemand = 32
 	maxLocalKeys          = 100_000
+	localSweepBudget      = 16
 	localSettleTimeout    = 5 * time.Second
 )
 
@@ -50,15 +62,19 @@ const (
 func WithLocalQuota(q LocalQuota) Option { return func(o *options) { o.localQuota = &q } }
 
 // localQuotas is an engine's local quota: a holder per key and limit set this process asks
-// about, and the holders by the entry of their current reservation (for Refund and Settle).
+// about, at most maxKeys of them, queued by hold for sweep; and the holders by the entry of
+// their current reservation (for Refund and Settle).
 type localQuotas struct {
 	e         *Engine
 	hold      time.Duration
 	minDemand int
+	maxKeys   int // maxLocalKeys; a test lowers it
 
 	mu      sync.RWMutex
 	holders map[holderID]*holder
-	byEntry map[EntryID]*holder // the reservation's entry, Cost and Decided zero
+	queues  map[time.Duration]*holderQueue // every holder of holders, by its hold
+	byEntry map[EntryID]*holder            // the reservation's entry, Cost and Decided zero
+	swept   int                            // holders the sweeps looked at, for the tests
 }
 
 func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
@@ -70,7 +86,8 @@ func newLocalQuotas(e *Engine, q LocalQuota) (*localQuotas, error) {
 	case q.Hold > 0 && q.Hold < time.Millisecond:
 		return nil, fmt.Errorf("%w: local quota: Hold %s is below a millisecond", ErrInvalidArgument, q.Hold)
 	}
-	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, holders: map[holderID]*holder{}, byEntry: map[EntryID]*holder{}}
+	lq := &localQuotas{e: e, hold: q.Hold, minDemand: q.MinDemand, maxKeys: maxLocalKeys,
+		holders: map[holderID]*holder{}, queues: map[time.Duration]*holderQueue{}, byEntry: map[EntryID]*holder{}}
 	if lq.minDemand == 0 {
 		lq.minDemand = defaultLocalMinDemand
 	}
@@ -84,14 +101,23 @@ type holder struct {
 	set  *limitSet
 	hold time.Duration // its reservations' hold (localQuotas.holdFor)
 
-	mu          sync.Mutex
-	since       time.Time // the start of the current demand interval (one hold long)
-	count, last int       // requests in the current interval, and in the one before
-	room        int       // the room the last decision on the key reported; -1 unknown
-	pending     bool      // a reservation's call is in flight
+	// Its place in its hold's queue, under localQuotas.mu: sweep looks at it from due on.
+	prev, next *holder
+	due        time.Time
 
-	gen     int       // the current reservation's number: 0 for none yet
-	res     Result    // the reservation as the server decided it
+	mu          sync.Mutex
+	since       time.Time    // the start of the current demand interval (one hold long)
+	count, last int          // requests in the current interval, and in the one before
+	room        int          // the room the last decision on the key reported; -1 unknown
+	pending     bool         // a reservation's call is in flight
+	cur         *reservation // the current reservation: nil for none yet
+}
+
+// reservation is a holder's reservation, kept apart from the holder: most holders never take
+// one (a key asked about once or twice), and within each holder it would be more than half of
+// its memory. Under the holder's mu.
+type reservation struct {
+	res     Result    // as the server decided it
 	k       int       // its events
 	used    int       // admitted from it, less what Refund and Settle gave back
 	until   time.Time // when the process stops admitting from it (monotonic)
@@ -114,7 +140,9 @@ func (lq *localQuotas) holdFor(set *limitSet) time.Duration {
 }
 
 // holder returns the holder of key under set, made on first use; nil when the engine keeps
-// maxLocalKeys holders that are all in use (see sweep).
+// maxKeys holders and sweep drops none of them: the key is then decided as without local
+// quota, until holders are dropped. Making a holder sweeps first, so that the holders kept
+// are those of keys asked about lately, at a cost that does not grow with how many are kept.
 func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	id := holderIDOf(key, set)
 	lq.mu.RLock()
@@ -128,11 +156,13 @@ func (lq *localQuotas) holder(key string, set *limitSet) *holder {
 	if h = lq.holders[id]; h != nil {
 		return h
 	}
-	if len(lq.holders) >= maxLocalKeys && lq.sweep(time.Now()) == 0 {
+	now := time.Now()
+	if lq.sweep(now); len(lq.holders) >= lq.maxKeys {
 		return nil
 	}
 	h = &holder{key: key, set: set, room: -1, hold: lq.holdFor(set)}
 	lq.holders[id] = h
+	lq.enqueue(h, now)
 	return h
 }
 
@@ -143,21 +173,89 @@ type holderID struct{ key, limits string }
 // holderIDOf is the holderID of key under set.
 func holderIDOf(key string, set *limitSet) holderID { return holderID{key, set.oneNow} }
 
-// sweep drops the holders that hold no reservation and were not asked about for two holds
-// (a key's demand is only ever counted over the last two), and returns how many. Under lq.mu
-// (written).
+// sweep drops holders that hold no reservation and were not asked about for two holds (a
+// key's demand is only ever counted over the last two), and returns how many. It looks only
+// at holders that are due, at most localSweepBudget of them, so that a new key's cost does not
+// grow with the holders kept: a holder is due two holds after it was queued, and its hold's
+// queue is in that order, so the due ones are at its front. One it cannot drop yet goes to the
+// back, due two holds later: each holder is looked at once per two holds at most, and dropped
+// two to four holds after its last request. Under lq.mu (written).
 func (lq *localQuotas) sweep(now time.Time) int {
-	dropped := 0
-	for id, h := range lq.holders {
-		h.mu.Lock()
-		idle := !h.pending && (h.gen == 0 || h.settled) && now.Sub(h.since) >= 2*h.hold
-		h.mu.Unlock()
-		if idle {
-			delete(lq.holders, id)
-			dropped++
+	dropped, budget := 0, localSweepBudget
+	for _, q := range lq.queues {
+		for h := q.head; budget > 0 && h != nil && !now.Before(h.due); h = q.head {
+			budget--
+			lq.swept++
+			h.mu.Lock()
+			idle := !h.pending && (h.cur == nil || h.cur.settled) && now.Sub(h.since) >= 2*h.hold
+			h.mu.Unlock()
+			if idle {
+				lq.drop(h)
+				dropped++
+				continue
+			}
+			q.remove(h)
+			lq.enqueue(h, now)
 		}
 	}
 	return dropped
+}
+
+// enqueue puts h, a holder of lq.holders, at the back of its hold's queue, due two holds after
+// now. Under lq.mu (written).
+func (lq *localQuotas) enqueue(h *holder, now time.Time) {
+	q := lq.queues[h.hold]
+	if q == nil {
+		q = &holderQueue{}
+		lq.queues[h.hold] = q
+	}
+	h.due = now.Add(2 * h.hold)
+	q.push(h)
+}
+
+// drop removes h from lq.holders and its queue, if it is still there: forget may have removed
+// it already, and a holder made since for the same key and limits is another. Under lq.mu
+// (written).
+func (lq *localQuotas) drop(h *holder) {
+	id := holderIDOf(h.key, h.set)
+	if lq.holders[id] != h {
+		return
+	}
+	delete(lq.holders, id)
+	q := lq.queues[h.hold]
+	if q.remove(h); q.head == nil {
+		delete(lq.queues, h.hold)
+	}
+}
+
+// holderQueue is the holders of one hold, in the order they fall due: a list through the
+// holders themselves, so that queuing allocates nothing.
+type holderQueue struct{ head, tail *holder }
+
+// push puts h, in no queue, at the back.
+func (q *holderQueue) push(h *holder) {
+	h.prev, h.next = q.tail, nil
+	if q.tail == nil {
+		q.head = h
+	} else {
+		q.tail.next = h
+	}
+	q.tail = h
+}
+
+// remove takes h, in q, out of it.
+func (q *holderQueue) remove(h *holder) {
+	if h.prev == nil {
+		q.head = h.next
+	} else {
+		h.prev.next = h.next
+	}
+	if h.next == nil {
+		q.tail = h.prev
+	} else {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next = nil, nil
 }
 
 // allow admits n events of key under its limit set set from local quota: from the
@@ -176,8 +274,8 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 	h.mu.Lock()
 	now := time.Now()
 	h.noteDemand(now, n, h.hold)
-	if !h.settled && h.gen > 0 && now.Before(h.until) && h.k-h.used >= n {
-		h.used += n
+	if c := h.cur; c != nil && !c.settled && now.Before(c.until) && c.k-c.used >= n {
+		c.used += n
 		r = h.localResult(now, n)
 		h.mu.Unlock()
 		lq.e.metrics.localEvents.Add(ctx, int64(n), lq.e.metrics.localUsed...)
@@ -255,9 +353,8 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 		return Result{}, false
 	}
 	retired := h.retire()
-	h.gen++
-	h.res, h.k, h.used, h.until, h.settled = got.res, k, n, until, false
-	gen := h.gen
+	cur := &reservation{res: got.res, k: k, used: n, until: until}
+	h.cur = cur
 	var r Result
 	if n > 0 {
 		r = h.localResult(now, n)
@@ -273,7 +370,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	if retired != nil {
 		go lq.giveBack(retired)
 	}
-	time.AfterFunc(time.Until(until), func() { lq.expire(h, gen) })
+	time.AfterFunc(time.Until(until), func() { lq.expire(h, cur) })
 	if n > 0 {
 		m.localEvents.Add(ctx, int64(n), m.localUsed...)
 	}
@@ -317,13 +414,14 @@ func (h *holder) size(n int) int {
 
 // localResult is the Result of n events admitted at now from h's reservation. Under h.mu.
 func (h *holder) localResult(now time.Time, n int) Result {
-	r := h.res
+	c := h.cur
+	r := c.res
 	elapsed := now.Sub(r.At)
 	r.At = now
-	r.Remaining = max(h.room, 0) + h.k - h.used
+	r.Remaining = max(h.room, 0) + c.k - c.used
 	r.ResetAfter = max(r.ResetAfter-elapsed, 0)
 	r.QuotaAfter = max(r.QuotaAfter-elapsed, 0)
-	r.Entry = sharedEntry(h.res, n)
+	r.Entry = sharedEntry(c.res, n)
 	return r
 }
 
@@ -360,29 +458,30 @@ func reservationKey(id EntryID) EntryID {
 // retire ends h's current reservation, if one is held: it is settled, and what it did not use
 // is returned for giveBack (nil when nothing is to be given back). Under h.mu.
 func (h *holder) retire() *settlement {
-	if h.gen == 0 || h.settled {
+	c := h.cur
+	if c == nil || c.settled {
 		return nil
 	}
-	h.settled = true
-	return &settlement{key: h.key, entry: sharedEntry(h.res, h.k), used: h.used}
+	c.settled = true
+	return &settlement{key: h.key, entry: sharedEntry(c.res, c.k), used: c.used}
 }
 
-// expire ends h's reservation gen when its hold is over, and gives its unused events back.
-func (lq *localQuotas) expire(h *holder, gen int) {
+// expire ends h's reservation c when its hold is over, and gives its unused events back.
+func (lq *localQuotas) expire(h *holder, c *reservation) {
 	h.mu.Lock()
 	var s *settlement
-	if h.gen == gen {
+	if h.cur == c {
 		s = h.retire()
 	}
 	h.noteDemand(time.Now(), 0, h.hold)
-	idle := h.gen == gen && !h.pending && max(h.count, h.last) == 0
+	idle := h.cur == c && !h.pending && max(h.count, h.last) == 0
 	h.mu.Unlock()
 	lq.mu.Lock()
 	if s != nil {
 		delete(lq.byEntry, s.entryKey())
 	}
 	if idle {
-		delete(lq.holders, holderIDOf(h.key, h.set))
+		lq.drop(h)
 	}
 	lq.mu.Unlock()
 	if s != nil {
@@ -422,10 +521,11 @@ func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.settled || reservationKey(h.res.Entry) != reservationKey(id) {
+	c := h.cur
+	if c == nil || c.settled || reservationKey(c.res.Entry) != reservationKey(id) {
 		return false
 	}
-	h.used = max(h.used-(id.Cost-actual), 0)
+	c.used = max(c.used-(id.Cost-actual), 0)
 	return true
 }
 
@@ -434,7 +534,7 @@ func (lq *localQuotas) settleLocal(id EntryID, actual int) bool {
 func (lq *localQuotas) forget(key string) {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
-	for id, h := range lq.holders {
+	for _, h := range lq.holders {
 		if h.key != key {
 			continue
 		}
@@ -443,6 +543,6 @@ func (lq *localQuotas) forget(key string) {
 			delete(lq.byEntry, s.entryKey())
 		}
 		h.mu.Unlock()
-		delete(lq.holders, id)
+		lq.drop(h)
 	}
 }
