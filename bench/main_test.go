@@ -107,7 +107,12 @@ func TestRunReportsEveryScenario(t *testing.T) {
 		t.Errorf("the deny cache took %d decisions, and the server ran %d calls against %d without it: it shed nothing",
 			cached.Cached, cached.ServerCalls, r.Exactness[1].ServerCalls)
 	}
-	if pl.Mode != "pipelined" || pl.LogMax <= int64(cfg.Limit) || pl.MaxInAnyWindow > cfg.Limit {
+	// The pipelined design's denials stay in its log, which then holds more than the limit.
+	// Its count is not exact either way: a pipeline that runs after a later caller's trimmed
+	// the log counts too little for its own (earlier) time, so on a busy machine, where time
+	// passes between a caller's clock reading and its pipeline, it admits over the limit in
+	// some window too. Neither is asserted: only that the row measured something.
+	if pl.Mode != "pipelined" || pl.LogMax <= int64(cfg.Limit) || pl.Admitted == 0 {
 		t.Errorf("pipelined exactness: %+v (its log should hold more than the limit)", pl)
 	}
 
