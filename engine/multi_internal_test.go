@@ -45,6 +45,42 @@ func TestAllowAllIsOneCallOnOneServer(t *testing.T) {
 	}
 }
 
+// An AllowAll of more than MaxAllowAllRequests requests is decided in calls of at most that
+// many: 64 requests are one call, 65 two, 200 four, admitted or denied (a denial in the first
+// call leaves the later ones peeked only, still a call each).
+func TestAllowAllCallsCarryAtMostMax(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	c := srv.Client(t)
+	e, err := New(c, WithPersistenceCheck(PersistenceIgnore))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := Policy{PerMinute(1)}
+	for _, tc := range []struct{ n, calls int }{{MaxAllowAllRequests, 1}, {MaxAllowAllRequests + 1, 2}, {200, 4}} {
+		reqs := make([]Request, tc.n)
+		for i := range reqs {
+			reqs[i] = Request{Key: "calls:" + itoa(tc.n) + ":" + itoa(i), Policy: p, N: 1}
+		}
+		for _, want := range []bool{true, false} { // the second time, every key is used up
+			if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if allowed, _, err := e.AllowAll(ctx, reqs); err != nil || allowed != want {
+				t.Fatalf("AllowAll of %d keys: %v, %v; want %v", tc.n, allowed, err, want)
+			}
+			info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stats := info.CommandStats()
+			if calls := stats["evalsha"].Calls + stats["eval"].Calls; calls != int64(tc.calls) {
+				t.Fatalf("%d script calls for an AllowAll of %d (admitted %v), want %d", calls, tc.n, want, tc.calls)
+			}
+		}
+	}
+}
+
 // With the group commit (WithBatching, the default), concurrent AllowAlls bound for one server
 // share script calls, each group still decided all or nothing: fewer calls than decisions, and
 // exactly what a decision alone would record. Without it, one call per AllowAll.
