@@ -49,7 +49,10 @@ type Service struct {
 
 	config   atomic.Pointer[config.Config]
 	stopping atomic.Bool
-	fields   sync.Map // engine.Limit -> *fields.Dated, the header fields of a rule's limit
+	// fields holds the header fields of the configured rules' limits (engine.Limit ->
+	// *fields.Dated), made on first use and dropped with their configuration (SetConfig); a
+	// request's own limit (an override), which a client may vary at will, is never kept.
+	fields sync.Map
 }
 
 // New returns a service deciding with e. It answers every request with an error until a
@@ -67,6 +70,8 @@ func New(e *engine.Engine, opts ...Option) *Service {
 // with.
 func (s *Service) SetConfig(c *config.Config) {
 	s.config.Store(c)
+	// A request that began under the last configuration may still add one of its limits.
+	s.fields.Clear()
 	s.metrics.configLoadSuccess.Inc()
 	s.opts.logger.Info("rate limit configuration loaded", "domains", len(c.Domains()))
 }
@@ -514,7 +519,7 @@ func (s *Service) headers(p descriptorPlan, st *pb.RateLimitResponse_DescriptorS
 			{Key: s.opts.resetHeader, Value: fmt.Sprint(fields.Seconds(st.DurationUntilReset.AsDuration()))},
 		}
 	}
-	f, err := s.fieldsOf(p.limit)
+	f, err := s.fieldsOf(p.limit, !p.override)
 	if err != nil {
 		return nil
 	}
@@ -540,8 +545,10 @@ func (s *Service) headers(p descriptorPlan, st *pb.RateLimitResponse_DescriptorS
 	return out
 }
 
-// fieldsOf returns the fields writer of a rule's limit, made once per limit.
-func (s *Service) fieldsOf(l engine.Limit) (*fields.Dated, error) {
+// fieldsOf returns the fields writer of a limit: made once per limit of a configured rule
+// (keep), for every request of an override's, so that what is kept is bounded by the
+// configuration and not by what clients send.
+func (s *Service) fieldsOf(l engine.Limit, keep bool) (*fields.Dated, error) {
 	if f, ok := s.fields.Load(l); ok {
 		return f.(*fields.Dated), nil
 	}
@@ -549,7 +556,9 @@ func (s *Service) fieldsOf(l engine.Limit) (*fields.Dated, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fields.Store(l, f)
+	if keep {
+		s.fields.Store(l, f)
+	}
 	return f, nil
 }
 
