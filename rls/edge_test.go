@@ -15,6 +15,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/rls/config"
 )
 
 // overridden is d with a limit override (descriptor.limit, set by Envoy's route) of n per unit.
@@ -218,6 +219,14 @@ func TestOverrideWithUnknownUnit(t *testing.T) {
 		t.Fatalf("unit 7: current_limit %v, want 1 per week", l)
 	}
 	wantCode(t, "1 per week, second", ask(t, r.client, "edge", 0, weekly), over, over)
+}
+
+// The configuration refuses exactly the rules the engine cannot decide: its largest
+// requests_per_unit is the engine's largest limit.
+func TestMaxRequestsPerUnitIsTheEngines(t *testing.T) {
+	if config.MaxRequestsPerUnit != engine.MaxEvents {
+		t.Fatalf("config.MaxRequestsPerUnit %d, engine.MaxEvents %d", config.MaxRequestsPerUnit, engine.MaxEvents)
+	}
 }
 
 // A configured rule cannot be larger than engine.MaxEvents (the configuration is refused), but

@@ -365,7 +365,10 @@ func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
 }
 
 // limitOf is a rule's limit in the engine: a sliding window of the unit's length (slotted
-// when the rule is larger than the slots asked), or a calendar period under WithCalendar.
+// when the rule is larger than the slots asked), or a calendar period under WithCalendar. A
+// configured rule is at most engine.MaxEvents (config.MaxRequestsPerUnit); a request's
+// override may ask more, and is decided against engine.MaxEvents: it can deny early, after
+// that many hits in one unit, never admit more than it asks.
 func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
 	if s.opts.calendar != nil {
