@@ -36,8 +36,9 @@ import (
 //	http.Handle("/", svc.HTTPHandler()) // /json and /healthcheck
 //
 // A request's descriptors are matched against the configuration as the reference server
-// matches them (package config); each limited descriptor is a key of its own in Valkey, whose
-// rule's unit is a sliding window of that length. The descriptors of one request are decided
+// matches them (package config); each limited descriptor counts on a key in Valkey (its
+// entries', shared by a rule and a request's override of its unit), whose rule's unit is a
+// sliding window of that length. The descriptors of one request, however many, are decided
 // all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
 // in every one; a denied request consumes nothing of any descriptor.
 type Service struct {
