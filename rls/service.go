@@ -452,7 +452,8 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 	limit := uint64(p.limit.Max)
 	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
-	room, hasRoom, keyRecorded := uint64(0), !p.over, false // every limit on the key is 0: room only for a check
+	// A key not asked (every limit on it is 0) has room only for a check.
+	room, hasRoom, keyRecorded := uint64(0), !p.over, false
 	if p.req >= 0 {
 		res = results[p.req]
 		q := reqs[p.req]
