@@ -281,31 +281,15 @@ func TestAllowAllOfManyRequestsUnderConcurrency(t *testing.T) {
 	for i := range keys {
 		keys[i] = enginetest.NewKey(t)
 	}
-	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for g := range 16 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 19))
-		wg.Go(func() {
-			<-start
-			for range 12 {
-				perm := rng.Perm(len(keys))[:100]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if t.Failed() {
+	run, ok := fireAllowAll(t, es, 16, 12, 19, func(rng *rand.Rand) []engine.Request {
+		perm := rng.Perm(len(keys))[:100]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
+		}
+		return reqs
+	})
+	if !ok {
 		return
 	}
 	sums := run.audit(t, keys, l)
@@ -404,6 +388,33 @@ func (run *allowAllRun) audit(t *testing.T, keys []string, l engine.Limit) map[s
 	return sums
 }
 
+// fireAllowAll releases goroutines at once over es (in turn), each deciding rounds AllowAlls
+// of the requests next makes from its own random source (seeded by its number and seed), and
+// returns what they were told; false when a call failed (t has failed).
+func fireAllowAll(t *testing.T, es []*engine.Engine, goroutines, rounds int, seed uint64, next func(*rand.Rand) []engine.Request) (*allowAllRun, bool) {
+	run := newAllowAllRun()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range goroutines {
+		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), seed))
+		wg.Go(func() {
+			<-start
+			for range rounds {
+				reqs := next(rng)
+				allowed, rs, err := e.AllowAll(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("AllowAll: %v", err)
+					return
+				}
+				run.add(t, reqs, allowed, rs)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return run, !t.Failed()
+}
+
 // 64 goroutines over 4 clients fire AllowAll at once on overlapping sets of 8 keys, all within
 // one window, with more demand than room, the keys under policies of every kind (exact, with a
 // Resolution, calendar, several limits): per key, what was recorded never exceeds Max, the log
@@ -428,38 +439,22 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 		keys[i] = enginetest.NewKey(t)
 	}
 	policyOf := func(k int) engine.Policy { return policies[k%len(policies)] }
-	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for g := range 64 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 11))
-		wg.Go(func() {
-			<-start
-			for range 20 {
-				// 1 to 3 keys; now and then one advisory, or a check.
-				perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: policyOf(k), N: 1}
-					switch rng.IntN(10) {
-					case 0:
-						reqs[i].Advisory = true
-					case 1:
-						reqs[i].N = 0
-					}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
+	run, ok := fireAllowAll(t, es, 64, 20, 11, func(rng *rand.Rand) []engine.Request {
+		// 1 to 3 keys; now and then one advisory, or a check.
+		perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: policyOf(k), N: 1}
+			switch rng.IntN(10) {
+			case 0:
+				reqs[i].Advisory = true
+			case 1:
+				reqs[i].N = 0
 			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if t.Failed() {
+		}
+		return reqs
+	})
+	if !ok {
 		return
 	}
 	// Every decision fell within an hour: the audit's window.
@@ -649,31 +644,15 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 		keys = append(keys, keyOn(t, c.Primaries[i%3]))
 	}
 	inspector := enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false))
-	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for g := range 64 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 17))
-		wg.Go(func() {
-			<-start
-			for range 15 {
-				perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2), Advisory: rng.IntN(12) == 0}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if t.Failed() {
+	run, ok := fireAllowAll(t, es, 64, 15, 17, func(rng *rand.Rand) []engine.Request {
+		perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2), Advisory: rng.IntN(12) == 0}
+		}
+		return reqs
+	})
+	if !ok {
 		return
 	}
 	sums := run.audit(t, keys, l)
