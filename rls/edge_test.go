@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,6 +132,82 @@ func TestOverrideSharesTheRulesCounter(t *testing.T) {
 			t.Fatalf("the hour override's counter %q holds %d events, want 5", hourKey, got)
 		}
 	})
+}
+
+// Concurrent requests on a 10-per-minute rule, some plain, some carrying the descriptor twice
+// (once with a 1,000-per-minute override of the rule's unit, in either order), admit at most
+// 10 events in all, and the rule's counter holds exactly what was admitted.
+func TestOverrideBesideTheRuleUnderConcurrency(t *testing.T) {
+	r := start(t, enginetest.New(t, server.Client(t)), basicConfig)
+	plain := descriptor("ten_per_minute", "concurrent")
+	loose := overridden(plain, 1000, typev3.RateLimitUnit_MINUTE)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 10 {
+				ds := [][]*rlv3.RateLimitDescriptor{{plain}, {plain, loose}, {loose, plain}}[(g+i)%3]
+				resp, err := askCtx(context.Background(), r.client, "edge", ds...)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.OverallCode == ok {
+					admitted.Add(int64(len(ds)))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := admitted.Load(); got > 10 || got < 9 {
+		t.Fatalf("%d events admitted in the minute, want at most 10 (and at least 9: denials only when full)", got)
+	}
+	if got := enginetest.StoredEvents(t, server.Client(t), r.key("edge", "ten_per_minute", "concurrent")); got != admitted.Load() {
+		t.Fatalf("the rule's counter holds %d events, %d were admitted", got, admitted.Load())
+	}
+}
+
+// Concurrent requests of 80 descriptors each, over 100 values of a 3-per-minute rule, never
+// admit more than 3 on any value, and each counter holds exactly what was admitted on it.
+func TestManyDescriptorsUnderConcurrency(t *testing.T) {
+	r := start(t, enginetest.New(t, server.Client(t)), basicConfig)
+	pool := manyDescriptors("pool", 100)
+	var mu sync.Mutex
+	admitted := make([]int64, len(pool))
+	var wg sync.WaitGroup
+	for g := range 8 {
+		rng := rand.New(rand.NewPCG(uint64(g), 23))
+		wg.Go(func() {
+			for range 6 {
+				picked := rng.Perm(len(pool))[:80]
+				ds := make([]*rlv3.RateLimitDescriptor, len(picked))
+				for i, v := range picked {
+					ds[i] = pool[v]
+				}
+				resp, err := askCtx(context.Background(), r.client, "edge", ds...)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.OverallCode == ok {
+					mu.Lock()
+					for _, v := range picked {
+						admitted[v]++
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for v, n := range admitted {
+		if n > 3 {
+			t.Fatalf("value %d: %d admitted, want at most 3", v, n)
+		}
+		if got := enginetest.StoredEvents(t, server.Client(t), r.key("edge", "three_per_minute", fmt.Sprintf("pool-%d", v))); got != n {
+			t.Fatalf("value %d: the counter holds %d events, %d were admitted", v, got, n)
+		}
+	}
 }
 
 // manyDescriptors is n descriptors of the rule three_per_minute, each of a value of its own.
