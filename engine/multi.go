@@ -16,17 +16,20 @@ import (
 //
 //  1. AllowAll validates every request (checkAllowAll) and makes its scripts' arguments
 //     (newRequest), all on one clock reading.
-//  2. allCalls groups the requests by where their keys live: one call on a standalone server;
-//     in a cluster, one call per primary (the committer's slot map), in a fixed order.
+//  2. allCalls groups the requests by where their keys live: one group on a standalone server;
+//     in a cluster, one per primary (the committer's slot map), in a fixed order. A group of
+//     more than MaxAllowAllRequests is cut into calls of at most that many, in request order.
 //  3. Each call runs decide_all.lua, which peeks every request of the call and records those
 //     with room only when every one that is not advisory has room. readReply decodes its
 //     reply, each decision with outcome.read, the one decoder of decisions.
-//  4. Once a call denies, the calls after it only peek (check); what earlier calls recorded is
-//     given back (refundAll) before AllowAll returns. allowAll applies the fail-open policy and
+//  4. The calls run one after the other. Once a call denies, the calls after it only peek
+//     (check); what earlier calls recorded is given back (refundAll) before AllowAll returns. allowAll applies the fail-open policy and
 //     shadow mode, and AllowAll counts the call.
 
-// MaxAllowAllRequests is the most requests one AllowAll takes: one call carries all of a
-// node's, and the server runs it alone, so a bound keeps any one call short.
+// MaxAllowAllRequests is the most requests one script call of AllowAll carries: the server
+// runs a call alone, so a bound keeps any one call short. An AllowAll of more requests (any
+// number) is decided in several calls of at most this many, as one across cluster primaries
+// is (see AllowAll).
 const MaxAllowAllRequests = 64
 
 // allRefundTimeout bounds the refunds of a decision that did not admit: they run whether or
@@ -61,21 +64,22 @@ type Request struct {
 // true and Remaining the room now (see below for a cluster).
 //
 // Each key is validated as AllowPolicy validates it, each Policy with cost N (0 <= N), and
-// reqs must hold 1 to MaxAllowAllRequests requests, no key twice (merge duplicates first: a
-// key's requests would otherwise each see the room before the others). Every error of these
-// wraps ErrInvalidArgument, names the request, and nothing is sent. Pipelined mode offers no
+// reqs must hold at least one request, no key twice (merge duplicates first: a key's requests
+// would otherwise each see the room before the others). Every error of these wraps
+// ErrInvalidArgument, names the request, and nothing is sent. Pipelined mode offers no
 // AllowAll (ErrUnsupported).
 //
-// On one server, and in a cluster when every key lies on one primary, the decision is one call
-// of one script: atomic, exact under any concurrency, as AllowPolicy. When the keys lie on
-// several primaries, each primary's requests are decided atomically, one primary after the
-// other in a fixed order, and when one primary's requests deny, the requests the primaries
-// before it recorded are refunded before AllowAll returns (and the later primaries' are only
-// peeked, for their Results). That never admits more than the limits allow, and a denied
-// request ends up consuming nothing; but between a record and its refund the events are held,
-// so a concurrent request may be denied that a decision on one primary would have admitted.
-// Results of requests refunded so are their decisions with Entry zero and Remaining raised by
-// N, the room given back.
+// On one server, and in a cluster when every key lies on one primary, a decision of at most
+// MaxAllowAllRequests requests is one call of one script: atomic, exact under any
+// concurrency, as AllowPolicy. Otherwise it is several calls, each atomic, one after the other
+// in a fixed order: by primary (by address) when the keys lie on several, and within a
+// primary's requests, calls of at most MaxAllowAllRequests in the order of reqs. When one
+// call's requests deny, the requests the calls before it recorded are refunded before
+// AllowAll returns (and the later calls' are only peeked, for their Results). That never
+// admits more than the limits allow, and a denied request ends up consuming nothing; but
+// between a record and its refund the events are held, so a concurrent request may be denied
+// that a single atomic decision would have admitted. Results of requests refunded so are their
+// decisions with Entry zero and Remaining raised by N, the room given back.
 //
 // A call the server could not take (unreachable, timed out, an error reply such as
 // BADLAYOUT) ends the decision: what earlier calls recorded is refunded, and then, as for
@@ -138,11 +142,8 @@ func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
-	switch {
-	case len(reqs) == 0:
+	if len(reqs) == 0 {
 		return fmt.Errorf("%w: allow_all of no request", ErrInvalidArgument)
-	case len(reqs) > MaxAllowAllRequests:
-		return fmt.Errorf("%w: allow_all of %d requests, more than %d", ErrInvalidArgument, len(reqs), MaxAllowAllRequests)
 	}
 	seen := make(map[string]int, len(reqs))
 	for i, r := range reqs {
@@ -272,10 +273,11 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 	return admitted, results, false, err
 }
 
-// allCalls groups parts by where their keys live, in the order they are decided: one call on a
-// standalone server; in a cluster, one per primary by the committer's slot map, by address,
+// allCalls groups parts by where their keys live, in the order they are decided: one group on
+// a standalone server; in a cluster, one per primary by the committer's slot map, by address,
 // then, for the keys whose slot has no primary known (the map has not landed yet), one per
-// slot, through the engine's client.
+// slot, through the engine's client. Each group is cut into calls of at most
+// MaxAllowAllRequests (capped).
 func (e *Engine) allCalls(parts []allPart) []*allCall {
 	slots := e.decides.slots
 	if slots == nil {
@@ -283,7 +285,7 @@ func (e *Engine) allCalls(parts []allPart) []*allCall {
 		for i := range parts {
 			c.parts[i] = &parts[i]
 		}
-		return []*allCall{c}
+		return capped([]*allCall{c})
 	}
 	byNode := map[string]*allCall{}
 	var unmapped []*allPart
@@ -304,11 +306,26 @@ func (e *Engine) allCalls(parts []allPart) []*allCall {
 		calls = append(calls, c)
 	}
 	slices.SortFunc(calls, func(a, b *allCall) int { return strings.Compare(a.node, b.node) })
-	return append(calls, bySlot(unmapped)...)
+	return append(capped(calls), bySlot(unmapped)...)
 }
 
-// bySlot groups parts into calls of one slot each, through the engine's client (which routes
-// them by their declared keys, following MOVED and ASK), by ascending slot.
+// capped cuts each call of more than MaxAllowAllRequests into consecutive calls of at most
+// that many, for the same node, its requests in their order: the server runs a call alone, so
+// no call may grow with what a caller asks.
+func capped(calls []*allCall) []*allCall {
+	out := make([]*allCall, 0, len(calls))
+	for _, c := range calls {
+		for len(c.parts) > MaxAllowAllRequests {
+			out = append(out, &allCall{node: c.node, parts: c.parts[:MaxAllowAllRequests:MaxAllowAllRequests]})
+			c.parts = c.parts[MaxAllowAllRequests:]
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// bySlot groups parts into calls of one slot each (capped), through the engine's client (which
+// routes them by their declared keys, following MOVED and ASK), by ascending slot.
 func bySlot(parts []*allPart) []*allCall {
 	groups := map[uint16]*allCall{}
 	var order []uint16
@@ -325,7 +342,7 @@ func bySlot(parts []*allPart) []*allCall {
 	for i, s := range order {
 		calls[i] = groups[s]
 	}
-	return calls
+	return capped(calls)
 }
 
 // slotOf is the cluster hash slot of a full key.

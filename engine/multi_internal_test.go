@@ -15,8 +15,11 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// On a standalone server an AllowAll is one script call, whatever its keys.
-func TestAllowAllIsOneCallOnOneServer(t *testing.T) {
+// On a standalone server an AllowAll of up to MaxAllowAllRequests requests is one script
+// call, whatever its keys; one of more is calls of at most that many: 65 requests are two,
+// 200 four, admitted or denied (a denial in the first call leaves the later ones peeked only,
+// still a call each).
+func TestAllowAllCallsOnOneServer(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	c := srv.Client(t)
 	e, err := New(c, WithPersistenceCheck(PersistenceIgnore))
@@ -24,24 +27,28 @@ func TestAllowAllIsOneCallOnOneServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	p := Policy{PerMinute(3)}
-	var reqs []Request
-	for i := range 10 {
-		reqs = append(reqs, Request{Key: "one-call:" + itoa(i), Policy: p, N: 1})
-	}
-	if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	if allowed, _, err := e.AllowAll(ctx, reqs); err != nil || !allowed {
-		t.Fatalf("AllowAll of 10 keys: %v, %v", allowed, err)
-	}
-	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stats := info.CommandStats()
-	if calls := stats["evalsha"].Calls + stats["eval"].Calls; calls != 1 {
-		t.Fatalf("%d script calls for one AllowAll, want 1", calls)
+	p := Policy{PerMinute(1)}
+	for _, tc := range []struct{ n, calls int }{{10, 1}, {MaxAllowAllRequests, 1}, {MaxAllowAllRequests + 1, 2}, {200, 4}} {
+		reqs := make([]Request, tc.n)
+		for i := range reqs {
+			reqs[i] = Request{Key: "calls:" + itoa(tc.n) + ":" + itoa(i), Policy: p, N: 1}
+		}
+		for _, want := range []bool{true, false} { // the second time, every key is used up
+			if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if allowed, _, err := e.AllowAll(ctx, reqs); err != nil || allowed != want {
+				t.Fatalf("AllowAll of %d keys: %v, %v; want %v", tc.n, allowed, err, want)
+			}
+			info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stats := info.CommandStats()
+			if calls := stats["evalsha"].Calls + stats["eval"].Calls; calls != int64(tc.calls) {
+				t.Fatalf("%d script calls for an AllowAll of %d (admitted %v), want %d", calls, tc.n, want, tc.calls)
+			}
+		}
 	}
 }
 

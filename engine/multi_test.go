@@ -3,9 +3,9 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -155,13 +155,8 @@ func TestAllowAllValidation(t *testing.T) {
 	ctx := context.Background()
 	p := engine.Policy{engine.PerMinute(3)}
 	a, b := enginetest.NewKey(t), enginetest.NewKey(t)
-	tooMany := make([]engine.Request, engine.MaxAllowAllRequests+1)
-	for i := range tooMany {
-		tooMany[i] = engine.Request{Key: a + strconv.Itoa(i), Policy: p, N: 1}
-	}
 	for name, reqs := range map[string][]engine.Request{
 		"none":          nil,
-		"too many":      tooMany,
 		"duplicate key": {{Key: a, Policy: p, N: 1}, {Key: b, Policy: p, N: 1}, {Key: a, Policy: p, N: 1}},
 		"empty key":     {{Key: a, Policy: p, N: 1}, {Key: "", Policy: p, N: 1}},
 		"empty policy":  {{Key: a, Policy: p, N: 1}, {Key: b, N: 1}},
@@ -180,12 +175,133 @@ func TestAllowAllValidation(t *testing.T) {
 	if _, _, err := e.AllowAll(nilCtx, []engine.Request{{Key: a, Policy: p, N: 1}}); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("nil context: %v, want ErrInvalidArgument", err)
 	}
-	for _, k := range append([]string{a, b}, a+"0") {
+	for _, k := range []string{a, b} {
 		enginetest.Want(t, "layout of "+k+" after refused calls", logOf(t, c, k).Layout, 0)
 	}
 	pipelined := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithPrefix("allowall-pipelined:"))
 	if _, _, err := pipelined.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnsupported) {
 		t.Fatalf("Pipelined mode: %v, want ErrUnsupported", err)
+	}
+}
+
+// manyRequests is one request of cost n under p for each of keys.
+func manyRequests(keys []string, p engine.Policy, n int) []engine.Request {
+	reqs := make([]engine.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = engine.Request{Key: k, Policy: p, N: n}
+	}
+	return reqs
+}
+
+// An AllowAll of more requests than one call carries (MaxAllowAllRequests) is decided in
+// several calls, and still all or nothing: with one key used up, wherever it lies (the first
+// call, a call's first request, the last), the group is denied and no key holds an event;
+// with room on every key, every request is recorded. A bad request in a later call is refused
+// before the first call is sent.
+func TestAllowAllOfManyRequests(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c)
+	const max = 3
+	p := engine.Policy{engine.PerMinute(max)}
+	const most = engine.MaxAllowAllRequests
+	for _, tc := range []struct {
+		n    int
+		full int // the used-up key's index
+	}{
+		{most + 1, most},
+		{200, 0},
+		{200, most},
+		{200, 2*most + 5},
+		{200, 199},
+	} {
+		keys := make([]string, tc.n)
+		for i := range keys {
+			keys[i] = enginetest.NewKey(t)
+		}
+		enginetest.MustAllowPolicy(t, e, keys[tc.full], p, max)
+		what := fmt.Sprintf("%d requests, key %d used up", tc.n, tc.full)
+		allowed, rs := mustAllowAll(t, e, manyRequests(keys, p, 1)...)
+		if allowed {
+			t.Fatalf("%s: admitted", what)
+		}
+		for i, k := range keys {
+			r := rs[i]
+			if i == tc.full {
+				if r.Allowed || !r.Entry.IsZero() {
+					t.Fatalf("%s: the used-up key: %+v, want no room", what, r)
+				}
+				enginetest.Want(t, what+": the used-up key's events", logOf(t, c, k).Events, max)
+				continue
+			}
+			if !r.Allowed || !r.Entry.IsZero() || r.Remaining != max || r.At.IsZero() {
+				t.Fatalf("%s: key %d: %+v, want room, no entry, Remaining %d", what, i, r, max)
+			}
+			enginetest.Want(t, fmt.Sprintf("%s: events on key %d", what, i), logOf(t, c, k).Events, 0)
+		}
+
+		fresh := make([]string, tc.n)
+		for i := range fresh {
+			fresh[i] = enginetest.NewKey(t)
+		}
+		allowed, rs = mustAllowAll(t, e, manyRequests(fresh, p, 2)...)
+		if !allowed {
+			t.Fatalf("%d requests with room: denied", tc.n)
+		}
+		for i, k := range fresh {
+			if rs[i].Entry.IsZero() || rs[i].Remaining != max-2 {
+				t.Fatalf("%d requests with room: key %d: %+v, want recorded, %d left", tc.n, i, rs[i], max-2)
+			}
+			enginetest.Want(t, fmt.Sprintf("%d requests with room: events on key %d", tc.n, i), logOf(t, c, k).Events, 2)
+		}
+	}
+
+	keys := make([]string, 3*most)
+	for i := range keys {
+		keys[i] = enginetest.NewKey(t)
+	}
+	reqs := manyRequests(keys, p, 1)
+	reqs[len(reqs)-1].N = max + 1
+	if allowed, rs, err := e.AllowAll(context.Background(), reqs); !errors.Is(err, engine.ErrInvalidArgument) || allowed || rs != nil {
+		t.Fatalf("a bad request in the last call: %v, %v, %v; want ErrInvalidArgument", allowed, rs, err)
+	}
+	for i, k := range keys {
+		enginetest.Want(t, fmt.Sprintf("layout of key %d after a refused call", i), logOf(t, c, k).Layout, 0)
+	}
+}
+
+// 16 goroutines over 4 clients fire AllowAlls of 100 requests each (two calls) on overlapping
+// sets of keys, with far more demand than room: per key, what was recorded never exceeds Max,
+// and once they are done each log holds exactly what callers were told was recorded (what a
+// denied group held between its calls was given back).
+func TestAllowAllOfManyRequestsUnderConcurrency(t *testing.T) {
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	l := engine.PerHour(10)
+	p := engine.Policy{l}
+	keys := make([]string, 150)
+	for i := range keys {
+		keys[i] = enginetest.NewKey(t)
+	}
+	run, ok := fireAllowAll(t, es, 16, 12, 19, func(rng *rand.Rand) []engine.Request {
+		perm := rng.Perm(len(keys))[:100]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
+		}
+		return reqs
+	})
+	if !ok {
+		return
+	}
+	sums := run.audit(t, keys, l)
+	t.Logf("%d calls, %d denied", run.calls, run.denials)
+	for _, k := range keys {
+		if sums[k] > l.Max {
+			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+		}
+		enginetest.Want(t, "events in "+k+"'s log", logOf(t, c, k).Events, sums[k])
+	}
+	if run.denials == 0 || run.denials == run.calls {
+		t.Fatalf("%d of %d groups denied: want some admitted and some denied", run.denials, run.calls)
 	}
 }
 
@@ -272,6 +388,33 @@ func (run *allowAllRun) audit(t *testing.T, keys []string, l engine.Limit) map[s
 	return sums
 }
 
+// fireAllowAll releases goroutines at once over es (in turn), each deciding rounds AllowAlls
+// of the requests next makes from its own random source (seeded by its number and seed), and
+// returns what they were told; false when a call failed (t has failed).
+func fireAllowAll(t *testing.T, es []*engine.Engine, goroutines, rounds int, seed uint64, next func(*rand.Rand) []engine.Request) (*allowAllRun, bool) {
+	run := newAllowAllRun()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range goroutines {
+		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), seed))
+		wg.Go(func() {
+			<-start
+			for range rounds {
+				reqs := next(rng)
+				allowed, rs, err := e.AllowAll(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("AllowAll: %v", err)
+					return
+				}
+				run.add(t, reqs, allowed, rs)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return run, !t.Failed()
+}
+
 // 64 goroutines over 4 clients fire AllowAll at once on overlapping sets of 8 keys, all within
 // one window, with more demand than room, the keys under policies of every kind (exact, with a
 // Resolution, calendar, several limits): per key, what was recorded never exceeds Max, the log
@@ -296,38 +439,22 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 		keys[i] = enginetest.NewKey(t)
 	}
 	policyOf := func(k int) engine.Policy { return policies[k%len(policies)] }
-	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for g := range 64 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 11))
-		wg.Go(func() {
-			<-start
-			for range 20 {
-				// 1 to 3 keys; now and then one advisory, or a check.
-				perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: policyOf(k), N: 1}
-					switch rng.IntN(10) {
-					case 0:
-						reqs[i].Advisory = true
-					case 1:
-						reqs[i].N = 0
-					}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
+	run, ok := fireAllowAll(t, es, 64, 20, 11, func(rng *rand.Rand) []engine.Request {
+		// 1 to 3 keys; now and then one advisory, or a check.
+		perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: policyOf(k), N: 1}
+			switch rng.IntN(10) {
+			case 0:
+				reqs[i].Advisory = true
+			case 1:
+				reqs[i].N = 0
 			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if t.Failed() {
+		}
+		return reqs
+	})
+	if !ok {
 		return
 	}
 	// Every decision fell within an hour: the audit's window.
@@ -517,31 +644,15 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 		keys = append(keys, keyOn(t, c.Primaries[i%3]))
 	}
 	inspector := enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false))
-	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for g := range 64 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 17))
-		wg.Go(func() {
-			<-start
-			for range 15 {
-				perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2), Advisory: rng.IntN(12) == 0}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if t.Failed() {
+	run, ok := fireAllowAll(t, es, 64, 15, 17, func(rng *rand.Rand) []engine.Request {
+		perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2), Advisory: rng.IntN(12) == 0}
+		}
+		return reqs
+	})
+	if !ok {
 		return
 	}
 	sums := run.audit(t, keys, l)

@@ -1,7 +1,9 @@
 package rls_test
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -161,16 +164,56 @@ func TestResponseHeaders(t *testing.T) {
 	})
 }
 
+// With header fields on, the fields of a configured rule's limit are made once and kept, but
+// not those of a request's own limit (an override), which a client may vary at will: 60,000
+// requests of distinct overrides each get their fields, and the service keeps the fields of
+// the configuration's rules alone, until a new configuration drops them.
+func TestOverrideFieldsNotKept(t *testing.T) {
+	e := enginetest.New(t, server.Client(t))
+	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"), rls.WithResponseHeaders(rls.HeadersFields))
+	svc.SetConfig(mustConfig(t, basicConfig))
+	ctx := context.Background()
+	ask := func(d *rlv3.RateLimitDescriptor) map[string]string {
+		resp, err := svc.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{withHits(d, 0)}})
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		return headerMap(t, resp.ResponseHeadersToAdd)
+	}
+	for _, k := range []string{"one_per_minute", "three_per_minute", "five_per_minute", "ten_per_minute"} {
+		ask(descriptor(k, "kept"))
+	}
+	const overrides, goroutines = 60_000, 8
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := g; i < overrides && !t.Failed(); i += goroutines {
+				n := uint32(100 + i)
+				h := ask(overridden(descriptor("five_per_minute", "override"), n, typev3.RateLimitUnit_MINUTE))
+				if want := fmt.Sprintf(`"1m";q=%d;w=60`, n); h["RateLimit-Policy"] != want {
+					t.Errorf("override %d: headers %v, want RateLimit-Policy %s", n, h, want)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if got := rls.FieldsKept(svc); got != 4 {
+		t.Fatalf("after %d distinct overrides the service keeps the fields of %d limits, want the 4 rules'", overrides, got)
+	}
+	svc.SetConfig(mustConfig(t, basicConfig))
+	if got := rls.FieldsKept(svc); got != 0 {
+		t.Fatalf("after a new configuration the service keeps the fields of %d limits, want none", got)
+	}
+}
+
 // A descriptor's limit override (descriptor.limit, from Envoy's route) applies instead of the
 // configuration's rule, whether tighter or looser, and limits a descriptor no rule matches in
 // a configured domain; in a domain the configuration does not know, nothing applies.
 func TestLimitOverride(t *testing.T) {
 	e, clock := enginetest.Clocked(t, server.Client(t))
 	r := start(t, e, basicConfig)
-	override := func(d *rlv3.RateLimitDescriptor, n uint32, unit typev3.RateLimitUnit) *rlv3.RateLimitDescriptor {
-		return &rlv3.RateLimitDescriptor{Entries: d.Entries, Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: unit}}
-	}
-	tighter := override(descriptor("five_per_minute", "o"), 2, typev3.RateLimitUnit_HOUR)
+	tighter := overridden(descriptor("five_per_minute", "o"), 2, typev3.RateLimitUnit_HOUR)
 	for i := range 2 {
 		resp := ask(t, r.client, "edge", 0, tighter)
 		wantCode(t, fmt.Sprintf("2 per hour instead of 5 per minute, %d", i+1), resp, ok, ok)
@@ -189,17 +232,17 @@ func TestLimitOverride(t *testing.T) {
 		t.Fatalf("the third waits %s, want 30m", got)
 	}
 
-	looser := override(descriptor("one_per_minute", "o"), 4, typev3.RateLimitUnit_MINUTE)
+	looser := overridden(descriptor("one_per_minute", "o"), 4, typev3.RateLimitUnit_MINUTE)
 	for i := range 4 {
 		wantCode(t, fmt.Sprintf("4 per minute instead of 1, %d", i+1), ask(t, r.client, "edge", 0, looser), ok, ok)
 	}
 	wantCode(t, "4 per minute, fifth", ask(t, r.client, "edge", 0, looser), over, over)
 
-	unmatched := override(descriptor("no_rule", "o"), 1, typev3.RateLimitUnit_MINUTE)
+	unmatched := overridden(descriptor("no_rule", "o"), 1, typev3.RateLimitUnit_MINUTE)
 	wantCode(t, "an override without a rule, first", ask(t, r.client, "edge", 0, unmatched), ok, ok)
 	wantCode(t, "an override without a rule, second", ask(t, r.client, "edge", 0, unmatched), over, over)
 
-	elsewhere := override(descriptor("five_per_minute", "o"), 1, typev3.RateLimitUnit_MINUTE)
+	elsewhere := overridden(descriptor("five_per_minute", "o"), 1, typev3.RateLimitUnit_MINUTE)
 	for i := range 3 {
 		resp := ask(t, r.client, "unknown-domain", 0, elsewhere)
 		wantCode(t, fmt.Sprintf("an override in an unknown domain, %d", i+1), resp, ok, ok)

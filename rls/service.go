@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"go.opentelemetry.io/otel/attribute"
@@ -34,8 +36,9 @@ import (
 //	http.Handle("/", svc.HTTPHandler()) // /json and /healthcheck
 //
 // A request's descriptors are matched against the configuration as the reference server
-// matches them (package config); each limited descriptor is a key of its own in Valkey, whose
-// rule's unit is a sliding window of that length. The descriptors of one request are decided
+// matches them (package config); each limited descriptor counts on a key in Valkey (its
+// entries', shared by a rule and a request's override of its unit), whose rule's unit is a
+// sliding window of that length. The descriptors of one request, however many, are decided
 // all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
 // in every one; a denied request consumes nothing of any descriptor.
 type Service struct {
@@ -47,7 +50,10 @@ type Service struct {
 
 	config   atomic.Pointer[config.Config]
 	stopping atomic.Bool
-	fields   sync.Map // engine.Limit -> *fields.Dated, the header fields of a rule's limit
+	// fields holds the header fields of the configured rules' limits (engine.Limit ->
+	// *fields.Dated), made on first use and dropped with their configuration (SetConfig); a
+	// request's own limit (an override), which a client may vary at will, is never kept.
+	fields sync.Map
 }
 
 // New returns a service deciding with e. It answers every request with an error until a
@@ -65,6 +71,8 @@ func New(e *engine.Engine, opts ...Option) *Service {
 // with.
 func (s *Service) SetConfig(c *config.Config) {
 	s.config.Store(c)
+	// A request that began under the last configuration may still add one of its limits.
+	s.fields.Clear()
 	s.metrics.configLoadSuccess.Inc()
 	s.opts.logger.Info("rate limit configuration loaded", "domains", len(c.Domains()))
 }
@@ -88,15 +96,17 @@ var errNoConfig = errors.New("no rate limit configuration loaded")
 
 // descriptorPlan is what one descriptor of a request asks: its rule and its counter.
 type descriptorPlan struct {
-	match   config.Match
-	limit   engine.Limit
-	hits    uint64
-	key     string
-	req     int           // index in the engine requests; -1 when not sent
-	over    bool          // denied without a call: hits above the rule's limit, or a limit of 0
-	metrics *ruleCounters // the rule's counters
-	shadow  bool
-	present bool // the descriptor is limited (a rule that is neither nil nor unlimited)
+	match    config.Match
+	override bool         // match is the request's own limit (descriptor.limit), not a configured rule
+	limit    engine.Limit // the rule's limit in the engine: Max is its requests_per_unit, at most engine.MaxEvents
+	hits     uint64
+	key      string
+	keyHits  uint64        // the hits of every descriptor of this request on the key, its own included
+	req      int           // index in the engine requests (one per key); -1 when not sent
+	over     bool          // denied without a call: the key's hits in this request are above its limit
+	metrics  *ruleCounters // the rule's counters
+	shadow   bool
+	present  bool // the descriptor is limited (a rule that is neither nil nor unlimited)
 }
 
 // ShouldRateLimit decides a request of Envoy's (RateLimitService/ShouldRateLimit). The call
@@ -181,7 +191,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	tightest := -1
 	var tightestRemaining uint64 = math.MaxUint64
 	for i, p := range plans {
-		st, hits := s.status(p, results, allowed)
+		st, hits := s.status(p, reqs, results, allowed)
 		resp.Statuses[i] = st
 		if p.present {
 			s.metrics.count(hits, s.opts.nearLimitRatio)
@@ -212,7 +222,15 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 }
 
 // plan matches each descriptor with its rule, applies replaces, and makes the engine requests
-// of the limited ones (one per key: a key asked twice is asked once, for the hits of both).
+// of the limited ones: one per key, for the hits of every descriptor on it.
+//
+// Several descriptors of a request may count on one key (the same entries twice, or a rule and
+// a request's override of the same unit: see counterOf). Every limit on a key holds on every
+// event of the key, so each is judged against its own limit with the hits of all of them: a
+// descriptor is over when the key's hits in this request are above its limit, and the engine
+// decides the key under the smallest limit of those that can deny (a shadow rule's only when
+// every one is shadow), which has room exactly when every one of them has. The order the
+// descriptors come in changes nothing.
 func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
 	plans := make([]descriptorPlan, len(req.Descriptors))
 	replaced := map[string]bool{}
@@ -221,21 +239,16 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		for j, e := range d.GetEntries() {
 			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
-		var m config.Match
-		if o := d.GetLimit(); o != nil {
-			m = cfg.Override(req.Domain, entries, o.GetRequestsPerUnit(), overrideUnit(o.GetUnit()))
-		} else {
-			m = cfg.Match(req.Domain, entries)
-		}
-		plans[i] = descriptorPlan{match: m, hits: hitsOf(req, i), req: -1}
+		m, override := match(cfg, req.Domain, entries, d.GetLimit())
+		plans[i] = descriptorPlan{match: m, override: override, hits: hitsOf(req, i), req: -1}
 		if m.Limit != nil {
 			for _, r := range m.Limit.Replaces {
 				replaced[r] = true
 			}
 		}
 	}
-	reqs := make([]engine.Request, 0, len(plans))
 	byKey := make(map[string]int, len(plans))
+	var keys [][]int // the descriptors of each key, in the order keys were first named
 	for i := range plans {
 		p := &plans[i]
 		r := p.match.Limit
@@ -246,38 +259,97 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		p.shadow = r.ShadowMode
 		p.metrics = s.metrics.rule(p.match.StatKey)
 		p.limit = s.limitOf(r)
-		// More hits than the limit can ever admit (a limit of 0, or a rule beyond
-		// engine.MaxEvents, which limits at that): over without asking.
-		if r.RequestsPerUnit == 0 || p.hits > uint64(p.limit.Max) {
-			p.over = p.hits > 0
-			if r.RequestsPerUnit == 0 {
-				continue
+		p.key = s.counterOf(cfg, req.Domain, p)
+		k, ok := byKey[p.key]
+		if !ok {
+			k = len(keys)
+			byKey[p.key] = k
+			keys = append(keys, nil)
+		}
+		keys[k] = append(keys[k], i)
+	}
+	reqs := make([]engine.Request, 0, len(keys))
+	for _, members := range keys {
+		var total uint64
+		lead := -1 // the descriptor whose limit the engine decides the key under
+		for _, i := range members {
+			p := &plans[i]
+			total = addHits(total, p.hits)
+			if p.limit.Max > 0 && (lead < 0 || tighter(p, &plans[lead])) {
+				lead = i
 			}
 		}
-		p.key = counterKey(s.opts.keyPrefix, req.Domain, p.match.Counter)
-		if j, ok := byKey[p.key]; ok && reqs[j].Policy[0] != p.limit {
-			// The same counter under another limit (a request's override beside the rule):
-			// a key of its own, shared with the descriptors under that limit.
-			p.key += "_" + p.limit.String()
+		for _, i := range members {
+			// Hits the limit can never admit (a limit of 0, or a request above
+			// engine.MaxEvents, which limits at that): over without asking.
+			plans[i].keyHits = total
+			plans[i].over = total > uint64(plans[i].limit.Max)
 		}
-		n := int(p.hits)
-		if p.over {
-			n = 0
-		}
-		if j, ok := byKey[p.key]; ok {
-			if reqs[j].N+n > p.limit.Max { // together the hits are over the limit
-				p.over, n = true, 0
-			}
-			reqs[j].N += n
-			reqs[j].Advisory = reqs[j].Advisory && p.shadow
-			p.req = j
+		if lead < 0 { // every limit on the key is 0: nothing to ask
 			continue
 		}
-		byKey[p.key] = len(reqs)
-		p.req = len(reqs)
-		reqs = append(reqs, engine.Request{Key: p.key, Policy: engine.Policy{p.limit}, N: n, Advisory: p.shadow})
+		l := &plans[lead]
+		n := 0
+		if !l.over {
+			n = int(total) // at most l.limit.Max
+		}
+		for _, i := range members {
+			plans[i].req = len(reqs)
+		}
+		reqs = append(reqs, engine.Request{Key: l.key, Policy: engine.Policy{l.limit}, N: n, Advisory: l.shadow})
 	}
 	return plans, reqs
+}
+
+// tighter reports whether p's limit, rather than lead's, is the one its key is decided under:
+// a limit that can deny before a shadow rule's, then the smaller.
+func tighter(p, lead *descriptorPlan) bool {
+	if p.shadow != lead.shadow {
+		return !p.shadow
+	}
+	return p.limit.Max < lead.limit.Max
+}
+
+// addHits adds hits without wrapping around: a sum past the largest uint64 is over any limit
+// anyway.
+func addHits(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// match is the rule a descriptor is limited by, and whether it is the request's own limit
+// (descriptor.limit, an override). An override whose unit the service does not know (Envoy's
+// UNKNOWN, or a number that names no unit) is ignored, and the configured rule applies: the
+// reference has no answer for it (it panics), and the descriptor stays limited at least as
+// the operator configured it, without making the request an error.
+func match(cfg *config.Config, domain string, entries []config.Entry, o *rlv3.RateLimitDescriptor_RateLimitOverride) (config.Match, bool) {
+	if o != nil {
+		if u := overrideUnit(o.GetUnit()); u != config.UnitUnknown {
+			return cfg.Override(domain, entries, o.GetRequestsPerUnit(), u), true
+		}
+	}
+	return cfg.Match(domain, entries), false
+}
+
+// counterOf is the key of a limited descriptor's counter. A configured rule counts under its
+// counter's entries (counterKey). So does a request's override of the same unit as the
+// limited rule configured for the same entries: the two count the same events, each against
+// its own limit, as the reference's share its key (the entries and the unit's window). An
+// override of another unit, or of entries no limited rule counts under, has a counter of its
+// own: the entries' key followed by the unit's name (which a key of entries never ends in), so
+// that it never splits a rule's counter, nor puts two windows on one key.
+func (s *Service) counterOf(cfg *config.Config, domain string, p *descriptorPlan) string {
+	key := counterKey(s.opts.keyPrefix, domain, p.match.Counter)
+	if !p.override {
+		return key
+	}
+	rule := cfg.Match(domain, p.match.Counter)
+	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == p.match.Limit.Unit && slices.Equal(rule.Counter, p.match.Counter) {
+		return key
+	}
+	return key + p.match.Limit.Unit.String()
 }
 
 // hitsOf is descriptor i's hits: its own hits_addend when set (0 checks without counting),
@@ -294,7 +366,10 @@ func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
 }
 
 // limitOf is a rule's limit in the engine: a sliding window of the unit's length (slotted
-// when the rule is larger than the slots asked), or a calendar period under WithCalendar.
+// when the rule is larger than the slots asked), or a calendar period under WithCalendar. A
+// configured rule is at most engine.MaxEvents (config.MaxRequestsPerUnit); a request's
+// override may ask more, and is decided against engine.MaxEvents: it can deny early, after
+// that many hits in one unit, never admit more than it asks.
 func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
 	if s.opts.calendar != nil {
@@ -326,21 +401,12 @@ func calendarPeriod(u config.Unit) (engine.Period, bool) {
 	return 0, false
 }
 
-// overrideUnit is the unit of a request's limit override.
+// overrideUnit is the unit of a request's limit override, read by its number as the
+// reference reads it (config.Unit has Envoy's numbers: 7 is a week, which newer protos name),
+// UnitUnknown for 0 and any number that names no unit.
 func overrideUnit(u typev3.RateLimitUnit) config.Unit {
-	switch u {
-	case typev3.RateLimitUnit_SECOND:
-		return config.Second
-	case typev3.RateLimitUnit_MINUTE:
-		return config.Minute
-	case typev3.RateLimitUnit_HOUR:
-		return config.Hour
-	case typev3.RateLimitUnit_DAY:
-		return config.Day
-	case typev3.RateLimitUnit_MONTH:
-		return config.Month
-	case typev3.RateLimitUnit_YEAR:
-		return config.Year
+	if n := config.Unit(u); n >= config.Second && n <= config.Week {
+		return n
 	}
 	return config.UnitUnknown
 }
@@ -365,8 +431,9 @@ func protoUnit(u config.Unit) pb.RateLimitResponse_RateLimit_Unit {
 	return pb.RateLimitResponse_RateLimit_UNKNOWN
 }
 
-// status makes a descriptor's status from the decision, and its counts for the metrics.
-func (s *Service) status(p descriptorPlan, results []engine.Result, allowed bool) (*pb.RateLimitResponse_DescriptorStatus, ruleHits) {
+// status makes a descriptor's status from the decision of its key, and its counts for the
+// metrics.
+func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engine.Result, allowed bool) (*pb.RateLimitResponse_DescriptorStatus, ruleHits) {
 	r := p.match.Limit
 	switch {
 	case r == nil:
@@ -380,18 +447,27 @@ func (s *Service) status(p descriptorPlan, results []engine.Result, allowed bool
 		Code:         pb.RateLimitResponse_OK,
 		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)},
 	}
-	limit := uint64(r.RequestsPerUnit)
+	// The limit the descriptor is decided against: its requests_per_unit, at most
+	// engine.MaxEvents.
+	limit := uint64(p.limit.Max)
 	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
+	// A key not asked (every limit on it is 0) has room only for a check.
+	room, hasRoom, keyRecorded := uint64(0), !p.over, false
 	if p.req >= 0 {
 		res = results[p.req]
+		q := reqs[p.req]
+		// The key's events as its decision counted them (this request's, when recorded),
+		// under the limit it was decided by: every limit on the key counts the same events.
+		// For that limit the engine's answer speaks (a key may hold more than it, which
+		// Remaining, never below 0, does not tell); a looser one has its own room.
+		decided := q.Policy[0].Max
+		used := uint64(decided - min(max(res.Remaining, 0), decided))
+		room = limit - min(used, limit)
+		keyRecorded = allowed && res.Allowed && q.N > 0
+		hasRoom = !p.over && (keyRecorded || p.keyHits <= room && (res.Allowed || p.limit.Max > decided))
 	}
-	room := uint64(max(res.Remaining, 0))
-	hasRoom := res.Allowed && !p.over
-	if p.req < 0 { // a limit of 0: room only for a check
-		room, hasRoom = 0, !p.over
-	}
-	recorded := allowed && hasRoom && p.hits > 0
+	recorded := keyRecorded && hasRoom && p.hits > 0
 	switch {
 	case res.BackendErr != nil && !p.over: // fail-open answered without a count
 		h.admitted, h.before, h.after = allowed && p.hits > 0, 0, p.hits
@@ -448,7 +524,7 @@ func (s *Service) headers(p descriptorPlan, st *pb.RateLimitResponse_DescriptorS
 			{Key: s.opts.resetHeader, Value: fmt.Sprint(fields.Seconds(st.DurationUntilReset.AsDuration()))},
 		}
 	}
-	f, err := s.fieldsOf(p.limit)
+	f, err := s.fieldsOf(p.limit, !p.override)
 	if err != nil {
 		return nil
 	}
@@ -474,8 +550,10 @@ func (s *Service) headers(p descriptorPlan, st *pb.RateLimitResponse_DescriptorS
 	return out
 }
 
-// fieldsOf returns the fields writer of a rule's limit, made once per limit.
-func (s *Service) fieldsOf(l engine.Limit) (*fields.Dated, error) {
+// fieldsOf returns the fields writer of a limit: made once per limit of a configured rule
+// (keep), for every request of an override's, so that what is kept is bounded by the
+// configuration and not by what clients send.
+func (s *Service) fieldsOf(l engine.Limit, keep bool) (*fields.Dated, error) {
 	if f, ok := s.fields.Load(l); ok {
 		return f.(*fields.Dated), nil
 	}
@@ -483,7 +561,9 @@ func (s *Service) fieldsOf(l engine.Limit) (*fields.Dated, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fields.Store(l, f)
+	if keep {
+		s.fields.Store(l, f)
+	}
 	return f, nil
 }
 

@@ -6,6 +6,13 @@ import (
 	"strings"
 )
 
+// MaxRequestsPerUnit is the largest requests_per_unit a rule may have: the most events the
+// engine limits a key to (engine.MaxEvents, which a test ties it to). The reference accepts
+// any uint32; a rule above this one is refused, since deciding it exactly is not possible and
+// capping it in silence would deny what the rule admits. For no limit, a rule says
+// unlimited: true.
+const MaxRequestsPerUnit = 1<<31 - 1
+
 // RateLimit is a rule's limit: what one matched descriptor is limited by. A Config's rules are
 // shared by every Match that finds them: never modify one.
 type RateLimit struct {
@@ -118,7 +125,8 @@ func build(roots []namedRoot, opts []Option) (*Config, error) {
 }
 
 // load adds descriptors under n, checking each as the reference does and in its order: the
-// key, a duplicate, the rate limit's unit, its replaces, share_threshold, then the children.
+// key, a duplicate, the rate limit's unit (then, a check of our own, its requests_per_unit
+// against MaxRequestsPerUnit), its replaces, share_threshold, then the children.
 func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 	for _, d := range ds {
 		if d.key == "" {
@@ -142,6 +150,14 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 			}
 			if !rl.unlimited && unitErr != nil {
 				return invalid(file, rl.line, "invalid rate limit unit '%s'", rl.unit)
+			}
+			if !rl.unlimited && rl.requestsPerUnit > MaxRequestsPerUnit {
+				line := rl.requestsLine
+				if line == 0 {
+					line = rl.line
+				}
+				return invalid(file, line, "requests_per_unit %d of '%s' is more than %d, the most a rule can limit exactly; lower it, or use unlimited: true for no limit",
+					rl.requestsPerUnit, fullKey, MaxRequestsPerUnit)
 			}
 			for _, r := range rl.replaces {
 				if r == "" {

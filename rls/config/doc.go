@@ -9,7 +9,8 @@
 // What is accepted and what is rejected follow the reference exactly: every key it knows is
 // accepted anywhere in a file (a key it does not know is refused), the same values are
 // refused for the same reasons, and matching walks the descriptor tree as it does (see
-// Config.Match). Every refusal is an *Error that wraps ErrInvalid and names the file, the
+// Config.Match). One refusal is this package's own: a requests_per_unit above
+// MaxRequestsPerUnit, which the engine cannot decide exactly. Every refusal is an *Error that wraps ErrInvalid and names the file, the
 // line where it is known, and the reason in the reference's words.
 //
 // A file:

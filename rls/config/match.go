@@ -154,7 +154,8 @@ func statKey(domain string, entries []Entry, steps []step, rule *RateLimit, shar
 // empty value), counted under the request's entries, never unlimited, shadow or named, and
 // whatever the configuration says of the descriptor. Only a configured domain gets one: in
 // any other, nothing applies. A unit Envoy leaves unknown is returned as UnitUnknown, for the
-// caller to refuse.
+// caller to handle (the service ignores such an override, and applies Match's rule). Unlike a
+// rule, requestsPerUnit may be above MaxRequestsPerUnit: a request cannot be refused at load.
 func (c *Config) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
 	if !c.HasDomain(domain) {
 		return Match{}

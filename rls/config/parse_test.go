@@ -138,6 +138,17 @@ descriptors:
 			line: 4, reason: "error loading config file: cannot unmarshal !!int `-1` into uint32"},
 		{name: "requests_per_unit over 32 bits", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n")},
 			line: 4, reason: "error loading config file: cannot unmarshal !!int `4294967296` into uint32"},
+		{name: "requests_per_unit over the engine's largest limit", files: []config.File{yamlFile("f.yaml", `domain: d
+descriptors:
+  - key: k
+    descriptors:
+      - key: bulk
+        rate_limit:
+          unit: minute
+          requests_per_unit: 4294967295
+`)}, line: 8, reason: "requests_per_unit 4294967295 of 'd.k.bulk' is more than 2147483647, the most a rule can limit exactly; lower it, or use unlimited: true for no limit"},
+		{name: "requests_per_unit one over", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2147483648}\n")},
+			line: 4, reason: "requests_per_unit 2147483648 of 'd.k' is more than 2147483647, the most a rule can limit exactly; lower it, or use unlimited: true for no limit"},
 		{name: "quoted number", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: '5'}\n")},
 			line: 4, reason: "error loading config file: cannot unmarshal !!str `5` into uint32"},
 		{name: "quoted boolean", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: \"true\"\n")},
@@ -216,6 +227,10 @@ descriptors:
     rate_limit: {unit: day}
   - key: unlimited_bad_unit
     rate_limit: {unlimited: true, unit: foo, requests_per_unit: 7}
+  - key: largest
+    rate_limit: {unit: minute, requests_per_unit: 2147483647}
+  - key: unlimited_huge
+    rate_limit: {unlimited: true, requests_per_unit: 4294967295}
   - key: 123
     value: true
     rate_limit: &shared {unit: week, requests_per_unit: 4}
@@ -257,6 +272,10 @@ this: second document is not read
 			want: &want{rpu: 0, unit: config.Day, statKey: "d.no_requests_per_unit"}},
 		{name: "unlimited with a unit that is not one", domain: "d", entries: e("unlimited_bad_unit", "x"),
 			want: &want{unlimited: true, rpu: 7, statKey: "d.unlimited_bad_unit"}},
+		{name: "the largest requests_per_unit", domain: "d", entries: e("largest", "x"),
+			want: &want{rpu: config.MaxRequestsPerUnit, unit: config.Minute, statKey: "d.largest"}},
+		{name: "unlimited: requests_per_unit is not read", domain: "d", entries: e("unlimited_huge", "x"),
+			want: &want{unlimited: true, rpu: 4294967295, statKey: "d.unlimited_huge"}},
 		{name: "scalars as strings", domain: "d", entries: e("123", "true"),
 			want: &want{rpu: 4, unit: config.Week, statKey: "d.123_true"}},
 		{name: "alias", domain: "d", entries: e("alias", "x"),

@@ -125,6 +125,9 @@ func TestFromProtoRejects(t *testing.T) {
 		{name: "replaces without a name", cfgs: []*rlsconfv3.RateLimitConfig{{Name: "r", Domain: "d", Descriptors: rule(&rlsconfv3.RateLimitPolicy{
 			Unit: rlsconfv3.RateLimitUnit_DAY, Replaces: []*rlsconfv3.RateLimitReplace{{}}})}},
 			file: "r", reason: "should not have an empty replaces entry"},
+		{name: "requests_per_unit over the engine's largest limit", cfgs: []*rlsconfv3.RateLimitConfig{{Name: "r", Domain: "d", Descriptors: rule(&rlsconfv3.RateLimitPolicy{
+			Unit: rlsconfv3.RateLimitUnit_HOUR, RequestsPerUnit: config.MaxRequestsPerUnit + 1})}},
+			file: "r", reason: "requests_per_unit 2147483648 of 'd.k' is more than 2147483647, the most a rule can limit exactly; lower it, or use unlimited: true for no limit"},
 		{name: "empty key", cfgs: []*rlsconfv3.RateLimitConfig{{Name: "r", Domain: "d", Descriptors: []*rlsconfv3.RateLimitDescriptor{{Value: "v"}}}},
 			file: "r", reason: "descriptor has empty key"},
 		{name: "duplicate key when merged", merge: true, cfgs: []*rlsconfv3.RateLimitConfig{

@@ -29,6 +29,7 @@ type rawDescriptor struct {
 
 type rawRateLimit struct {
 	line            int
+	requestsLine    int // the line of requests_per_unit; 0 when not known (absent, or xDS)
 	requestsPerUnit uint32
 	unit            string
 	unlimited       bool
@@ -357,6 +358,7 @@ func (r *yamlReader) rateLimit(n *yaml.Node) (*rawRateLimit, error) {
 		switch p.key.Value {
 		case "requests_per_unit":
 			rl.requestsPerUnit, err = r.uint32(p.value)
+			rl.requestsLine = p.value.Line
 		case "unit":
 			rl.unit, err = r.str(p.value)
 		case "unlimited":

@@ -111,20 +111,11 @@ func TestBadConfigAtStart(t *testing.T) {
 	file := filepath.Join(root, "ratelimit", "config", "bad.yaml")
 	writeFile(t, file, badUnitConfig)
 
-	p := launch(t, fileEnv(t, root))
-	if code := p.wait(10 * time.Second); code == 0 {
-		t.Errorf("the command exited 0 with a bad configuration")
-	}
-	out := p.log.String()
-	for _, want := range []string{"bad.yaml", "fortnight"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the command's output does not name %q:\n%s", want, out)
-		}
-	}
+	refusedAtStart(t, fileEnv(t, root), "bad.yaml", "fortnight")
 
 	e := fileEnv(t, root)
 	e["FORCE_START_WITHOUT_INITIAL_CONFIG"] = "true"
-	p = start(t, e)
+	p := start(t, e)
 	c := dial(t, p.grpc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -139,6 +130,33 @@ func TestBadConfigAtStart(t *testing.T) {
 	if got := decisions(t, c, request("edge", "remote_address", "10.0.0.1"), 2); got != want(1, 1) {
 		t.Errorf("2 requests against 1 a minute once the file is fixed: %s, want %s", got, want(1, 1))
 	}
+}
+
+// refusedAtStart runs the command with e, whose configuration it must refuse: it exits
+// non-zero, and its output holds every one of wants.
+func refusedAtStart(t *testing.T, e env, wants ...string) {
+	t.Helper()
+	p := launch(t, e)
+	if code := p.wait(10 * time.Second); code == 0 {
+		t.Errorf("the command exited 0 with a configuration it must refuse")
+	}
+	out := p.log.String()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("the command's output does not say %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestHugeRuleAtStart: a rule above the engine's largest limit (2,147,483,647) is refused at
+// start, with a message that names the file, the rule and the value, and says how to write
+// no limit; the reference would accept it, and capping it in silence would deny what it
+// admits.
+func TestHugeRuleAtStart(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "ratelimit", "config", "huge.yaml"), edgeConfig(4294967295))
+	refusedAtStart(t, fileEnv(t, root), "huge.yaml", "line 6", "edge.remote_address", "4294967295", "unlimited: true")
 }
 
 // TestWatchRoot: with RUNTIME_WATCH_ROOT=true (the reference's default), a deployment that
@@ -195,17 +213,11 @@ descriptors:
   - key: path
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
-	p := launch(t, fileEnv(t, root))
-	if code := p.wait(10 * time.Second); code == 0 {
-		t.Errorf("two files of the domain edge without MERGE_DOMAIN_CONFIG: the command exited 0")
-	}
-	if out := p.log.String(); !strings.Contains(out, "duplicate domain") {
-		t.Errorf("the refusal does not say the domain is duplicated:\n%s", out)
-	}
+	refusedAtStart(t, fileEnv(t, root), "duplicate domain")
 
 	e := fileEnv(t, root)
 	e["MERGE_DOMAIN_CONFIG"] = "true"
-	p = start(t, e)
+	p := start(t, e)
 	c := dial(t, p.grpc)
 	if got := decisions(t, c, request("edge", "remote_address", "10.0.0.1"), 3); got != want(2, 1) {
 		t.Errorf("3 requests against the first file's 2 a minute: %s, want %s", got, want(2, 1))
