@@ -45,8 +45,8 @@ const (
 
 // leaseCleanupTimeout bounds what an Acquire does once its caller has left: the wait for the
 // script's reply, then the release of the lease nobody took. Neither is bounded by the
-// caller's context any more, and a server that answers neither within it leaves the lease
-// to expire at its ttl, as a crashed holder's.
+// caller's context any more. A release sent when the wait ran out may reach the server before
+// the acquire; a lease granted after it expires at its ttl, as a crashed holder's.
 const leaseCleanupTimeout = 5 * time.Second
 
 // Lease is one holder's slot of a key's in-flight limit, granted by Acquire. It is a plain
@@ -97,8 +97,8 @@ type Lease struct {
 // holds no slot); the call goes on without the caller, and should the server grant the lease
 // after all, it is released once the reply is back. So is a lease whose call failed without
 // saying whether it was granted (a timeout, a lost connection) or that was granted but not
-// acknowledged as asked. A server that answers neither that call nor its release within a few
-// seconds of the caller leaving leaves the lease to expire at its ttl.
+// acknowledged as asked. A server that does not answer the call within a few seconds of the
+// caller leaving may take the release first, and the lease then expires at its ttl.
 func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err

@@ -66,7 +66,15 @@ func TestAcquireAbandonedHoldsNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 20*time.Millisecond) }
+	// The Extend first: should it wait for a connection's dial, the Acquires' callers have not
+	// left yet, and the server answers well within leaseCleanupTimeout (5 s) of their leaving.
 	dctx, cancel := short()
+	_, err := extender.Extend(dctx, held, abandonedTTL)
+	cancel()
+	if err == nil {
+		t.Fatal("Extend past its deadline, server paused: no error")
+	}
+	dctx, cancel = short()
 	l, err := closed.Acquire(dctx, deadlineKey, 1, abandonedTTL)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || l != (engine.Lease{}) {
@@ -85,12 +93,6 @@ func TestAcquireAbandonedHoldsNoSlot(t *testing.T) {
 	cancel()
 	if err != nil || l.BackendErr == nil || l.ID != uuid.Nil {
 		t.Fatalf("fail-open Acquire past its deadline, server paused: %+v, %v; want a lease without a slot, carrying the error", l, err)
-	}
-	dctx, cancel = short()
-	_, err = extender.Extend(dctx, held, abandonedTTL)
-	cancel()
-	if err == nil {
-		t.Fatal("Extend past its deadline, server paused: no error")
 	}
 	if err := srv.Resume(); err != nil {
 		t.Fatal(err)

@@ -376,6 +376,7 @@ func TestConcurrentClientsThatHangUpHoldNoSlot(t *testing.T) {
 	if err := own.Pause(); err != nil {
 		t.Fatal(err)
 	}
+	paused := time.Now()
 	clientCtx, hangUp := context.WithCancel(ctx)
 	defer hangUp()
 	var wg sync.WaitGroup
@@ -398,6 +399,7 @@ func TestConcurrentClientsThatHangUpHoldNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	hangUp()
+	hungUp := time.Now()
 	wg.Wait()
 	if err := valkeytest.WaitFor(ctx, 30*time.Second, "the middleware to notice every client hang up", func() (bool, error) {
 		return gaveUp.Load()+otherErrors.Load() == clients, nil
@@ -407,6 +409,9 @@ func TestConcurrentClientsThatHangUpHoldNoSlot(t *testing.T) {
 	if err := own.Resume(); err != nil {
 		t.Fatal(err)
 	}
+	// It must stay well under the 5 s an Acquire's call outlives its caller by: past that, a
+	// release may reach the server before its acquire.
+	t.Logf("server paused %s, %s of it after the clients hung up", time.Since(paused).Round(time.Millisecond), time.Since(hungUp).Round(time.Millisecond))
 
 	if err := valkeytest.WaitFor(ctx, 30*time.Second, "every slot to come back", func() (bool, error) {
 		return len(leaseMembers(t, c, k)) == 0, nil
