@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -20,6 +21,14 @@ import (
 // Extend while it runs longer than its ttl. A lease that is neither released nor extended
 // expires and frees its slot by itself, so a holder that crashes (or loses its network) holds
 // its slot for at most one ttl: no slot can leak for good.
+//
+// A caller that gives up holds nothing either. The path of one Acquire: the lease's id is made
+// before the call (acquireLease); the script call runs to its reply on a context the caller
+// cannot cut short (runAcquire, on outliving's context), while the caller waits for the reply
+// or its own context's end, whichever comes first; once the reply (or the call's failure) is
+// back, a lease that no caller took, or that the call may have left without saying so, is
+// released by its id (releaseAbandoned). The release comes after the acquire's reply, never
+// before: a release the server took before the acquire would remove nothing.
 
 const (
 	// LeaseNamespace is put between the engine's prefix and a key to name the key's leases: the
@@ -33,6 +42,12 @@ const (
 	// expiry must stay exact in a sorted-set score.
 	MaxLeaseTTL = MaxWindow
 )
+
+// leaseCleanupTimeout bounds what an Acquire does once its caller has left: the wait for the
+// script's reply, then the release of the lease nobody took. Neither is bounded by the
+// caller's context any more. A release sent when the wait ran out may reach the server before
+// the acquire; a lease granted after it expires at its ttl, as a crashed holder's.
+const leaseCleanupTimeout = 5 * time.Second
 
 // Lease is one holder's slot of a key's in-flight limit, granted by Acquire. It is a plain
 // value: copy it, store it, hand it to another goroutine or process, and Release or Extend it
@@ -76,6 +91,14 @@ type Lease struct {
 // WithReplicaAck or WithDurableAck a lease counts only once it is held where they ask. A key
 // that holds something other than leases is ErrUnknownLayout. Pipelined mode offers no
 // leases: ErrUnsupported. Each call is counted in the metrics as operation "acquire".
+//
+// Only a returned Lease holds a slot. When ctx ends before the server's reply, Acquire returns
+// at once with ctx's error (or, when its deadline passed under WithFailOpen(true), a Lease that
+// holds no slot); the call goes on without the caller, and should the server grant the lease
+// after all, it is released once the reply is back. So is a lease whose call failed without
+// saying whether it was granted (a timeout, a lost connection) or that was granted but not
+// acknowledged as asked. A server that does not answer the call within a few seconds of the
+// caller leaving may take the release first, and the lease then expires at its ttl.
 func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
@@ -103,10 +126,13 @@ func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, t
 		return Lease{}, fmt.Errorf("%s: make a lease id: %w", what(), err)
 	}
 	args := []string{nowArg, strconv.Itoa(maxHolders), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
-	d, err := e.runLease(ctx, e.acquire, what, e.leaseKey(key), args)
-	if err == nil && (d.holders < 1 || d.holders > int64(maxHolders) && d.granted) {
-		err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), d.holders, maxHolders)
-	}
+	d, err := e.runAcquire(ctx, key, id, func(ctx context.Context) acquireCall {
+		d, err := e.runLease(ctx, e.acquire, what, e.leaseKey(key), args)
+		if err == nil && (d.holders < 1 || d.holders > int64(maxHolders) && d.granted) {
+			err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), d.holders, maxHolders)
+		}
+		return acquireCall{d: d, err: err}
+	}, what)
 	if err != nil {
 		return e.leaseFailure(ctx, Lease{Key: key}, ttl, err)
 	}
@@ -115,6 +141,94 @@ func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, t
 			NextExpiry: time.UnixMicro(d.soonest), LastExpiry: time.UnixMicro(d.latest)}
 	}
 	return Lease{Key: key, ID: id, At: time.UnixMicro(d.now), Expires: time.UnixMicro(d.expires), Remaining: maxHolders - int(d.holders)}, nil
+}
+
+// acquireCall is what one lease_acquire.lua call came back with: its decoded reply (granted
+// even when err says the grant was not acknowledged as asked) and its error.
+type acquireCall struct {
+	d   leaseReply
+	err error
+}
+
+// mayHold reports whether the call may have left its lease on the server: it granted it, or it
+// failed other than by an error reply. The server gives an error reply instead of running the
+// script (LOADING, BUSY, NOSCRIPT...), and lease_acquire.lua gives one only before it writes
+// (BADLAYOUT, an id already in use); a timeout or a lost connection says nothing of whether the
+// script ran.
+func (c acquireCall) mayHold() bool {
+	if c.d.granted {
+		return true
+	}
+	var reply *valkey.ValkeyError
+	return c.err != nil && !errors.As(c.err, &reply) && !errors.Is(c.err, ErrUnknownLayout)
+}
+
+// runAcquire runs call, the acquire of lease id of key, so that no lease of that id outlives
+// it unless returned to the caller: call runs to its reply on a context ctx cannot cut short
+// (outliving), the caller waits for the reply or ctx's end, whichever comes first, and once the
+// reply is back, a lease no caller took, or that the call may have left while it failed, is
+// released (releaseAbandoned). A ctx that has ended already sends nothing.
+func (e *Engine) runAcquire(ctx context.Context, key string, id uuid.UUID, call func(context.Context) acquireCall, what func() string) (leaseReply, error) {
+	if ctx.Done() == nil {
+		// ctx never ends: the caller takes whatever the call comes back with.
+		c := call(ctx)
+		if c.err != nil && c.mayHold() {
+			go e.releaseAbandoned(ctx, key, id)
+		}
+		return c.d, c.err
+	}
+	if err := ctx.Err(); err != nil {
+		return leaseReply{}, fmt.Errorf("%s: %w", what(), err)
+	}
+	// Unbuffered: a reply handed over is the caller's, one not handed over is nobody's.
+	handed := make(chan acquireCall)
+	callCtx, stop := outliving(ctx)
+	go func() {
+		defer stop()
+		c := call(callCtx)
+		taken := false
+		select {
+		case handed <- c:
+			taken = true
+		case <-ctx.Done():
+		}
+		if c.mayHold() && (!taken || c.err != nil) {
+			e.releaseAbandoned(ctx, key, id)
+		}
+	}()
+	select {
+	case c := <-handed:
+		return c.d, c.err
+	case <-ctx.Done():
+		return leaseReply{}, fmt.Errorf("%s: %w", what(), ctx.Err())
+	}
+}
+
+// outliving returns a context for a call that must run to its reply though its caller may
+// leave: it keeps ctx's values but neither its deadline nor its cancellation, and ends
+// leaseCleanupTimeout after ctx does, so that a server that never answers does not hold the
+// call for good. stop ends it once the call is over.
+func outliving(ctx context.Context) (callCtx context.Context, stop func()) {
+	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	unwatch := context.AfterFunc(ctx, func() {
+		if callCtx.Err() == nil {
+			time.AfterFunc(leaseCleanupTimeout, cancel)
+		}
+	})
+	return callCtx, func() { unwatch(); cancel() }
+}
+
+// releaseAbandoned releases lease id of key, which an Acquire may have left on the server with
+// no caller holding it, bounded by leaseCleanupTimeout. It is not counted in the metrics (they
+// count callers' calls) but logged at debug level; when it fails, the lease expires at its ttl.
+func (e *Engine) releaseAbandoned(ctx context.Context, key string, id uuid.UUID) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCleanupTimeout)
+	defer cancel()
+	removed, err := e.removeLease(ctx, key, id)
+	if e.logger != nil {
+		e.logger.LogAttrs(ctx, slog.LevelDebug, "strictrate: released a lease no caller holds (its acquire's caller left, or the acquire failed)",
+			slog.String("key", quoteKey(key)), slog.String("lease", id.String()), slog.Bool("removed", removed), slog.Any("error", err))
+	}
 }
 
 // Extend moves a held lease's expiry to ttl from now: the heartbeat of a holder that runs
@@ -131,6 +245,11 @@ func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, t
 // though the server's copy was not extended. Fail-closed, the error wraps ErrUnavailable and
 // the lease keeps the expiry it had: try again before it passes. Each call is counted in the
 // metrics as operation "extend" (outcome denied: the lease had expired).
+//
+// On any error, keep the lease you passed: the returned one is empty. An Extend whose ctx ended
+// before the reply may still reach the server, and then moves the expiry as asked, from when
+// it lands: harmless, as the lease is still the caller's. It never revives an expired lease
+// nor removes one, and nothing is released on its account.
 func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
@@ -194,16 +313,23 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 		return nil
 	}
 	started := time.Now()
-	removed, err := e.release.Exec(ctx, e.client, []string{e.leaseKey(l.Key)}, []string{string(l.ID[:])}).AsInt64()
+	removed, err := e.removeLease(ctx, l.Key, l.ID)
 	oc := outcomeAllowed
 	switch {
 	case err != nil:
 		err, oc = classify(ctx, what, err), outcomeError
-	case removed == 0:
+	case !removed:
 		oc = outcomeDenied
 	}
 	e.metrics.record(ctx, opRelease, oc, time.Since(started))
 	return err
+}
+
+// removeLease runs lease_release.lua for lease id of key: removed reports whether the lease
+// was there to remove. The error is the client's, unclassified.
+func (e *Engine) removeLease(ctx context.Context, key string, id uuid.UUID) (removed bool, err error) {
+	n, err := e.release.Exec(ctx, e.client, []string{e.leaseKey(key)}, []string{string(id[:])}).AsInt64()
+	return n == 1, err
 }
 
 // leaseKey is the name of key's lease set.
@@ -301,8 +427,8 @@ func readLeaseReply(reply valkey.ValkeyResult) (leaseReply, error) {
 // runLease sends lease script s for the full key fullKey and decodes its reply. With
 // WithReplicaAck or WithDurableAck it goes with WAIT in its round trip and is followed by
 // WAITAOF when it granted, and a grant not held where it was asked to be is an error wrapping
-// ErrUnavailable. Errors are wrapped with what() and classified; the fail-open policy is the
-// caller's to apply.
+// ErrUnavailable, returned with the granting reply. Errors are wrapped with what() and
+// classified; the fail-open policy is the caller's to apply.
 func (e *Engine) runLease(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string) (leaseReply, error) {
 	ack := e.ackPolicy.on()
 	var d leaseReply
@@ -321,7 +447,8 @@ func (e *Engine) runLease(ctx context.Context, s *loader.Script, what func() str
 		return leaseReply{}, fmt.Errorf("%s: %w", what(), readErr)
 	case ack && d.granted:
 		if err := e.ackPolicy.check(ctx, got); err != nil {
-			return leaseReply{}, fmt.Errorf("%s: %w", what(), err)
+			// Granted all the same: Acquire releases what it will not return.
+			return d, fmt.Errorf("%s: %w", what(), err)
 		}
 	}
 	return d, nil

@@ -33,7 +33,10 @@ type concurrent struct {
 // of middleware may share an engine and a key prefix.
 //
 // Each request takes a lease (engine.Acquire) before the handler runs and releases it when the
-// handler returns or panics (the panic goes on after the release). A handler that runs longer
+// handler returns or panics (the panic goes on after the release). The lease is acquired on the
+// request's context: a client that hangs up before its lease is granted stops waiting, gets no
+// handler (the error handler sees the context's error) and holds no slot, as the engine
+// releases a lease its server grants after the client left. A handler that runs longer
 // than half of ttl has its lease extended every ttl/2, so ttl bounds only how long the slot of
 // a request whose server died stays taken: choose it well above a round trip to Valkey and
 // well below how long clients should wait for such a slot. Should an extension find the lease

@@ -335,3 +335,99 @@ func TestNewConcurrentPanicsOnInvalidArguments(t *testing.T) {
 		}()
 	}
 }
+
+// 300 clients hang up while their requests wait for a server that does not answer (paused):
+// no handler runs, and once the server answers again, every slot is back long before the
+// leases' ttl (an hour): max requests run at once again, and one more is refused.
+func TestConcurrentClientsThatHangUpHoldNoSlot(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	t.Cleanup(func() { _ = own.Resume() })
+	c := own.Client(t)
+	e := enginetest.New(t, own.Client(t))
+	prefix := uniquePrefix(t)
+	const max, clients = 10, 300
+	var arrived, gaveUp, otherErrors atomic.Int64
+	b := newBlocking(t)
+	h := httplimit.NewConcurrent(e, max, time.Hour, httplimit.WithKeyPrefix(prefix),
+		// Every request has the one key, and counts as arrived just before its Acquire.
+		httplimit.WithKeyFunc(func(*http.Request) (string, error) { arrived.Add(1); return "export", nil }),
+		httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				gaveUp.Add(1)
+			} else {
+				otherErrors.Add(1)
+				t.Errorf("request failed: %v", err)
+			}
+			http.Error(w, "503 service unavailable", http.StatusServiceUnavailable)
+		}))(b)
+	k := prefix + "export"
+	// The engine's connection is up before the pause: a dial would wait for the server, and
+	// nothing would be sent.
+	ctx := context.Background()
+	l, err := e.Acquire(ctx, k, max, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	url, client := serveLoopback(t, h)
+
+	if err := own.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	clientCtx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(clientCtx, http.MethodGet, url, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+				t.Errorf("answered %d while the server was paused", resp.StatusCode)
+			}
+		})
+	}
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "every request to reach the middleware", func() (bool, error) {
+		return arrived.Load() == clients, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hangUp()
+	hungUp := time.Now()
+	wg.Wait()
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "the middleware to notice every client hang up", func() (bool, error) {
+		return gaveUp.Load()+otherErrors.Load() == clients, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	// It must stay well under the 5 s an Acquire's call outlives its caller by: past that, a
+	// release may reach the server before its acquire.
+	t.Logf("server paused %s, %s of it after the clients hung up", time.Since(paused).Round(time.Millisecond), time.Since(hungUp).Round(time.Millisecond))
+
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "every slot to come back", func() (bool, error) {
+		return len(leaseMembers(t, c, k)) == 0, nil
+	}); err != nil {
+		t.Fatalf("%v: %d of %d slots held by clients that hung up", err, len(leaseMembers(t, c, k)), max)
+	}
+	// Full capacity: the engine's calls queue behind those of the clients that hung up, so
+	// these see whatever those left behind.
+	var held []<-chan *httptest.ResponseRecorder
+	for range max {
+		held = append(held, inFlight(t, h, b, "192.0.2.1:1"))
+	}
+	wantStatus(t, "one more than max at once", refused(t, h, b, "192.0.2.1:1"), http.StatusTooManyRequests)
+	b.free()
+	for i, ch := range held {
+		wantStatus(t, fmt.Sprintf("held request %d", i+1), <-ch, http.StatusOK)
+	}
+	waitLeases(t, c, k, 0)
+}
