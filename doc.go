@@ -39,7 +39,9 @@
 //   - [github.com/strictrate/strictrate/bench]: the benchmark program (go run ./bench): Atomic
 //     against Pipelined on one server, exactness, throughput, memory, leases.
 //   - [github.com/strictrate/strictrate/examples/httpserver]: a small server limited by
-//     httplimit, with its metrics on /metrics.
+//     httplimit, with its metrics on /metrics (cd examples && go run ./httpserver). The
+//     examples are a module of their own, so that this module does not require the
+//     Prometheus client and exporter they use.
 //   - The packages under internal/ are the module's own: throwaway Valkey servers for the tests
 //     and the benchmark (internal/valkeytest), the helpers the tests share
 //     (internal/enginetest), and code the engine and the loader share (the nodes a client
