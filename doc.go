@@ -21,6 +21,10 @@
 //     proxies, read from the right end of the forwarding header (X-Forwarded-For or RFC 7239's
 //     Forwarded), IPv6 keyed by its /64; both middlewares key by it. Use it directly to key a
 //     limit of your own by client.
+//   - [github.com/strictrate/strictrate/clientkey]: the engine keys both middlewares give a
+//     client (a prefix, the policy's tag, the client's key, checked: not empty, at most 512
+//     bytes). Use it in a middleware of your own to key clients as they do and share their
+//     counts.
 //   - [github.com/strictrate/strictrate/fields]: the values of the RateLimit-Policy and
 //     RateLimit fields (draft-ietf-httpapi-ratelimit-headers) for a policy and a decision, in a
 //     chosen revision of the draft; httplimit sends them as HTTP header fields, grpclimit as
@@ -35,10 +39,13 @@
 //   - [github.com/strictrate/strictrate/bench]: the benchmark program (go run ./bench): Atomic
 //     against Pipelined on one server, exactness, throughput, memory, leases.
 //   - [github.com/strictrate/strictrate/examples/httpserver]: a small server limited by
-//     httplimit, with its metrics on /metrics.
+//     httplimit, with its metrics on /metrics (cd examples && go run ./httpserver). The
+//     examples are a module of their own, so that this module does not require the
+//     Prometheus client and exporter they use.
 //   - The packages under internal/ are the module's own: throwaway Valkey servers for the tests
 //     and the benchmark (internal/valkeytest), the helpers the tests share
-//     (internal/enginetest), and code the middlewares share.
+//     (internal/enginetest), and code the engine and the loader share (the nodes a client
+//     knows, the contexts of their calls). They promise nothing across releases.
 //
 // # The calls most callers need
 //

@@ -9,6 +9,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/bench/internal/cputime"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -105,13 +106,13 @@ func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients
 	if err != nil {
 		return ClusterRow{}, err
 	}
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	began := time.Now()
 	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
 		return ClusterRow{}, err
 	}
 	elapsed := time.Since(began)
-	cpu1 := processCPU()
+	cpu1 := cputime.Process()
 	after, err := readClusterStats(ctx, c)
 	if err != nil {
 		return ClusterRow{}, err

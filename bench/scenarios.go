@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/bench/internal/cputime"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -408,13 +409,13 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	began := time.Now()
 	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
 		return ThroughputRow{}, err
 	}
 	elapsed := time.Since(began)
-	cpu1 := processCPU()
+	cpu1 := cputime.Process()
 	runtime.ReadMemStats(&m1)
 	after, err := readServerStats(ctx, b.clients[0])
 	if err != nil {

@@ -71,9 +71,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/strictrate/strictrate/clientaddr"
+	"github.com/strictrate/strictrate/clientkey"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
-	"github.com/strictrate/strictrate/internal/clientkey"
 )
 
 // ErrKey is the error of a call whose key cannot be told: no peer address, or one that is

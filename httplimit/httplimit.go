@@ -95,9 +95,9 @@ import (
 	"strconv"
 
 	"github.com/strictrate/strictrate/clientaddr"
+	"github.com/strictrate/strictrate/clientkey"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
-	"github.com/strictrate/strictrate/internal/clientkey"
 )
 
 // ErrKey is wrapped by the error the middleware passes to its error handler when it cannot

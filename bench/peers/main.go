@@ -44,6 +44,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/bench/internal/cputime"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -209,14 +210,14 @@ func measure(ctx context.Context, cfg config, addr string, admin valkey.Client, 
 	if err != nil {
 		return Row{}, err
 	}
-	client0 := processCPU()
+	client0 := cputime.Process()
 	began := time.Now()
 	t, err := drive(ctx, cfg.Goroutines, cfg.Duration, keys, ls)
 	if err != nil {
 		return Row{}, err
 	}
 	elapsed := time.Since(began)
-	client1 := processCPU()
+	client1 := cputime.Process()
 	server1, err := readServer(ctx, admin)
 	if err != nil {
 		return Row{}, err

@@ -3,7 +3,7 @@
 // header fields. The engine's metrics are on /metrics, in Prometheus' text format, through
 // OpenTelemetry's Prometheus exporter (/metrics itself is not limited).
 //
-//	go run ./examples/httpserver -addr 127.0.0.1:8080 -valkey 127.0.0.1:6379
+//	cd examples && go run ./httpserver -addr 127.0.0.1:8080 -valkey 127.0.0.1:6379
 //	curl -i http://127.0.0.1:8080/
 //	curl http://127.0.0.1:8080/metrics
 package main
@@ -49,29 +49,12 @@ func run(addr, valkeyAddr string) error {
 		return fmt.Errorf("connect to Valkey at %s: %w", valkeyAddr, err)
 	}
 	defer client.Close()
-	// The engine records through the OpenTelemetry metric API; this program exports what it
-	// records to Prometheus.
-	exporter, err := otelprom.New()
+	handler, shutdownMetrics, err := newHandler(client)
 	if err != nil {
-		return fmt.Errorf("metrics exporter: %w", err)
+		return err
 	}
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer meters.Shutdown(context.Background())
-	e, err := engine.New(client, engine.WithMeterProvider(meters))
-	if err != nil {
-		return fmt.Errorf("rate-limit engine: %w", err)
-	}
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "hello\n")
-	})
-	limit := httplimit.New(e, engine.Policy{engine.PerSecond(5), engine.PerHour(100)},
-		httplimit.WithKeyPrefix("httpserver:"))
-	root := http.NewServeMux()
-	root.Handle("GET /metrics", promhttp.Handler())
-	root.Handle("/", limit(mux))
-	srv := &http.Server{Addr: addr, Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	defer shutdownMetrics(context.Background())
+	srv := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -91,4 +74,32 @@ func run(addr, valkeyAddr string) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// newHandler returns the server's handler on client: "/" limited, /metrics not; and the
+// function that stops the metrics pipeline. The test serves it without a listener.
+func newHandler(client valkey.Client) (http.Handler, func(context.Context) error, error) {
+	// The engine records through the OpenTelemetry metric API; this program exports what it
+	// records to Prometheus.
+	exporter, err := otelprom.New()
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics exporter: %w", err)
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	e, err := engine.New(client, engine.WithMeterProvider(meters))
+	if err != nil {
+		meters.Shutdown(context.Background())
+		return nil, nil, fmt.Errorf("rate-limit engine: %w", err)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "hello\n")
+	})
+	limit := httplimit.New(e, engine.Policy{engine.PerSecond(5), engine.PerHour(100)},
+		httplimit.WithKeyPrefix("httpserver:"))
+	root := http.NewServeMux()
+	root.Handle("GET /metrics", promhttp.Handler())
+	root.Handle("/", limit(mux))
+	return root, meters.Shutdown, nil
 }

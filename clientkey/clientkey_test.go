@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/clientaddr"
+	"github.com/strictrate/strictrate/clientkey"
 	"github.com/strictrate/strictrate/engine"
-	"github.com/strictrate/strictrate/internal/clientkey"
 )
 
 var errKey = errors.New("mw: no rate-limit key")

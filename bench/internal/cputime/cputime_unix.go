@@ -1,14 +1,15 @@
 //go:build unix
 
-package main
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU is this process's user plus system CPU time so far.
-func processCPU() time.Duration {
+// Process returns this process's user plus system CPU time so far (getrusage), or 0 if it
+// cannot be read.
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
