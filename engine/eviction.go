@@ -32,7 +32,7 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 			continue
 		}
 		if err := refuseOrWarn(check == EvictionRefuse, ErrEvictionPolicy, "WithEvictionCheck(EvictionWarn)", logger,
-			"maxmemory-policy "+policy, []string{n.Addr}, "node %s has maxmemory-policy "+policy+
+			"maxmemory-policy "+policy, []string{n.Addr}, nil, "node %s has maxmemory-policy "+policy+
 				": under memory pressure it may evict a limiter key, forgetting admitted events; use noeviction, "+
 				"or volatile-* with care"); err != nil {
 			return err

@@ -26,8 +26,9 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 		return nil
 	}
 	var inMemory, weakAck []string
+	runIDs := map[string]string{}
 	for _, n := range nodes.Sorted(client) {
-		text, err := n.Client.Do(sendctx.Of(ctx), n.Client.B().Info().Section("persistence", "replication").Build()).ToString()
+		text, err := n.Client.Do(sendctx.Of(ctx), n.Client.B().Info().Section("persistence", "replication", "server").Build()).ToString()
 		if err != nil {
 			if _, isServerReply := valkey.IsValkeyErr(err); isServerReply {
 				continue // INFO is disabled or not permitted here: nothing to check
@@ -37,6 +38,7 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 		if infoField(text, "role") != "master" {
 			continue // a replica takes no decisions
 		}
+		runIDs[n.Addr] = infoField(text, "run_id")
 		aof := infoField(text, "aof_enabled") == "1"
 		if needAOF {
 			weak, err := checkDurable(ctx, n.Addr, n.Client, aof)
@@ -57,7 +59,7 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 	// report refuses (PersistenceRefuse) or warns (PersistenceWarn) about the nodes named.
 	report := func(finding string, nodes []string, format string) error {
 		return refuseOrWarn(check == PersistenceRefuse, ErrPersistence, "WithPersistenceCheck(PersistenceWarn)", logger,
-			finding, nodes, format)
+			finding, nodes, runIDs, format)
 	}
 	if err := report("appendfsync everysec", weakAck, "node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+
 		"before its fsync (Valkey 8.0 answers it on its cron tick; measured with a simulated power loss), so "+
@@ -101,16 +103,19 @@ func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool
 }
 
 // warnedNodes remembers, for the process, which findings about which nodes refuseOrWarn has
-// logged (finding + "\x00" + address): a program that makes many engines (a benchmark, a
-// test, one engine per tenant) hears each warning once per node, not once per New. It is the
-// engine package's only process-wide state, for that one purpose.
+// logged (the finding, the node's address and, where known, its run_id, which a server makes
+// anew each time it starts): a program that makes many engines (a benchmark, a test, one
+// engine per tenant) hears each warning once per node, not once per New, and a new server on
+// an address another one had is a node of its own. It is the engine package's only
+// process-wide state, for that one purpose.
 var warnedNodes sync.Map
 
 // refuseOrWarn applies a start-up check's verdict to the nodes it found something about.
 // refuse: an error wrapping sentinel that names them all and says how to only warn (hint).
 // Otherwise it logs one warning through logger (nil: none) naming the nodes not yet warned
-// about for finding in this process, and returns nil. format takes the nodes, comma-separated.
-func refuseOrWarn(refuse bool, sentinel error, hint string, logger *slog.Logger, finding string, nodes []string, format string) error {
+// about for finding in this process (runIDs gives a node's run_id by address, where known),
+// and returns nil. format takes the nodes, comma-separated.
+func refuseOrWarn(refuse bool, sentinel error, hint string, logger *slog.Logger, finding string, nodes []string, runIDs map[string]string, format string) error {
 	if len(nodes) == 0 {
 		return nil
 	}
@@ -119,7 +124,7 @@ func refuseOrWarn(refuse bool, sentinel error, hint string, logger *slog.Logger,
 	}
 	var fresh []string
 	for _, addr := range nodes {
-		if _, seen := warnedNodes.LoadOrStore(finding+"\x00"+addr, true); !seen {
+		if _, seen := warnedNodes.LoadOrStore(finding+"\x00"+addr+"\x00"+runIDs[addr], true); !seen {
 			fresh = append(fresh, addr)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 // A node that keeps the logs only in memory is warned about once per process, through the
 // engine's slog logger, however many engines are made on it; the warning names the node.
 func TestPersistenceWarningOncePerNode(t *testing.T) {
-	own := valkeytest.New(t, valkeytest.OwnServer()) // an address no other test warned about
+	own := valkeytest.New(t, valkeytest.OwnServer()) // a server (run_id) no other test warned about
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, nil))
 	for range 5 {
