@@ -6,9 +6,6 @@ import (
 	"time"
 
 	"github.com/valkey-io/valkey-go"
-
-	"github.com/strictrate/strictrate/internal/sendctx"
-	"github.com/strictrate/strictrate/loader"
 )
 
 // ackPolicy is what an admission waits for before its caller hears yes: replicas that hold it
@@ -30,12 +27,12 @@ func (a ackPolicy) wait() bool    { return a.replicas > 0 }
 func (a ackPolicy) waitAOF() bool { return a.aofLocal > 0 || a.aofReplicas > 0 }
 func (a ackPolicy) on() bool      { return a.wait() || a.waitAOF() }
 
-// inline appends the WAIT asked for, if any, to cmds: what goes behind the call in its round trip.
-func (a ackPolicy) inline(b valkey.Builder, cmds []valkey.Completed) []valkey.Completed {
-	if a.wait() {
-		cmds = append(cmds, b.Wait().Numreplicas(int64(a.replicas)).Timeout(ceilUnits(time.Millisecond, a.timeout)).Build())
+// inline is the WAIT asked for, if any: what goes behind the call in its round trip.
+func (a ackPolicy) inline(b valkey.Builder) []valkey.Completed {
+	if !a.wait() {
+		return nil
 	}
-	return cmds
+	return []valkey.Completed{b.Wait().Numreplicas(int64(a.replicas)).Timeout(ceilUnits(time.Millisecond, a.timeout)).Build()}
 }
 
 // afterAdmission is the WAITAOF sent once a call's reply shows an admission.
@@ -99,66 +96,4 @@ func (a ackPolicy) check(ctx context.Context, got ackReplies) error {
 			ErrUnavailable, a.aofTimeout, got.aofLocal, a.aofLocal, got.aofReplicas, a.aofReplicas)
 	}
 	return nil
-}
-
-// readFunc is a function as a replyReader, for a caller off the hot path (leases).
-type readFunc func(valkey.ValkeyResult) (admits bool)
-
-func (f readFunc) readReply(reply valkey.ValkeyResult) bool { return f(reply) }
-
-// execAckedTo runs s with keys and args, hands the script's reply to r (once, error replies
-// included), and returns what the acknowledgements the engine asks for answered, when ack is
-// set: WAIT in the same round trip; and with WithDurableAck, on a connection held for the
-// call, WAITAOF right after the reply when r reports that the call admitted something. A
-// committer's call or batch is its own replyReader, already on the heap, where a closure over
-// it would be allocated for each call.
-func (e *Engine) execAckedTo(ctx context.Context, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
-	return e.execAckedVia(ctx, e.client, false, s, ack, keys, args, r)
-}
-
-// execAckedOnNode is execAckedTo on node, a client of one primary of a cluster (from the
-// engine's client's Nodes(), sharing its connections), with keys that may be of several of
-// its slots, undeclared (loader.Script.ExecOnNode): a batch routed to the node that serves
-// its keys. WAIT goes behind the call on its connection, and WAITAOF after it on the same
-// one, as execAckedTo sends them.
-func (e *Engine) execAckedOnNode(ctx context.Context, node valkey.Client, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
-	return e.execAckedVia(ctx, node, true, s, ack, keys, args, r)
-}
-
-// execAckedVia is execAckedTo through client: the engine's, which routes by the declared keys,
-// or, onNode, a node's, with the keys undeclared.
-func (e *Engine) execAckedVia(ctx context.Context, client valkey.Client, onNode bool, s *loader.Script, ack bool, keys, args []string, r replyReader) ackReplies {
-	if !ack {
-		if onNode {
-			r.readReply(s.ExecOnNode(ctx, client, keys, args))
-		} else {
-			r.readReply(s.Exec(ctx, client, keys, args))
-		}
-		return ackReplies{}
-	}
-	execThen := s.ExecThen
-	if onNode {
-		execThen = s.ExecThenOnNode
-	}
-	if !e.ackPolicy.waitAOF() {
-		reply, after := execThen(ctx, client, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
-			return e.ackPolicy.inline(client.B(), cmds)
-		})
-		r.readReply(reply)
-		return e.ackPolicy.readInline(after)
-	}
-	// WAITAOF waits for the writes of the connection it is sent on: the call's own, so both go
-	// on one connection held for the call.
-	var got ackReplies
-	_ = client.Dedicated(func(dc valkey.DedicatedClient) error {
-		reply, after := execThen(ctx, dc, keys, args, func(cmds []valkey.Completed) []valkey.Completed {
-			return e.ackPolicy.inline(dc.B(), cmds)
-		})
-		got = e.ackPolicy.readInline(after)
-		if r.readReply(reply) && reply.Error() == nil {
-			got = e.ackPolicy.readAfter(got, dc.Do(sendctx.Of(ctx), e.ackPolicy.afterAdmission(dc.B())))
-		}
-		return nil
-	})
-	return got
 }

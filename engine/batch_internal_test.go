@@ -19,8 +19,35 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
+// outcome is what a decision came back with, for these tests: its decision, the call's or its
+// own error, a reply the scripts do not give, and what the acknowledgements answered.
+type outcome struct {
+	d             decision
+	err, replyErr error
+	ack           ackReplies
+}
+
+// admits reports whether o holds a decision that admitted.
+func (o outcome) admits() bool { return o.err == nil && o.replyErr == nil && o.d.retryAfter == 0 }
+
+// outcomeOf reads cl's outcome.
+func outcomeOf(cl *call[request]) outcome {
+	return outcome{d: cl.req.d, err: cl.err, replyErr: cl.req.replyErr, ack: cl.ack}
+}
+
+// doReq takes req through c, as decide does, and returns its outcome.
+func doReq(c *commit[request], ctx context.Context, req request) outcome {
+	cl := c.do(ctx, req, c.route(req.key, req.now != ""))
+	out := outcomeOf(cl)
+	c.release(cl)
+	return out
+}
+
+// newBatch is a batch from c's pool.
+func newBatch(c *commit[request]) *batch[request] { return c.batches.Get().(*batch[request]) }
+
 // waitQueued waits until q holds n waiting calls.
-func waitQueued(t *testing.T, c *committer, q *queue, n int) {
+func waitQueued(t *testing.T, c *commit[request], q *queue[request], n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		c.mu.Lock()
@@ -56,7 +83,7 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 	}
 	// Hold the destination busy, as a call in flight does, so that the requests queue.
 	c.mu.Lock()
-	q := c.queue(&request{})
+	q := c.queue(destination{})
 	q.inFlight++
 	c.mu.Unlock()
 
@@ -64,15 +91,15 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 	var wg sync.WaitGroup
 	outs := make([]outcome, 5)
 	for i := range 3 {
-		wg.Go(func() { outs[i] = c.do(ctx, req(nil)) })
+		wg.Go(func() { outs[i] = doReq(c, ctx, req(nil)) })
 	}
 	waitQueued(t, c, q, 3)
 	for i := 3; i < 5; i++ {
-		wg.Go(func() { outs[i] = c.do(ctx, req(good)) })
+		wg.Go(func() { outs[i] = doReq(c, ctx, req(good)) })
 	}
 	waitQueued(t, c, q, 5)
 	// Taken as a committer would, the five would go in one batch: take the three by hand.
-	b := getBatch()
+	b := newBatch(c)
 	c.mu.Lock()
 	q.inFlight--
 	b.calls = append(b.calls[:0], q.waiting[:3]...)
@@ -99,7 +126,7 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 		t.Fatalf("after both batches: %d in flight, %d waiting; want none", inFlight, waiting)
 	}
 	for range 3 {
-		if out := c.do(ctx, req(good)); out.err != nil || !out.admits() || out.d.remaining != 9 {
+		if out := doReq(c, ctx, req(good)); out.err != nil || !out.admits() || out.d.remaining != 9 {
 			t.Fatalf("a decision after the panic: %+v, want an admission with 9 remaining", out)
 		}
 	}
@@ -116,15 +143,15 @@ func TestBatchCallerGoneAfterSend(t *testing.T) {
 	c := e.decides
 	set := e.oneLimit(Limit{Max: 10, Window: time.Minute})
 	c.mu.Lock()
-	q := c.queue(&request{})
+	q := c.queue(destination{})
 	q.inFlight++
 	c.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	r, _ := newRequest(e.prefix+"gone:"+uuid.NewString(), clockReading{}, 1, true, set)
 	done := make(chan outcome)
-	go func() { done <- c.do(ctx, r) }()
+	go func() { done <- doReq(c, ctx, r) }()
 	waitQueued(t, c, q, 1)
-	b := getBatch()
+	b := newBatch(c)
 	c.mu.Lock()
 	q.inFlight--
 	c.take(q, b)
@@ -140,8 +167,8 @@ func TestBatchCallerGoneAfterSend(t *testing.T) {
 	default:
 		t.Fatal("the batch did not signal the call of the caller that left")
 	}
-	if cl.out.err != nil || !cl.out.admits() {
-		t.Fatalf("the left call's outcome: %+v, want an admission", cl.out)
+	if out := outcomeOf(cl); !out.admits() {
+		t.Fatalf("the left call's outcome: %+v, want an admission", out)
 	}
 }
 
@@ -166,7 +193,7 @@ func BenchmarkCommitterBatched(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		ctx, i := context.Background(), 0
 		for pb.Next() {
-			if out := e.decides.do(ctx, keys[i%len(keys)]); out.err != nil || out.replyErr != nil {
+			if out := doReq(e.decides, ctx, keys[i%len(keys)]); out.err != nil || out.replyErr != nil {
 				b.Error(out.err, out.replyErr)
 				return
 			}
@@ -177,19 +204,23 @@ func BenchmarkCommitterBatched(b *testing.B) {
 
 // sendByHand sends reqs as one batch taken from q, on this goroutine, as a committer's
 // goroutine would, and returns their outcomes in order.
-func sendByHand(t *testing.T, c *committer, q *queue, ctx context.Context, reqs []request) []outcome {
+func sendByHand(t *testing.T, c *commit[request], q *queue[request], ctx context.Context, reqs []request) []outcome {
 	t.Helper()
-	b := getBatch()
+	b := newBatch(c)
 	for _, r := range reqs {
-		b.calls = append(b.calls, newCall(ctx, r))
+		cl := c.calls.Get().(*call[request])
+		cl.ctx, cl.req, cl.dest = ctx, r, destination{node: q.node}
+		b.calls = append(b.calls, cl)
 	}
-	c.sendCalls(q, b)
+	c.sendBatch(q, b)
 	outs := make([]outcome, len(b.calls))
 	for i, cl := range b.calls {
 		<-cl.done
-		outs[i] = cl.out
+		outs[i] = outcomeOf(cl)
+		c.release(cl)
 	}
-	b.put()
+	b.calls = b.calls[:0]
+	c.batches.Put(b)
 	return outs
 }
 
@@ -360,7 +391,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 		reqs[i] = mustRequest(t, e.prefix+k, set)
 	}
 	fromCalls, fromRejected := scriptCallsOn(t, from)
-	outs := sendByHand(t, c, &queue{node: from.Addr}, ctx, reqs)
+	outs := sendByHand(t, c, &queue[request]{node: from.Addr}, ctx, reqs)
 	for i, out := range outs {
 		if out.err != nil || out.replyErr != nil || !out.admits() {
 			t.Fatalf("decision %d (%s): %v, %v, %+v; want an admission", i, keys[i], out.err, out.replyErr, out.d)
@@ -392,7 +423,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	// client), and the map loads again and names the target.
 	loads := c.slots.loads.Load()
 	reqs = []request{mustRequest(t, e.prefix+moved, set), mustRequest(t, e.prefix+kept, set)}
-	for i, out := range sendByHand(t, c, &queue{node: from.Addr}, ctx, reqs) {
+	for i, out := range sendByHand(t, c, &queue[request]{node: from.Addr}, ctx, reqs) {
 		if out.err != nil || !out.admits() {
 			t.Fatalf("decision %d after the move, sent to the source: %v, %+v", i, out.err, out.d)
 		}
@@ -513,7 +544,7 @@ func TestBatchForAGoneNodeGoesAgainAlone(t *testing.T) {
 		for i, k := range keys {
 			reqs[i] = mustRequest(t, e.prefix+k, set)
 		}
-		for i, out := range sendByHand(t, c, &queue{node: addr}, ctx, reqs) {
+		for i, out := range sendByHand(t, c, &queue[request]{node: addr}, ctx, reqs) {
 			if out.err != nil || out.replyErr != nil || !out.admits() {
 				t.Fatalf("batch for %s: decision %d: %v, %v, %+v; want an admission", addr, i, out.err, out.replyErr, out.d)
 			}
@@ -542,7 +573,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 		reqs[i] = mustRequest(t, e.prefix+k, set)
 	}
 	// Warm the node's connection, so the call below is written at once.
-	for i, out := range sendByHand(t, c, &queue{node: node.Addr}, context.Background(), reqs[:2]) {
+	for i, out := range sendByHand(t, c, &queue[request]{node: node.Addr}, context.Background(), reqs[:2]) {
 		if !out.admits() {
 			t.Fatalf("warm-up decision %d: %v, %+v", i, out.err, out.d)
 		}
@@ -556,7 +587,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	before := c.retried.Load()
-	for i, out := range sendByHand(t, c, &queue{node: node.Addr}, ctx, reqs) {
+	for i, out := range sendByHand(t, c, &queue[request]{node: node.Addr}, ctx, reqs) {
 		if !errors.Is(out.err, context.DeadlineExceeded) {
 			t.Fatalf("decision %d on a paused node: %v, %+v; want the deadline's error", i, out.err, out.d)
 		}
@@ -611,7 +642,7 @@ func TestBatchOverMaxmemoryGoesAgainAlone(t *testing.T) {
 	for i, k := range keys {
 		reqs[i] = mustRequest(t, e.prefix+k, set)
 	}
-	for i, out := range sendByHand(t, c, &queue{}, ctx, reqs) {
+	for i, out := range sendByHand(t, c, &queue[request]{}, ctx, reqs) {
 		if out.err != nil || !out.admits() || out.d.remaining != 3 {
 			t.Fatalf("decision %d over maxmemory: %+v, want an admission with 3 remaining", i, out)
 		}
@@ -640,7 +671,7 @@ func TestBatchOnNodeWaitsForReplicas(t *testing.T) {
 	if err := pc.Do(ctx, pc.B().ConfigResetstat().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	for i, out := range sendByHand(t, e.decides, &queue{node: primary.Addr}, ctx, reqs) {
+	for i, out := range sendByHand(t, e.decides, &queue[request]{node: primary.Addr}, ctx, reqs) {
 		if out.err != nil || !out.admits() || out.ack.err != nil || out.ack.replicas != 1 {
 			t.Fatalf("decision %d: %v, %+v, ack %+v; want an admission one replica acknowledged", i, out.err, out.d, out.ack)
 		}

@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,20 +137,20 @@ type Engine struct {
 	prefix string
 	clock  func() time.Time // nil: the server's clock (Atomic) or time.Now (Pipelined)
 
-	decides  *committer     // decide.lua and decide_batch.lua: Allow, AllowN, AllowPolicy
-	peeks    *committer     // peek.lua and peek_batch.lua: Peek, Check
-	all      *loader.Script // decide_all.lua: AllowAll
-	groups   *allCommitter  // AllowAll's group commit, of decide_all.lua's calls
-	settle   *loader.Script // settle.lua: Refund, Settle
-	inspect  *loader.Script // inspect.lua: Inspect
-	acquire  *loader.Script // lease_acquire.lua: Acquire
-	extend   *loader.Script // lease_extend.lua: Extend
-	release  *loader.Script // lease_release.lua: Release
-	batching bool           // WithBatching: decisions go through the committers' queues
-	shadow   bool           // WithShadow: denials are admitted, marked ShadowDenied
-	denials  *denyCache     // WithDenyCache; nil when off
-	local    *localQuotas   // WithLocalQuota, in Atomic mode; nil when off
-	logger   *slog.Logger   // WithLogger; nil: silent
+	// The group commit of each kind of script call (commit.go).
+	decides  *commit[request]   // decide.lua, decide_batch.lua: Allow, AllowN, AllowPolicy, reservations
+	peeks    *commit[request]   // peek.lua, peek_batch.lua: Peek, PeekPolicy, Check
+	groups   *commit[*allCall]  // decide_all.lua: AllowAll
+	settles  *commit[settleReq] // settle.lua: Refund, Settle
+	acquires *commit[leaseReq]  // lease_acquire.lua: Acquire
+	extends  *commit[leaseReq]  // lease_extend.lua: Extend
+	releases *commit[leaseReq]  // lease_release.lua: Release
+	inspect  *loader.Script     // inspect.lua: Inspect
+	batching bool               // WithBatching: decisions go through the committers' queues
+	shadow   bool               // WithShadow: denials are admitted, marked ShadowDenied
+	denials  *denyCache         // WithDenyCache; nil when off
+	local    *localQuotas       // WithLocalQuota, in Atomic mode; nil when off
+	logger   *slog.Logger       // WithLogger; nil: silent
 	metrics  *metrics
 
 	// limitSets caches the formatted arguments of single limits (oneLimit).
@@ -195,11 +194,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		mode:     o.mode,
 		prefix:   o.prefix,
 		clock:    o.clock,
-		settle:   loader.New("settle", scripts.Settle()),
 		inspect:  loader.NewReadOnly("inspect", scripts.Inspect()),
-		acquire:  loader.New("lease_acquire", scripts.LeaseAcquire()),
-		extend:   loader.New("lease_extend", scripts.LeaseExtend()),
-		release:  loader.New("lease_release", scripts.LeaseRelease()),
 		batching: o.batching,
 		shadow:   o.shadow,
 
@@ -216,11 +211,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("%w: deny cache: %w", ErrInvalidArgument, err)
 		}
 	}
-	e.decides = newCommitter(e, loader.New("decide", scripts.DecideWriting(o.writeLayout)),
-		loader.New("decide_batch", scripts.DecideBatchWriting(o.writeLayout)))
-	e.peeks = newCommitter(e, loader.NewReadOnly("peek", scripts.Peek()), loader.NewReadOnly("peek_batch", scripts.PeekBatch()))
-	e.all = loader.New("decide_all", scripts.DecideAllWriting(o.writeLayout))
-	e.groups = newAllCommitter(e)
+	e.newCommits(o.writeLayout)
 	if o.localQuota != nil && o.mode == Atomic {
 		if e.local, err = newLocalQuotas(e, *o.localQuota); err != nil {
 			return nil, err
@@ -265,13 +256,15 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 		call, writes = "EVALSHA_RO", ""
 	}
 	args := []string{e.prefix + "probe", e.prefix + LeaseNamespace + "probe", writes}
-	denied, err := p.Exec(ctx, e.client, nil, args).AsStrSlice()
+	reply, _ := p.Exec(ctx, e.client, loader.Call{Args: args})
+	denied, err := reply.AsStrSlice()
 	var verr *valkey.ValkeyError
 	if err != nil && !errors.As(err, &verr) && ctx.Err() == nil {
 		// A keyless call goes to any node the client knows, which in a cluster during a
 		// failover may be one that is gone: ask the nodes the preload reached, in turn.
 		for _, n := range nodes.Sorted(e.client) {
-			if denied, err = p.Exec(ctx, n.Client, nil, args).AsStrSlice(); err == nil || errors.As(err, &verr) {
+			reply, _ := p.Exec(ctx, n.Client, loader.Call{Args: args})
+			if denied, err = reply.AsStrSlice(); err == nil || errors.As(err, &verr) {
 				break
 			}
 		}
@@ -288,48 +281,43 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 	return nil
 }
 
+// newCommits makes the group commit of every kind of script call, the decisions' scripts
+// composed to write layout.
+func (e *Engine) newCommits(layout int) {
+	var slots *slotMap // decisions and AllowAll groups go to their keys' primaries in a cluster
+	if e.client.Mode() == valkey.ClientModeCluster {
+		slots = newSlotMap(e.client)
+	}
+	e.decides = newCommit(e, kind[request]{op: opAllow, acked: true,
+		single: loader.New("decide", scripts.DecideWriting(layout)), batch: loader.New("decide_batch", scripts.DecideBatchWriting(layout)),
+		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, slots)
+	e.peeks = newCommit(e, kind[request]{op: opPeek,
+		single: loader.NewReadOnly("peek", scripts.Peek()), batch: loader.NewReadOnly("peek_batch", scripts.PeekBatch()),
+		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, nil)
+	all := loader.New("decide_all", scripts.DecideAllWriting(layout))
+	e.groups = newCommit(e, kind[*allCall]{op: opPolicy, acked: true, single: all, batch: all,
+		encode: encodeGroups, decode: decodeGroups, size: groupSize}, slots)
+	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Settle()),
+		encode: encodeSettle, decode: decodeSettle}, nil)
+	e.acquires = newCommit(e, kind[leaseReq]{op: opAcquire, acked: true, single: loader.New("lease_acquire", scripts.LeaseAcquire()),
+		encode: encodeLease, decode: decodeLease}, nil)
+	e.extends = newCommit(e, kind[leaseReq]{op: opExtend, acked: true, single: loader.New("lease_extend", scripts.LeaseExtend()),
+		encode: encodeLease, decode: decodeLease}, nil)
+	e.releases = newCommit(e, kind[leaseReq]{op: opRelease, single: loader.New("lease_release", scripts.LeaseRelease()),
+		encode: encodeLease, decode: decodeRelease}, nil)
+}
+
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decides.single, e.decides.batch, e.peeks.single, e.peeks.batch, e.all, e.settle, e.inspect,
-		e.acquire, e.extend, e.release}
+	return []*loader.Script{e.decides.kind.single, e.decides.kind.batch, e.peeks.kind.single, e.peeks.kind.batch,
+		e.groups.kind.single, e.settles.kind.single, e.inspect, e.acquires.kind.single, e.extends.kind.single,
+		e.releases.kind.single}
 }
 
 // Mode returns the engine's mode: for code handed an Engine that must know whether it offers
 // what only Atomic mode does (a Policy of several limits, Refund, Settle, Inspect, leases;
 // ErrUnsupported in Pipelined mode).
 func (e *Engine) Mode() Mode { return e.mode }
-
-// Allow records one event for key if l admits it now.
-func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error) {
-	return e.AllowN(ctx, key, l, 1)
-}
-
-// AllowN records n events for key if l admits all n now, and none otherwise.
-func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result, error) {
-	if err := checkContext(ctx); err != nil {
-		return Result{}, err
-	}
-	if err := validate(key, l, n); err != nil {
-		return Result{}, err
-	}
-	started := time.Now()
-	r, err := e.allowAt(ctx, key, l, n, e.decisionClock())
-	return e.finish(ctx, opAllow, started, r, err)
-}
-
-// Peek returns the decision Allow would take for key now, and records nothing. It runs as a
-// read-only script, so it may be served where only reads are allowed.
-func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) {
-	if err := checkContext(ctx); err != nil {
-		return Result{}, err
-	}
-	if err := validate(key, l, 1); err != nil {
-		return Result{}, err
-	}
-	started := time.Now()
-	r, err := e.peekAt(ctx, key, l, 1, e.decisionClock())
-	return e.finish(ctx, opPeek, started, r, err)
-}
 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
 // (Acquire) are another key, and stay. Under WithLocalQuota, this engine's reservations of
@@ -396,109 +384,6 @@ func deniedOrErr(key string, r Result, err error) error {
 	return nil
 }
 
-// clockReading is the time a decision is taken at; set is false when the server's clock is used.
-type clockReading struct {
-	t   time.Time
-	set bool
-}
-
-// Caller-supplied times must stay exact as float64 scores after the window is subtracted.
-const maxAbsMicros = 1 << 52
-
-func (c clockReading) micros() (int64, error) {
-	us := c.t.UnixMicro()
-	if us <= -maxAbsMicros || us >= maxAbsMicros {
-		return 0, fmt.Errorf("%w: time %s is outside the years 1827 to 2112", ErrInvalidArgument, c.t.Format(time.RFC3339Nano))
-	}
-	return us, nil
-}
-
-// arg is the reading as the scripts' "now" argument: integer microseconds, or "" for the
-// server's clock.
-func (c clockReading) arg() (string, error) {
-	if !c.set {
-		return "", nil
-	}
-	us, err := c.micros()
-	if err != nil {
-		return "", err
-	}
-	return strconv.FormatInt(us, 10), nil
-}
-
-// decisionClock is the clock a decision is taken on: the caller's (WithClock, or time.Now in
-// Pipelined mode), else unset, and the script reads the server's. Leases have their own
-// (leaseClock), and a Result nobody decided is stamped with localNow.
-func (e *Engine) decisionClock() clockReading {
-	switch {
-	case e.clock != nil:
-		return clockReading{t: e.clock(), set: true}
-	case e.mode == Pipelined:
-		return clockReading{t: time.Now(), set: true}
-	}
-	return clockReading{}
-}
-
-// localNow is the caller's idea of now, for a Result the server did not decide: the
-// engine's clock when it has one, else time.Now.
-func (e *Engine) localNow() time.Time {
-	if e.clock != nil {
-		return e.clock()
-	}
-	return time.Now()
-}
-
-// allowAt and peekAt take a validated request; the exported methods validate.
-func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	if e.mode == Pipelined {
-		if err := pipelinedOffers("allow", key, l); err != nil {
-			return Result{}, err
-		}
-		return e.allowPipelined(ctx, key, l, n, at)
-	}
-	if e.local != nil && !at.set {
-		r, ok, h := e.local.allow(ctx, key, e.oneLimit(l), n)
-		if ok {
-			return r, nil
-		}
-		r, err := e.runScript(ctx, e.decides, "allow", key, l, n, at)
-		if err == nil {
-			h.observe(r)
-		}
-		return r, err
-	}
-	return e.runScript(ctx, e.decides, "allow", key, l, n, at)
-}
-
-func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	if e.mode == Pipelined {
-		if err := pipelinedOffers("peek", key, l); err != nil {
-			return Result{}, err
-		}
-		return e.peekPipelined(ctx, key, l, n, at)
-	}
-	return e.runScript(ctx, e.peeks, "peek", key, l, n, at)
-}
-
-// pipelinedOffers refuses, for op on key, a limit Pipelined mode cannot count: its log is the
-// article's, one member per event, with neither slots nor calendar counters.
-func pipelinedOffers(op, key string, l Limit) error {
-	if l.Resolution > 0 || l.IsCalendar() {
-		return unsupported(op + " " + quoteKey(key) + " against " + l.String())
-	}
-	return nil
-}
-
-// runScript takes a decision or a peek (through e.peeks, recording nothing) of n events for
-// one limit.
-func (e *Engine) runScript(ctx context.Context, c *committer, op, key string, l Limit, n int, at clockReading) (Result, error) {
-	req, err := newRequest(e.prefix+key, at, n, c != e.peeks, e.oneLimit(l))
-	if err != nil {
-		return Result{}, err
-	}
-	return e.runDecision(ctx, c, op, req)
-}
-
 // do sends the command build makes through the engine's client, on ctx without its deadline
 // (package sendctx: a deadline that passes never closes a connection other calls share), and
 // again while nothing was written and ctx is live. build is called for each send: a command
@@ -507,32 +392,6 @@ func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Compl
 	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
 		return e.client.Do(ctx, build(e.client.B()))
 	}, valkey.ValkeyResult.Error)
-}
-
-// validate checks a request for n events of key against l; every exported method checks its
-// arguments once, before anything is sent.
-func validate(key string, l Limit, n int) error {
-	if err := validateKey(key); err != nil {
-		return err
-	}
-	return l.validate(n)
-}
-
-// checkContext refuses a nil context before anything is counted, queued or sent: every call
-// hands its context to the server round trip and, when batched, to the goroutine that sends
-// its batch, and neither can use a nil one.
-func checkContext(ctx context.Context) error {
-	if ctx == nil {
-		return fmt.Errorf("%w: nil context; pass context.Background() or a request's context", ErrInvalidArgument)
-	}
-	return nil
-}
-
-func validateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
-	}
-	return nil
 }
 
 // classify wraps err with what was being done; with ErrUnknownLayout when a script refused

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/strictrate/strictrate/loader"
 )
 
 // Log is a key's log as stored, read by Inspect.
@@ -70,7 +72,8 @@ func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error)
 	if e.mode == Pipelined {
 		return Log{}, unsupported(what)
 	}
-	vals, err := e.inspect.Exec(ctx, e.client, []string{e.prefix + key}, []string{strconv.Itoa(most)}).AsIntSlice()
+	reply, _ := e.inspect.Exec(ctx, e.client, loader.Call{Keys: []string{e.prefix + key}, Args: []string{strconv.Itoa(most)}})
+	vals, err := reply.AsIntSlice()
 	if err != nil {
 		return Log{}, classify(ctx, what, err)
 	}

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
-
-	"github.com/strictrate/strictrate/loader"
 )
 
 // In-flight limits: at most max requests of a key running at once.
@@ -125,9 +122,9 @@ func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, t
 	if err != nil {
 		return Lease{}, fmt.Errorf("%s: make a lease id: %w", what(), err)
 	}
-	args := []string{nowArg, strconv.Itoa(maxHolders), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+	args := acquireArgs(nowArg, maxHolders, ttl, id)
 	d, err := e.runAcquire(ctx, key, id, func(ctx context.Context) acquireCall {
-		d, err := e.runLease(ctx, e.acquire, what, e.leaseKey(key), args)
+		d, err := e.runLease(ctx, e.acquires, what, e.leaseKey(key), args)
 		if err == nil && (d.holders < 1 || d.holders > int64(maxHolders) && d.granted) {
 			err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), d.holders, maxHolders)
 		}
@@ -275,8 +272,8 @@ func (e *Engine) extendLease(ctx context.Context, l Lease, ttl time.Duration, wh
 	if err != nil {
 		return Lease{}, err
 	}
-	args := []string{nowArg, strconv.FormatInt(ceilMicros(ttl), 10), string(l.ID[:])}
-	d, err := e.runLease(ctx, e.extend, what, e.leaseKey(l.Key), args)
+	args := extendArgs(nowArg, ttl, l.ID)
+	d, err := e.runLease(ctx, e.extends, what, e.leaseKey(l.Key), args)
 	if err != nil {
 		return e.leaseFailure(ctx, l, ttl, err)
 	}
@@ -328,8 +325,13 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 // removeLease runs lease_release.lua for lease id of key: removed reports whether the lease
 // was there to remove. The error is the client's, unclassified.
 func (e *Engine) removeLease(ctx context.Context, key string, id uuid.UUID) (removed bool, err error) {
-	n, err := e.release.Exec(ctx, e.client, []string{e.leaseKey(key)}, []string{string(id[:])}).AsInt64()
-	return n == 1, err
+	cl := e.releases.do(ctx, leaseReq{key: e.leaseKey(key), args: releaseArgs(id)}, destination{})
+	removed, err = cl.req.d.granted, cl.err
+	if err == nil {
+		err = cl.req.replyErr
+	}
+	e.releases.release(cl)
+	return removed, err
 }
 
 // leaseKey is the name of key's lease set.
@@ -392,66 +394,27 @@ func validateHeld(l Lease) error {
 	return nil
 }
 
-// leaseReply is a lease script's reply (lease_acquire.lua; lease_extend.lua replies its first
-// three values): times in microseconds, 0 where the script left a value out.
-type leaseReply struct {
-	granted bool
-	now     int64
-	expires int64 // the lease's expiry, when granted
-	holders int64 // unexpired leases after the call (Acquire)
-	soonest int64 // when denied: the soonest held lease's expiry (Acquire)
-	latest  int64 // when denied: the last held lease's expiry (Acquire)
-}
-
-// readLeaseReply decodes a lease script's reply, and refuses one no lease script gives.
-func readLeaseReply(reply valkey.ValkeyResult) (leaseReply, error) {
-	v, err := reply.AsIntSlice()
-	if err != nil {
-		return leaseReply{}, err
-	}
-	if len(v) < 2 || len(v) > 6 || v[0] != 0 && v[0] != 1 {
-		return leaseReply{}, fmt.Errorf("script reply %v is not a lease decision", v)
-	}
-	var full [6]int64
-	copy(full[:], v)
-	d := leaseReply{granted: full[0] == 1, now: full[1], expires: full[2], holders: full[3], soonest: full[4], latest: full[5]}
+// runLease sends a lease script's call through c for the full key fullKey and decodes its
+// reply. With WithReplicaAck or WithDurableAck it goes with WAIT in its round trip and is
+// followed by WAITAOF when it granted, and a grant not held where it was asked to be is an
+// error wrapping ErrUnavailable, returned with the granting reply. Errors are wrapped with
+// what() and classified; the fail-open policy is the caller's to apply.
+func (e *Engine) runLease(ctx context.Context, c *commit[leaseReq], what func() string, fullKey string, args []string) (leaseReply, error) {
+	cl := c.do(ctx, leaseReq{key: fullKey, args: args}, destination{})
+	out, callErr, got := cl.req, cl.err, cl.ack
+	c.release(cl)
 	switch {
-	case d.granted && d.expires <= d.now:
-		return leaseReply{}, fmt.Errorf("script reply %v: the lease expires before it was granted", v)
-	case !d.granted && len(v) == 6 && (d.soonest <= d.now || d.latest < d.soonest):
-		return leaseReply{}, fmt.Errorf("script reply %v: the held leases' expiries are out of order", v)
-	}
-	return d, nil
-}
-
-// runLease sends lease script s for the full key fullKey and decodes its reply. With
-// WithReplicaAck or WithDurableAck it goes with WAIT in its round trip and is followed by
-// WAITAOF when it granted, and a grant not held where it was asked to be is an error wrapping
-// ErrUnavailable, returned with the granting reply. Errors are wrapped with what() and
-// classified; the fail-open policy is the caller's to apply.
-func (e *Engine) runLease(ctx context.Context, s *loader.Script, what func() string, fullKey string, args []string) (leaseReply, error) {
-	ack := e.ackPolicy.on()
-	var d leaseReply
-	var replyErr, readErr error
-	got := e.execAckedTo(ctx, s, ack, []string{fullKey}, args, readFunc(func(reply valkey.ValkeyResult) bool {
-		if replyErr = reply.Error(); replyErr != nil {
-			return false
-		}
-		d, readErr = readLeaseReply(reply)
-		return d.granted && readErr == nil
-	}))
-	switch {
-	case replyErr != nil:
-		return leaseReply{}, classify(ctx, what(), replyErr)
-	case readErr != nil:
-		return leaseReply{}, fmt.Errorf("%s: %w", what(), readErr)
-	case ack && d.granted:
+	case callErr != nil:
+		return leaseReply{}, classify(ctx, what(), callErr)
+	case out.replyErr != nil:
+		return leaseReply{}, fmt.Errorf("%s: %w", what(), out.replyErr)
+	case c.ack && out.d.granted:
 		if err := e.ackPolicy.check(ctx, got); err != nil {
 			// Granted all the same: Acquire releases what it will not return.
-			return d, fmt.Errorf("%s: %w", what(), err)
+			return out.d, fmt.Errorf("%s: %w", what(), err)
 		}
 	}
-	return d, nil
+	return out.d, nil
 }
 
 // leaseOutcome is how the metrics count a lease call that returned err, or a lease whose

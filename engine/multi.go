@@ -170,28 +170,21 @@ func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) error {
 // allPart is one request of an AllowAll in the engine's hands.
 type allPart struct {
 	key      string  // as the caller gave it
-	req      request // its scripts' arguments; record is set from the reply (readReply)
+	req      request // its scripts' arguments, and its last call's decision for it
 	advisory bool
-	out      outcome // what its last call answered for it
-	recorded bool    // its last call recorded it
+	err      error // its last call's error reply for it alone
+	recorded bool  // its last call recorded it
 	result   Result
 	kept     bool // its entry is in its key's log
 }
 
 // allCall is one group of decide_all.lua: the requests of an AllowAll whose keys one node
 // holds, decided all or nothing in one call, alone or with other AllowAlls' groups for the
-// same node (the group commit, allCommitter).
+// same node (the group commit, e.groups).
 type allCall struct {
-	node    string     // the primary's address, keys undeclared; "" for the engine's client, keys declared
-	parts   []*allPart // in KEYS order
-	check   bool       // peek only: the AllowAll is already denied on another node
-	callErr error      // the call's whole reply, when it was an error
-	ack     ackReplies
-
-	// While it waits in the group commit's queue (allCommitter.do):
-	ctx  context.Context
-	sent bool          // taken into a call; under allCommitter.mu
-	done chan struct{} // buffered, 1: receives once the call that carried it came back
+	node  string     // the primary's address, keys undeclared; "" for the engine's client, keys declared
+	parts []*allPart // in KEYS order
+	check bool       // peek only: the AllowAll is already denied on another node
 }
 
 // allowAll takes the decision of AllowAll on validated requests; shadowed reports that shadow
@@ -212,22 +205,21 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 		c := calls[0]
 		calls = calls[1:]
 		check := !admitted
-		if err := e.groups.do(ctx, c, check); err != nil {
-			// The caller gave up while its group was queued (nothing was sent) or in a call
-			// (which may record: as for a call that timed out, that can only under-admit).
-			if check {
-				continue // the denial stands
-			}
-			failure = classify(ctx, "strictrate: allow_all on "+c.describe(), err)
-			break
+		c.check = check
+		dest := destination{node: c.node}
+		if c.node == "" {
+			dest.slot = slotOf(c.parts[0].req.key) // one slot's keys, through the engine's client
 		}
-		if c.node != "" && c.notTaken() {
+		cl := e.groups.do(ctx, c, dest)
+		callErr, ack := cl.err, cl.ack
+		e.groups.release(cl)
+		if c.node != "" && c.notTaken(callErr) {
 			// The node does not serve every key (a slot moved): nothing was recorded there.
-			e.decides.slots.reload()
+			e.groups.slots.reload()
 			calls = append(bySlot(c.parts), calls...)
 			continue
 		}
-		if err := e.readAllCall(ctx, c, check); err != nil {
+		if err := e.readAllCall(ctx, c, callErr, ack, check); err != nil {
 			if check {
 				continue // the denial stands; these requests' Results stay zero
 			}
@@ -279,7 +271,7 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 // slot, through the engine's client. Each group is cut into calls of at most
 // MaxAllowAllRequests (capped).
 func (e *Engine) allCalls(parts []allPart) []*allCall {
-	slots := e.decides.slots
+	slots := e.groups.slots
 	if slots == nil {
 		c := &allCall{parts: make([]*allPart, len(parts))}
 		for i := range parts {
@@ -351,183 +343,51 @@ func slotOf(key string) uint16 {
 	return cmd.Slot()
 }
 
-// errNodeGone is the error of a call for a node the engine's client no longer knows: nothing
-// was sent.
-var errNodeGone = errors.New("strictrate: the node is no longer in the cluster client's topology")
-
-// sendGroups runs groups, bound for node (a primary's address, keys undeclared; "" for the
-// engine's client, keys declared), as one call of decide_all.lua: each group decides, or, with
-// its check, peeks only. Each group's outcomes, call error and acknowledgements are its own
-// afterwards, as if it had been sent alone.
-func (e *Engine) sendGroups(ctx context.Context, node string, groups allGroups) {
-	ack := false
-	nkeys := 0
-	for _, c := range groups {
-		for _, p := range c.parts {
-			p.out, p.recorded = outcome{}, false
-		}
-		c.callErr, c.ack = nil, ackReplies{}
-		ack = ack || e.decides.ack && !c.check
-		nkeys += len(c.parts)
-	}
-	// The limit sets of the call, each once; requests name theirs by its position.
-	var sets []*limitSet
-	setOf := make([]int, 0, nkeys)
-	for _, c := range groups {
-		for _, p := range c.parts {
-			i := slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
-			if i < 0 {
-				i = len(sets)
-				sets = append(sets, p.req.set)
-			}
-			setOf = append(setOf, i)
-		}
-	}
-	keys := make([]string, 0, nkeys)
-	args := make([]string, 0, 2+len(sets)*(1+2*MaxPolicyLimits)+3*len(groups)+3*nkeys)
-	args = append(args, itoa(len(sets)))
-	for _, s := range sets {
-		args = append(args, itoa(len(s.nums)))
-		args = append(args, s.nums...)
-	}
-	args = append(args, itoa(len(groups)))
-	for _, c := range groups {
-		mode := "decide"
-		if c.check {
-			mode = "check"
-		}
-		args = append(args, c.parts[0].req.now, mode, itoa(len(c.parts)))
-		for _, p := range c.parts {
-			keys = append(keys, p.req.key)
-			advisory := "0"
-			if p.advisory {
-				advisory = "1"
-			}
-			args = append(args, p.req.cost, itoa(setOf[len(keys)-1]+1), advisory)
-		}
-	}
-	var replies ackReplies
-	if node == "" {
-		replies = e.execAckedTo(ctx, e.all, ack, keys, args, groups)
-	} else if client := e.decides.slots.nodeClient(node); client != nil {
-		replies = e.execAckedOnNode(ctx, client, e.all, ack, keys, args, groups)
-	} else {
-		for _, c := range groups {
-			c.callErr = errNodeGone
-		}
-		return
-	}
-	for _, c := range groups {
-		c.ack = replies
-	}
-}
-
-// allGroups is the groups of one call of decide_all.lua, in KEYS order: one AllowAll's (the
-// requests one node holds), or, with the group commit, several AllowAlls' bound for one node.
-type allGroups []*allCall
-
-// readReply reads a reply of decide_all.lua (the script's header documents it) into the
-// outcomes of the groups' requests, and reports whether the call recorded any of them.
-func (groups allGroups) readReply(reply valkey.ValkeyResult) bool {
-	fail := func(err error) bool {
-		for _, c := range groups {
-			for _, p := range c.parts {
-				p.out.replyErr = err
-			}
-		}
-		return false
-	}
-	if err := reply.Error(); err != nil {
-		for _, c := range groups {
-			c.callErr = err
-		}
-		return false
-	}
-	vals, err := reply.ToArray()
-	if err != nil {
-		return fail(fmt.Errorf("script reply: %w", err))
-	}
-	want := 1
-	for _, c := range groups {
-		want += 1 + len(c.parts)
-	}
-	if len(vals) != want {
-		return fail(fmt.Errorf("script reply has %d values for %d groups of %d values", len(vals), len(groups), want-1))
-	}
-	serverNow, err := vals[0].AsInt64()
-	if err != nil {
-		return fail(fmt.Errorf("script reply: the server's now: %w", err))
-	}
-	recordedAny, at := false, 1
-	for _, c := range groups {
-		flags, err := vals[at].ToString()
-		if err != nil || len(flags) != len(c.parts) {
-			return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(c.parts), err))
-		}
-		for i, p := range c.parts {
-			p.recorded = flags[i] == '1'
-			recordedAny = recordedAny || p.recorded
-			v := &vals[at+1+i]
-			if err := v.Error(); err != nil {
-				p.out.err = err
-				continue
-			}
-			s, err := v.ToString()
-			if err == nil {
-				err = p.out.read(s, serverNow, &p.req)
-			}
-			if err != nil {
-				p.out.replyErr = fmt.Errorf("script reply value %d: %w", at+2+i, err)
-			}
-		}
-		at += 1 + len(c.parts)
-	}
-	return recordedAny
-}
-
-// notTaken reports whether c's node did not take the call, so that nothing of it was recorded
-// and its requests may go again elsewhere: a node gone from the client's topology, a call
-// refused before it ran for its slots (not OOM, which any node would answer alike), or a
-// request whose key the node does not serve (its peek failed, so the call recorded nothing).
-func (c *allCall) notTaken() bool {
-	if c.callErr != nil {
-		return c.callErr == errNodeGone || refusedBeforeRun(c.callErr) && !strings.HasPrefix(c.callErr.Error(), "OOM ")
+// notTaken reports whether c's node did not take its call, which ended with callErr, so that
+// nothing of it was recorded and its requests may go again elsewhere: a node gone from the
+// client's topology, a call refused before it ran for its slots (not OOM, which any node would
+// answer alike), or a request whose key the node does not serve (its peek failed, so the call
+// recorded nothing).
+func (c *allCall) notTaken(callErr error) bool {
+	if callErr != nil {
+		return callErr == errNodeGone || refusedBeforeRun(callErr) && !strings.HasPrefix(callErr.Error(), "OOM ")
 	}
 	retry := false
 	for _, p := range c.parts {
 		if p.recorded {
 			return false
 		}
-		retry = retry || p.out.err != nil && notTakenOnNode(p.out.err)
+		retry = retry || p.err != nil && notTakenOnNode(p.err)
 	}
 	return retry
 }
 
-// readAllCall reads c's outcomes into its requests' Results, and returns the first error among
+// readAllCall reads c's outcomes, after a call that ended with callErr and whose
+// acknowledgements answered ack, into its requests' Results, and returns the first error among
 // them (the call's, or a request's): the decision cannot go on. What c recorded is marked, so
 // that it is refunded whatever the outcome. The acknowledgements asked for (WithReplicaAck,
 // WithDurableAck) must hold for a call that recorded something.
-func (e *Engine) readAllCall(ctx context.Context, c *allCall, check bool) error {
+func (e *Engine) readAllCall(ctx context.Context, c *allCall, callErr error, ack ackReplies, check bool) error {
 	var first error
 	what := func(p *allPart) string { return "strictrate: allow_all " + quoteKey(p.key) }
-	if c.callErr != nil {
-		return classify(ctx, "strictrate: allow_all on "+c.describe(), c.callErr)
+	if callErr != nil {
+		return classify(ctx, "strictrate: allow_all on "+c.describe(), callErr)
 	}
 	recorded := false
 	for _, p := range c.parts {
 		switch {
-		case p.out.err != nil:
-			first = cmpErr(first, classify(ctx, what(p), p.out.err))
+		case p.err != nil:
+			first = cmpErr(first, classify(ctx, what(p), p.err))
 			continue
-		case p.out.replyErr != nil:
-			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), p.out.replyErr))
+		case p.req.replyErr != nil:
+			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), p.req.replyErr))
 			continue
 		}
 		p.req.record = 0
 		if p.recorded {
 			p.req.record = p.req.n
 		}
-		r, err := p.out.d.result(&p.req)
+		r, err := p.req.d.result(&p.req)
 		if err != nil {
 			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), err))
 			continue
@@ -539,8 +399,8 @@ func (e *Engine) readAllCall(ctx context.Context, c *allCall, check bool) error 
 		p.result, p.kept = r, p.recorded
 		recorded = recorded || p.recorded
 	}
-	if first == nil && recorded && e.decides.ack && !check {
-		if err := e.ackPolicy.check(ctx, c.ack); err != nil {
+	if first == nil && recorded && e.groups.ack && !check {
+		if err := e.ackPolicy.check(ctx, ack); err != nil {
 			first = fmt.Errorf("strictrate: allow_all on %s: %w", c.describe(), err)
 		}
 	}

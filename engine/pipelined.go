@@ -33,6 +33,15 @@ func unsupported(what string) error {
 	return fmt.Errorf("strictrate: %s: %w: the engine is in Pipelined mode, whose log is the article's sorted set", what, ErrUnsupported)
 }
 
+// pipelinedOffers refuses, for op on key, a limit Pipelined mode cannot count: its log is the
+// article's, one member per event, with neither slots nor calendar counters.
+func pipelinedOffers(op, key string, l Limit) error {
+	if l.Resolution > 0 || l.IsCalendar() {
+		return unsupported(op + " " + quoteKey(key) + " against " + l.String())
+	}
+	return nil
+}
+
 // allowPipelined is the article's decision: trim, add, count and expire in one pipeline,
 // admitted when the count after the add is at most Max. RetryAfter, ResetAfter and QuotaAfter
 // cannot be known without more reads: all are the window.

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // MaxPolicyLimits is the most limits a Policy may hold. The log keeps a cursor per window
@@ -102,76 +101,6 @@ func (p Policy) Longest() Limit {
 		}
 	}
 	return longest
-}
-
-// AllowPolicy records n events for key if every limit of p admits all n now, and none
-// otherwise: the decision is one atomic script call, exact under any concurrency.
-//
-// The Result speaks for the tightest limit: Remaining is the least room left in any window
-// after this decision; when denied, RetryAfter is the wait until every limit has room for n
-// (if nobody else takes it); ResetAfter is the wait until the log holds no event, that is its
-// newest event plus the longest window. The key expires then.
-//
-// A Policy of one limit is exactly AllowN with that limit, in either Mode. A Policy of several
-// limits needs the atomic log: in Pipelined mode it returns an error wrapping ErrUnsupported,
-// and nothing is sent.
-//
-// The admitted request is one entry of the key's log, whatever the number of limits: Refund
-// and Settle give its cost back to every window at once.
-func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := e.checkPolicyCall(ctx, "allow_policy", key, p, n); err != nil {
-		return Result{}, err
-	}
-	started := time.Now()
-	r, err := e.allowPolicyAt(ctx, key, p, n, e.decisionClock())
-	return e.finish(ctx, opPolicy, started, r, err)
-}
-
-func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int, now clockReading) (Result, error) {
-	if len(p) == 1 {
-		return e.allowAt(ctx, key, p[0], n, now)
-	}
-	set := e.policySet(p)
-	var h *holder
-	if e.local != nil && !now.set {
-		var r Result
-		var ok bool
-		if r, ok, h = e.local.allow(ctx, key, set, n); ok {
-			return r, nil
-		}
-	}
-	req, err := newRequest(e.prefix+key, now, n, true, set)
-	if err != nil {
-		return Result{}, err
-	}
-	r, err := e.runDecision(ctx, e.decides, "allow_policy", req)
-	if err == nil {
-		h.observe(r)
-	}
-	return r, err
-}
-
-// PeekPolicy returns the decision AllowPolicy would take for n events of key now, and records
-// nothing: the same Result (Remaining the least room now, RetryAfter the wait until every
-// limit has room for n, QuotaAfter and Window for the tightest limit), with no Entry, and a
-// ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
-// may be served where only reads are allowed. It validates as AllowPolicy does, and, as
-// AllowPolicy, offers a Policy of several limits only in Atomic mode.
-func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := e.checkPolicyCall(ctx, "peek_policy", key, p, n); err != nil {
-		return Result{}, err
-	}
-	started := time.Now()
-	if len(p) == 1 {
-		r, err := e.peekAt(ctx, key, p[0], n, e.decisionClock())
-		return e.finish(ctx, opPeek, started, r, err)
-	}
-	req, err := newRequest(e.prefix+key, e.decisionClock(), n, false, e.policySet(p))
-	if err != nil {
-		return Result{}, err
-	}
-	r, err := e.runDecision(ctx, e.peeks, "peek_policy", req)
-	return e.finish(ctx, opPeek, started, r, err)
 }
 
 // checkPolicyCall checks a call of op for n events of key against p before anything is sent:

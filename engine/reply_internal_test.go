@@ -15,7 +15,7 @@ import (
 )
 
 // The one contract between the scripts' replies (lib_reply.lua's encode_decision) and the one
-// decoder (readDecisions): the same decisions, taken through the single script and through
+// decoder (decodeDecisions): the same decisions, taken through the single script and through
 // the batch script, decode to the same values, which are the ones the log's history implies;
 // first with every value at its default (the reply leaves them all out), then with every
 // value an admission can set away from its default, then a denial.
@@ -45,17 +45,17 @@ func TestReplyContractSingleAndBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		single := &call{ctx: ctx, req: req}
-		e.decides.sendOne(ctx, single)
+		single := &call[request]{ctx: ctx, req: req}
+		e.decides.sendAlone(ctx, single)
 		req.key = pair[1]
 		other, _ := newRequest("contract:other:"+uuid.NewString(), at, 1, true, one)
-		batch := &batch{calls: []*call{{ctx: ctx, req: other}, {ctx: ctx, req: req}}}
-		e.decides.send(ctx, batch)
-		for i, cl := range []*call{single, batch.calls[1]} {
-			if cl.out.err != nil || cl.out.replyErr != nil {
-				t.Fatalf("decision %d: %v %v", i, cl.out.err, cl.out.replyErr)
+		batched := []*call[request]{{ctx: ctx, req: other}, {ctx: ctx, req: req}}
+		e.decides.exec(ctx, nil, batched, &scratch{})
+		for i, cl := range []*call[request]{single, batched[1]} {
+			if cl.err != nil || cl.req.replyErr != nil {
+				t.Fatalf("decision %d: %v %v", i, cl.err, cl.req.replyErr)
 			}
-			got[i] = cl.out.d
+			got[i] = cl.req.d
 		}
 		return got
 	}
@@ -105,7 +105,7 @@ func TestReplyContractSingleAndBatch(t *testing.T) {
 // A reply the scripts never give is a reply error, not a decision; an error reply for one
 // request is that request's error; a transport error is every request's. The replies are
 // made by the server, echoing the values given.
-func TestReadDecisionsRefusesOtherReplies(t *testing.T) {
+func TestDecodeDecisionsRefusesOtherReplies(t *testing.T) {
 	server := valkeytest.New(t)
 	client := server.Client(t)
 	ctx := context.Background()
@@ -138,12 +138,12 @@ return r`
 	}
 	single := func(now int64, vals ...int64) string { return be8(now) + dec(vals...) }
 	set := newLimitSet([]Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}})
-	read := func(r valkey.ValkeyResult, n int) []*call {
-		calls := make([]*call, n)
+	read := func(r valkey.ValkeyResult, n int) []*call[request] {
+		calls := make([]*call[request], n)
 		for i := range calls {
-			calls[i] = &call{req: request{set: set, record: 1}}
+			calls[i] = &call[request]{req: request{set: set, record: 1}}
 		}
-		readDecisions(r, calls)
+		decodeDecisions(r, calls)
 		return calls
 	}
 	// Defaults filled in, and the Result they make: the same through either form.
@@ -154,16 +154,16 @@ return r`
 		"single": reply(single(1_000_000, 4)), "batch": reply("1000000", dec(4)),
 	} {
 		cl := read(rep, 1)[0]
-		r, err := cl.out.d.result(&cl.req)
+		r, err := cl.req.d.result(&cl.req)
 		if err != nil || r != want {
 			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, err, want)
 		}
 	}
 	// One request's error reply is its own; the next request is read after it.
 	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", dec(2, 250)), 2)
-	if calls[0].out.err == nil || !strings.HasPrefix(calls[0].out.err.Error(), "BADLAYOUT") || calls[1].out.err != nil ||
-		calls[1].out.replyErr != nil || calls[1].out.d.retryAfter != 250 {
-		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0].out, calls[1].out)
+	if calls[0].err == nil || !strings.HasPrefix(calls[0].err.Error(), "BADLAYOUT") || calls[1].err != nil ||
+		calls[1].req.replyErr != nil || calls[1].req.d.retryAfter != 250 {
+		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0], calls[1])
 	}
 	for name, vals := range map[string][]string{
 		"empty string":            {""},
@@ -179,8 +179,8 @@ return r`
 		"batch: no now":           {"0", dec(4)},
 	} {
 		cl := read(reply(vals...), 1)[0]
-		if cl.out.replyErr == nil {
-			t.Errorf("%s: read as %+v, want a reply error", name, cl.out)
+		if cl.req.replyErr == nil {
+			t.Errorf("%s: read as %+v, want a reply error", name, cl.req)
 		}
 	}
 	for name, vals := range map[string][]int64{
@@ -194,18 +194,18 @@ return r`
 		"limit position 3":   {5, 0, 5, 10, 10, 3},
 	} {
 		cl := read(reply(single(7, vals[1:]...)), 1)[0]
-		if cl.out.replyErr != nil {
-			t.Errorf("%s: %v", name, cl.out.replyErr)
+		if cl.req.replyErr != nil {
+			t.Errorf("%s: %v", name, cl.req.replyErr)
 			continue
 		}
-		if r, err := cl.out.d.result(&cl.req); err == nil {
+		if r, err := cl.req.d.result(&cl.req); err == nil {
 			t.Errorf("%s: made %+v, want an error", name, r)
 		}
 	}
 	// A transport error is every request's.
 	for _, cl := range read(valkey.NewErrorResult(fmt.Errorf("connection reset")), 2) {
-		if cl.out.err == nil || cl.out.replyErr != nil {
-			t.Errorf("transport error: %+v, want the call's error", cl.out)
+		if cl.err == nil || cl.req.replyErr != nil {
+			t.Errorf("transport error: %+v, want the call's error", cl)
 		}
 	}
 }

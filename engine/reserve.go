@@ -45,5 +45,5 @@ func (e *Engine) reserveSet(ctx context.Context, key string, set *limitSet, k in
 	if err != nil {
 		return Result{}, err
 	}
-	return e.runDecision(ctx, e.decides, "reserve", req)
+	return e.decide(ctx, e.decides, "reserve", req)
 }

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"strconv"
 )
 
 // Refund gives an admitted request's cost back at once: its entry's cost becomes 0, and every
@@ -68,7 +67,7 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	if err != nil {
 		return err
 	}
-	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
+	var decidedUS int64
 	if id.Shared {
 		// A slot's entry or calendar counters: the periods are those of the decision's time.
 		decided := id.Decided
@@ -78,17 +77,19 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 		if decided.IsZero() {
 			decided = id.At
 		}
-		us, err := clockReading{t: decided, set: true}.micros()
-		if err != nil {
+		if decidedUS, err = (clockReading{t: decided, set: true}).micros(); err != nil {
 			return err
 		}
-		args = append(args, "shared", strconv.FormatInt(us, 10))
 	}
 	e.forgetDenials(full)
-	back, err := e.settle.Exec(ctx, e.client, []string{full}, args).AsInt64()
+	cl := e.settles.do(ctx, settleReq{key: full, args: settleArgs(at, id, actual, decidedUS)}, destination{})
+	back, callErr, replyErr := cl.req.back, cl.err, cl.req.replyErr
+	e.settles.release(cl)
 	switch {
-	case err != nil:
-		return classify(ctx, what, err)
+	case callErr != nil:
+		return classify(ctx, what, callErr)
+	case replyErr != nil:
+		return fmt.Errorf("%s: %w", what, replyErr)
 	case back < 0 || back > int64(id.Cost-actual):
 		return fmt.Errorf("%s: script reply: %d events given back, outside 0 to %d", what, back, id.Cost-actual)
 	}

@@ -59,102 +59,93 @@ func (s *Script) SHA1() string { return s.sha1 }
 // ReadOnly reports whether the script runs as EVALSHA_RO.
 func (s *Script) ReadOnly() bool { return s.readOnly }
 
-// Exec runs the script with the given keys and arguments as one EVALSHA, or EVAL after NOSCRIPT.
-// The result is valkey-go's, unwrapped, so the caller reads the reply without another copy.
+// Call is what one call of a script sends: its keys and arguments, how the keys go, and the
+// commands that follow it in the same round trip.
+type Call struct {
+	// Keys are the keys the script touches; Args its arguments.
+	Keys, Args []string
+	// Undeclared passes the keys in ARGV instead of declaring them: the number of keys, then
+	// the keys, then Args, with numkeys 0. It is for a call to one node of a cluster (a client
+	// from the cluster client's Nodes()) with keys of several slots that node serves, which
+	// cannot be declared: the server refuses a call whose declared keys are of several slots
+	// (CROSSSLOT) before the script runs, and valkey-go's cluster command builder panics on
+	// them. The script must read its keys from ARGV (scripts/lib_keys.lua does) and carry the
+	// flag allow-cross-slot-keys; the server then checks each key as the script reaches it, and
+	// a key of a slot the node does not serve fails that command ("Script attempted to access a
+	// non local key in a cluster node").
+	Undeclared bool
+	// Then, when set, returns commands to send right behind the script on its connection, in
+	// the same round trip: WAIT, which waits until that connection's writes reach replicas. In
+	// a cluster they must be keyless or of the script's slot. It is called again when the
+	// call goes again (after NOSCRIPT, or a dial that wrote nothing): a command is sent once.
+	Then func(valkey.Builder) []valkey.Completed
+}
+
+// Exec runs the script as one EVALSHA (EVALSHA_RO for a read-only script), and sends its source
+// with EVAL (EVAL_RO) only when the server answers NOSCRIPT, after a restart or a SCRIPT FLUSH.
+// It returns the script's reply, unwrapped, so the caller reads it without another copy, and
+// the replies of Then's commands, in their order (nil without Then). client may be the engine's
+// client, a cluster node's (Call.Undeclared), or a dedicated connection
+// (valkey.DedicatedClient), on which the caller can send more once it has read the reply.
 //
 // The call is made on ctx without its deadline (package sendctx): it still ends when ctx does,
 // but a deadline that passes never closes a connection other calls share; and a call that a
-// dial cut short, before anything was written, is sent again while ctx is live.
-func (s *Script) Exec(ctx context.Context, client valkey.Client, keys, args []string) valkey.ValkeyResult {
-	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
-		return s.lua.Exec(ctx, client, keys, args)
-	}, valkey.ValkeyResult.Error)
-}
-
-// ExecThen runs the script as Exec does and sends the commands then appends right behind it,
-// in the same round trip and on the same connection: for WAIT, which waits until that
-// connection's writes reach replicas. then receives a slice holding the script's
-// command and returns it with its own appended; it is called again after NOSCRIPT (a command
-// cannot be sent twice), when everything goes again with the script as EVAL. In a cluster,
-// then's commands must be keyless or in the script's slot. client may be a dedicated
-// connection (valkey.DedicatedClient), so that a caller can send more on the same connection
-// once it has read the reply. It returns the script's reply, and theirs in the order then
-// appended them.
-func (s *Script) ExecThen(ctx context.Context, client valkey.CoreClient, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
-	return s.execThen(ctx, client, true, keys, args, then)
-}
-
-// ExecOnNode runs the script on node, a client of one node of a cluster (one of the cluster
-// client's Nodes()), with keys that may be of several slots that node serves: as EVALSHA (or
-// EVALSHA_RO), then EVAL after NOSCRIPT, like Exec.
-//
-// Such keys cannot be declared. The server refuses a call whose declared keys are of several
-// slots (CROSSSLOT) before the script runs, whatever the script's flags (allow-cross-slot-keys
-// lets a script reach keys it did not declare, not declare keys of several slots); and
-// valkey-go's cluster command builder, which the clients of Nodes() share, panics on them. So
-// the call declares none (numkeys 0) and passes, first in ARGV, the number of keys, then the
-// keys, then args: the script must read its keys there (scripts/lib_keys.lua does) and carry
-// the flag. The server then checks each key when the script reaches it: one of a slot the
-// node does not serve fails that command ("Script attempted to access a non local key in a
-// cluster node").
-func (s *Script) ExecOnNode(ctx context.Context, node valkey.CoreClient, keys, args []string) valkey.ValkeyResult {
-	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
-		reply := node.Do(ctx, s.command(node.B(), false, false, keys, args))
-		if verr, ok := valkey.IsValkeyErr(reply.Error()); ok && verr.IsNoScript() {
-			reply = node.Do(ctx, s.command(node.B(), true, false, keys, args))
+// dial cut short, before anything was written, is sent again while ctx is live. A script that
+// may write is never retried by valkey-go, so a decision is never applied twice.
+func (s *Script) Exec(ctx context.Context, client valkey.CoreClient, c Call) (reply valkey.ValkeyResult, then []valkey.ValkeyResult) {
+	if c.Then == nil {
+		if cc, ok := client.(valkey.Client); ok && !c.Undeclared {
+			// valkey-go's script cache: EVALSHA, EVAL after NOSCRIPT.
+			return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+				return s.lua.Exec(ctx, cc, c.Keys, c.Args)
+			}, valkey.ValkeyResult.Error), nil
 		}
-		return reply
-	}, valkey.ValkeyResult.Error)
-}
-
-// ExecThenOnNode is ExecThen for a call ExecOnNode makes: the keys undeclared, in ARGV, so
-// that they may be of several slots of node; then's commands go behind it on the same
-// connection, to the same node.
-func (s *Script) ExecThenOnNode(ctx context.Context, node valkey.CoreClient, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
-	return s.execThen(ctx, node, false, keys, args, then)
-}
-
-// execThen is ExecThen, with the keys declared (declare) or passed in ARGV (ExecOnNode).
-func (s *Script) execThen(ctx context.Context, client valkey.CoreClient, declare bool, keys, args []string, then func([]valkey.Completed) []valkey.Completed) (script valkey.ValkeyResult, after []valkey.ValkeyResult) {
-	b := client.B()
+		return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+			reply := client.Do(ctx, s.command(client.B(), false, c))
+			if verr, ok := valkey.IsValkeyErr(reply.Error()); ok && verr.IsNoScript() {
+				reply = client.Do(ctx, s.command(client.B(), true, c))
+			}
+			return reply
+		}, valkey.ValkeyResult.Error), nil
+	}
 	replies := sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
-		replies := client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, false, declare, keys, args)))...)
+		b := client.B()
+		replies := client.DoMulti(ctx, append([]valkey.Completed{s.command(b, false, c)}, c.Then(b)...)...)
 		if verr, ok := valkey.IsValkeyErr(replies[0].Error()); !ok || !verr.IsNoScript() {
 			return replies
 		}
-		return client.DoMulti(ctx, then(append(make([]valkey.Completed, 0, 4), s.command(b, true, declare, keys, args)))...)
+		return client.DoMulti(ctx, append([]valkey.Completed{s.command(b, true, c)}, c.Then(b)...)...)
 	}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
 	return replies[0], replies[1:]
 }
 
 // command builds the script's call: EVALSHA (EVALSHA_RO for a read-only script), or with
-// source EVAL (EVAL_RO) carrying the text. With declare the keys are the call's declared keys;
-// without, the call declares none and ARGV opens with their number and the keys (ExecOnNode),
-// which goes through the builder's Arg and so past its slot check.
-func (s *Script) command(b valkey.Builder, source, declare bool, keys, args []string) valkey.Completed {
-	if declare {
-		n := int64(len(keys))
+// source EVAL (EVAL_RO) carrying the text; the keys declared, or, Undeclared, in ARGV after
+// their number, which goes through the builder's Arg and so past its slot check.
+func (s *Script) command(b valkey.Builder, source bool, c Call) valkey.Completed {
+	if !c.Undeclared {
+		n := int64(len(c.Keys))
 		switch {
 		case s.readOnly && source:
-			return b.EvalRo().Script(s.source).Numkeys(n).Key(keys...).Arg(args...).Build()
+			return b.EvalRo().Script(s.source).Numkeys(n).Key(c.Keys...).Arg(c.Args...).Build()
 		case s.readOnly:
-			return b.EvalshaRo().Sha1(s.sha1).Numkeys(n).Key(keys...).Arg(args...).Build()
+			return b.EvalshaRo().Sha1(s.sha1).Numkeys(n).Key(c.Keys...).Arg(c.Args...).Build()
 		case source:
-			return b.Eval().Script(s.source).Numkeys(n).Key(keys...).Arg(args...).Build()
+			return b.Eval().Script(s.source).Numkeys(n).Key(c.Keys...).Arg(c.Args...).Build()
 		default:
-			return b.Evalsha().Sha1(s.sha1).Numkeys(n).Key(keys...).Arg(args...).Build()
+			return b.Evalsha().Sha1(s.sha1).Numkeys(n).Key(c.Keys...).Arg(c.Args...).Build()
 		}
 	}
-	count := strconv.Itoa(len(keys))
+	count := strconv.Itoa(len(c.Keys))
 	switch {
 	case s.readOnly && source:
-		return b.EvalRo().Script(s.source).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+		return b.EvalRo().Script(s.source).Numkeys(0).Arg(count).Arg(c.Keys...).Arg(c.Args...).Build()
 	case s.readOnly:
-		return b.EvalshaRo().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+		return b.EvalshaRo().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(c.Keys...).Arg(c.Args...).Build()
 	case source:
-		return b.Eval().Script(s.source).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+		return b.Eval().Script(s.source).Numkeys(0).Arg(count).Arg(c.Keys...).Arg(c.Args...).Build()
 	default:
-		return b.Evalsha().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(keys...).Arg(args...).Build()
+		return b.Evalsha().Sha1(s.sha1).Numkeys(0).Arg(count).Arg(c.Keys...).Arg(c.Args...).Build()
 	}
 }
 

@@ -68,7 +68,8 @@ func TestExecUsesEvalshaAndEvalOnlyAfterNoscript(t *testing.T) {
 	}
 	exec := func(script *loader.Script, arg, want int64) {
 		t.Helper()
-		got, err := script.Exec(ctx, c, nil, []string{strconv.FormatInt(arg, 10)}).AsInt64()
+		reply, _ := script.Exec(ctx, c, loader.Call{Args: []string{strconv.FormatInt(arg, 10)}})
+		got, err := reply.AsInt64()
 		if err != nil || got != want {
 			t.Fatalf("%s(%d) = %d, %v; want %d", script.SHA1(), arg, got, err, want)
 		}
@@ -107,17 +108,17 @@ func TestPreloadFailsWhenScriptingIsRefused(t *testing.T) {
 	}
 }
 
-// ExecThen sends the commands behind the script in one round trip and hands back every reply
-// in order, after NOSCRIPT too (when all of them go again).
+// Exec with Then sends the commands behind the script in one round trip and hands back every
+// reply in order, after NOSCRIPT too (when all of them go again).
 func TestExecThenReturnsEveryReply(t *testing.T) {
 	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
 	ctx := context.Background()
 	s := loader.New("incr", "return redis.call('INCR', KEYS[1])")
-	then := func(cmds []valkey.Completed) []valkey.Completed {
-		return append(cmds, c.B().Wait().Numreplicas(0).Timeout(1).Build(), c.B().Get().Key("n").Build())
+	then := func(b valkey.Builder) []valkey.Completed {
+		return []valkey.Completed{b.Wait().Numreplicas(0).Timeout(1).Build(), b.Get().Key("n").Build()}
 	}
 	for _, want := range []int64{1, 2} { // the first after NOSCRIPT: nothing was preloaded
-		got, after := s.ExecThen(ctx, c, []string{"n"}, nil, then)
+		got, after := s.Exec(ctx, c, loader.Call{Keys: []string{"n"}, Then: then})
 		n, err := got.AsInt64()
 		if err != nil || n != want || len(after) != 2 {
 			t.Fatalf("ExecThen: script %d, %v, %d replies after; want %d and 2", n, err, len(after), want)
@@ -134,10 +135,11 @@ func TestExecThenReturnsEveryReply(t *testing.T) {
 	}
 }
 
-// ExecOnNode sends keys of several slots of one cluster node to it, on a client of the
-// cluster client's Nodes() (whose command builder would panic on such keys declared), with
-// the keys first in ARGV: the script reaches every one of them (its flag allow-cross-slot-keys
-// lets it), EVAL follows NOSCRIPT, and ExecThenOnNode's commands go behind on the same node.
+// Exec of an Undeclared call sends keys of several slots of one cluster node to it, on a client
+// of the cluster client's Nodes() (whose command builder would panic on such keys declared),
+// with the keys first in ARGV: the script reaches every one of them (its flag
+// allow-cross-slot-keys lets it), EVAL follows NOSCRIPT, and Then's commands go behind on the
+// same node.
 func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster; skipped with -short")
@@ -162,7 +164,7 @@ func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
 	func() {
 		defer func() {
 			if recover() == nil {
-				t.Error("the node client's builder took declared keys of several slots: ExecOnNode's way around it is not needed")
+				t.Error("the node client's builder took declared keys of several slots: Undeclared's way around it is not needed")
 			}
 		}()
 		node.B().Evalsha().Sha1("0").Numkeys(int64(len(keys))).Key(keys...).Build()
@@ -173,9 +175,10 @@ func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
 		"for i = 1, k do r[i] = redis.call('INCRBY', ARGV[1 + i], ARGV[k + 2]) end\n"+
 		"return r")
 	for round, want := range []int64{3, 6} { // the first after NOSCRIPT: nothing was preloaded
-		got, err := s.ExecOnNode(ctx, node, keys, []string{"3"}).AsIntSlice()
+		reply, _ := s.Exec(ctx, node, loader.Call{Keys: keys, Args: []string{"3"}, Undeclared: true})
+		got, err := reply.AsIntSlice()
 		if err != nil || len(got) != len(keys) {
-			t.Fatalf("round %d: ExecOnNode = %v, %v", round, got, err)
+			t.Fatalf("round %d: Exec undeclared = %v, %v", round, got, err)
 		}
 		for i, v := range got {
 			if v != want {
@@ -183,11 +186,11 @@ func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
 			}
 		}
 	}
-	got, after := s.ExecThenOnNode(ctx, node, keys, []string{"1"}, func(cmds []valkey.Completed) []valkey.Completed {
-		return append(cmds, node.B().Wait().Numreplicas(0).Timeout(1).Build(), node.B().Dbsize().Build())
-	})
+	got, after := s.Exec(ctx, node, loader.Call{Keys: keys, Args: []string{"1"}, Undeclared: true, Then: func(b valkey.Builder) []valkey.Completed {
+		return []valkey.Completed{b.Wait().Numreplicas(0).Timeout(1).Build(), b.Dbsize().Build()}
+	}})
 	if vals, err := got.AsIntSlice(); err != nil || len(vals) != len(keys) || vals[0] != 7 {
-		t.Fatalf("ExecThenOnNode: %v, %v; want every key at 7", vals, err)
+		t.Fatalf("Exec undeclared with Then: %v, %v; want every key at 7", vals, err)
 	}
 	if len(after) != 2 {
 		t.Fatalf("%d replies behind the script, want 2", len(after))

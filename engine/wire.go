@@ -1,0 +1,692 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/scripts"
+)
+
+// The wire: what every script call sends and what its reply says, for each kind of request
+// (commit.go's kind: encode and decode). Each script's header documents its KEYS, ARGV and
+// reply; this file is the one place on the Go side that knows those shapes. It lays out
+// arguments and decodes replies, and does nothing else: the group commit calls it, and it
+// calls nothing of the engine's.
+
+// request is one decision or peek to take: the scripts' arguments for it, and, once its call
+// came back, what the server answered for it.
+type request struct {
+	key    string    // with the engine's prefix
+	now    string    // integer microseconds, or "" for the server's clock
+	nowUS  int64     // now as a number; 0 for the server's clock
+	record int       // the cost recorded when admitted; 0 for a peek, which records nothing
+	n      int       // the request's cost (a peek's too)
+	cost   string    // n as the batch scripts read it
+	set    *limitSet // the limits
+
+	d        decision // the decision, once decoded
+	replyErr error    // the reply was not one the scripts give
+}
+
+// limitSet is limits as the scripts read them: the sliding limits, windows ascending, then
+// the calendar limits; and their values (decide.lua documents them: the resolution first when
+// there is one, the (window, max) pairs, each calendar limit's max and boundaries), formatted
+// once: as decimal strings (the batch scripts' arguments), as numbers (for the single
+// scripts' one argument), and as that argument for a request of one event on the server's
+// clock, the most common. A set with calendar limits has boundaries that depend on the time:
+// its requests take the set at (at), made once per period.
+type limitSet struct {
+	limits    []Limit
+	nums      []string
+	pairs     []int64
+	oneNow    string
+	res       int64 // the resolution entries are recorded at, in µs; 0: exact
+	hold      int64 // for a reservation, how long after the decision its entry is recorded, in µs
+	calendars int   // how many of limits are calendar limits (the last ones)
+	// current is, for a set with calendar limits, the set with the boundaries around the
+	// latest time asked (at), and the span of times it serves.
+	current atomic.Pointer[datedSet]
+}
+
+// datedSet is a set with calendar boundaries, and the times [from, to) they are right for.
+type datedSet struct {
+	set      *limitSet
+	from, to time.Time
+}
+
+// newLimitSet makes the set of limits: sliding ones, windows ascending, then calendar ones.
+func newLimitSet(limits []Limit) *limitSet {
+	s := &limitSet{limits: limits, res: -1}
+	for _, l := range limits {
+		switch {
+		case l.IsCalendar():
+			s.calendars++
+		case l.Resolution == 0:
+			s.res = 0
+		case s.res < 0 || ceilMicros(l.Resolution) < s.res:
+			s.res = ceilMicros(l.Resolution)
+		}
+	}
+	if s.res < 0 {
+		s.res = 0
+	}
+	values := make([]int64, 0, 2+2*len(limits))
+	if s.res > 0 {
+		values = append(values, -1, s.res)
+	}
+	for _, l := range limits {
+		if !l.IsCalendar() {
+			values = append(values, l.windowMicros(), int64(l.Max))
+		}
+	}
+	s.setValues(values)
+	return s
+}
+
+// withHold is s for a reservation held for hold (local quota): its entry is recorded hold
+// after the decision (decide.lua's -3), so that it counts in every window that holds an
+// admission made from it. s holds no calendar limit (a reservation counts in its decision's
+// period alone, while admissions made from it may fall in the next).
+func (s *limitSet) withHold(hold time.Duration) *limitSet {
+	h := &limitSet{limits: s.limits, res: s.res, hold: ceilMicros(hold)}
+	h.setValues(append([]int64{-3, h.hold}, s.pairs...))
+	return h
+}
+
+// setValues formats values as the scripts read them.
+func (s *limitSet) setValues(values []int64) {
+	s.pairs = values
+	s.nums = make([]string, len(values))
+	for i, v := range values {
+		s.nums[i] = strconv.FormatInt(v, 10)
+	}
+	s.oneNow = string(scripts.AppendRequest(nil, scripts.ServerClock, 1, values))
+}
+
+// at is s for a request decided near t: s itself when it holds no calendar limit, else s with
+// every calendar limit's boundaries around t (the period before t's, t's, and the next), the
+// server picking the one that holds its own time.
+func (s *limitSet) at(t time.Time) *limitSet {
+	if s == nil || s.calendars == 0 {
+		return s
+	}
+	if d := s.current.Load(); d != nil && !t.Before(d.from) && t.Before(d.to) {
+		return d.set
+	}
+	d := &datedSet{set: &limitSet{limits: s.limits, res: s.res, calendars: s.calendars}}
+	values := slices.Clone(s.pairs)
+	for i, l := range s.limits[len(s.limits)-s.calendars:] {
+		b := l.boundariesAround(t)
+		values = append(values, -2, int64(l.Max), b[0].UnixMicro(), b[1].UnixMicro(), b[2].UnixMicro(), b[3].UnixMicro())
+		if i == 0 || b[1].After(d.from) {
+			d.from = b[1]
+		}
+		if i == 0 || b[2].Before(d.to) {
+			d.to = b[2]
+		}
+	}
+	d.set.setValues(values)
+	s.current.Store(d)
+	return d.set
+}
+
+// shared reports whether an entry recorded against s may hold other requests' events too (a
+// Resolution slot), or the request is counted by calendar counters: Settle then gives back
+// on every call.
+func (s *limitSet) shared() bool { return s.res > 0 || s.calendars > 0 }
+
+// sliding reports whether s holds a sliding limit: only then is an admission an entry.
+func (s *limitSet) sliding() bool { return s.calendars < len(s.limits) }
+
+// sameLimits reports whether two sets count the same limits.
+func (s *limitSet) sameLimits(o *limitSet) bool {
+	return s == o || slices.Equal(s.nums, o.nums)
+}
+
+// longest is the longest sliding window of s in microseconds (0 when it has none): the default
+// reset_after of a decision.
+func (s *limitSet) longest() int64 {
+	if !s.sliding() {
+		return 0
+	}
+	return s.limits[len(s.limits)-1-s.calendars].windowMicros()
+}
+
+// clockReading is the time a decision is taken at; set is false when the server's clock is used.
+type clockReading struct {
+	t   time.Time
+	set bool
+}
+
+// Caller-supplied times must stay exact as float64 scores after the window is subtracted.
+const maxAbsMicros = 1 << 52
+
+func (c clockReading) micros() (int64, error) {
+	us := c.t.UnixMicro()
+	if us <= -maxAbsMicros || us >= maxAbsMicros {
+		return 0, fmt.Errorf("%w: time %s is outside the years 1827 to 2112", ErrInvalidArgument, c.t.Format(time.RFC3339Nano))
+	}
+	return us, nil
+}
+
+// arg is the reading as the scripts' "now" argument: integer microseconds, or "" for the
+// server's clock.
+func (c clockReading) arg() (string, error) {
+	if !c.set {
+		return "", nil
+	}
+	us, err := c.micros()
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(us, 10), nil
+}
+
+// newRequest is a request for n events of key at at against set: recorded when admitted
+// with record, else judged only (a peek).
+func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
+	now, err := at.arg()
+	if err != nil {
+		return request{}, err
+	}
+	var nowUS int64
+	near := time.Now()
+	if at.set {
+		nowUS = at.t.UnixMicro()
+		near = at.t
+	}
+	set = set.at(near)
+	req := request{key: key, now: now, nowUS: nowUS, n: n, cost: itoa(n), set: set}
+	if record {
+		req.record = n
+	}
+	return req, nil
+}
+
+// singleArg is decide.lua's (and peek.lua's) one argument for r: made once per limit set for
+// the common request, else here.
+func (r *request) singleArg() string {
+	now := r.nowUS
+	if r.now == "" {
+		if r.n == 1 {
+			return r.set.oneNow
+		}
+		now = scripts.ServerClock
+	}
+	return string(scripts.AppendRequest(make([]byte, 0, 16+8*len(r.set.pairs)), now, r.n, r.set.pairs))
+}
+
+// decisionSize is the size rule of decisions and peeks: one request, and the bytes of its key
+// and arguments.
+func decisionSize(cl *call[request]) (int, int) {
+	r := &cl.req
+	return 1, len(r.key) + len(r.now) + len(r.cost) + 8
+}
+
+// encodeDecisions lays out a call of decide.lua or peek.lua (one request: its key, its one
+// argument), or of decide_batch.lua or peek_batch.lua (several: their limit sets once each,
+// then each request's cost, set and clock; lib_batch.lua documents it).
+func encodeDecisions(calls []*call[request], keys, args []string) ([]string, []string) {
+	if len(calls) == 1 {
+		return append(keys, calls[0].req.key), append(args, calls[0].req.singleArg())
+	}
+	// The limit sets of the batch, each once; requests name theirs by its position.
+	var sets [maxBatch]*limitSet
+	var setOf [maxBatch]int
+	nsets := 0
+	for i, cl := range calls {
+		setOf[i] = -1
+		for j, s := range sets[:nsets] {
+			if s.sameLimits(cl.req.set) {
+				setOf[i] = j
+				break
+			}
+		}
+		if setOf[i] < 0 {
+			setOf[i] = nsets
+			sets[nsets] = cl.req.set
+			nsets++
+		}
+	}
+	clock := ""
+	if calls[0].req.now != "" {
+		clock = "each"
+	}
+	args = append(args, clock, itoa(nsets))
+	for _, s := range sets[:nsets] {
+		args = append(args, itoa(len(s.nums)))
+		args = append(args, s.nums...)
+	}
+	for i, cl := range calls {
+		keys = append(keys, cl.req.key)
+		args = append(args, cl.req.cost, itoa(setOf[i]+1))
+		if clock != "" {
+			args = append(args, cl.req.now)
+		}
+	}
+	return keys, args
+}
+
+// decodeDecisions reads a decision script's reply into calls, in KEYS order (lib_reply.lua):
+// a single script's string, the server's now (0 when unread) then one decision; or a batch
+// script's array, the server's now, then per request its decision or an error reply. A
+// decision is a count c and c values, with trailing defaults left out. It reports whether any
+// request was admitted.
+func decodeDecisions(reply valkey.ValkeyResult, calls []*call[request]) (admitted bool) {
+	fail := func(err error, isReply bool) bool {
+		for _, cl := range calls {
+			if isReply {
+				cl.req.replyErr = err
+			} else {
+				cl.err = err
+			}
+		}
+		return false
+	}
+	for _, cl := range calls {
+		cl.req.d, cl.req.replyErr = decision{}, nil
+	}
+	if err := reply.Error(); err != nil {
+		return fail(err, false)
+	}
+	msg, err := reply.ToMessage()
+	if err != nil {
+		return fail(err, true)
+	}
+	if msg.IsString() {
+		s, _ := msg.ToString()
+		if len(calls) != 1 || len(s) < 8 {
+			return fail(fmt.Errorf("script reply: a string of %d bytes for %d requests", len(s), len(calls)), true)
+		}
+		if err := calls[0].req.read(s[8:], int64At(s, 0)); err != nil {
+			return fail(err, true)
+		}
+		return calls[0].req.d.retryAfter == 0
+	}
+	vals, err := msg.ToArray()
+	if err != nil {
+		return fail(err, true)
+	}
+	if len(vals) != 1+len(calls) {
+		return fail(fmt.Errorf("script reply has %d values for %d requests", len(vals), len(calls)), true)
+	}
+	serverNow, err := vals[0].AsInt64()
+	if err != nil {
+		return fail(fmt.Errorf("script reply: the server's now: %w", err), true)
+	}
+	for i, cl := range calls {
+		v := &vals[1+i]
+		if err := v.Error(); err != nil {
+			cl.err = err
+			continue
+		}
+		s, err := v.ToString()
+		if err == nil {
+			err = cl.req.read(s, serverNow)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("script reply value %d: %w", 1+i, err), true)
+		}
+		admitted = admitted || cl.req.d.retryAfter == 0
+	}
+	return admitted
+}
+
+// decision is one decision as a script replied it (lib_reply.lua), its defaults filled in:
+// times in microseconds, tightest the 1-based position of the limit remaining speaks for.
+type decision struct {
+	remaining  int64
+	now        int64
+	retryAfter int64
+	quotaAfter int64
+	resetAfter int64
+	tightest   int64
+	seq        int64
+}
+
+// read reads r's decision, s (lib_reply.lua: a count c, then c values of 8 bytes), into r.d.
+func (r *request) read(s string, serverNow int64) error {
+	if len(s) == 0 || s[0] < 1 || s[0] > 6 || len(s) != 1+8*int(s[0]) {
+		return fmt.Errorf("script reply: a decision of %d bytes is none the scripts give", len(s))
+	}
+	c := int(s[0])
+	// The values in reply order, each left out one at its default: remaining (never left out),
+	// retry_after 0, quota_after (below: it depends on tightest), reset_after the longest
+	// window, tightest 1, seq 1.
+	v := [6]int64{3: r.set.longest(), 4: 1, 5: 1}
+	for i := range c {
+		v[i] = int64At(s, 1+8*i)
+	}
+	r.d = decision{remaining: v[0], now: serverNow, retryAfter: v[1], quotaAfter: v[2], resetAfter: v[3], tightest: v[4], seq: v[5]}
+	if r.now != "" {
+		r.d.now = r.nowUS
+	} else if serverNow == 0 {
+		return errors.New("script reply: the server's now is missing")
+	}
+	if c < 3 && r.d.tightest >= 1 && r.d.tightest <= int64(len(r.set.limits)) {
+		r.d.quotaAfter = r.set.limits[r.d.tightest-1].windowMicros()
+	}
+	return nil
+}
+
+// result turns d, decided for req, into a Result, and refuses values no script gives. A
+// denial always has retry_after > 0.
+func (d decision) result(req *request) (Result, error) {
+	limits := req.set.limits
+	switch {
+	case d.remaining < 0:
+		return Result{}, fmt.Errorf("script reply: remaining %d is negative", d.remaining)
+	case d.retryAfter < 0 || d.resetAfter < 0:
+		return Result{}, fmt.Errorf("script reply: retry_after %d or reset_after %d is negative", d.retryAfter, d.resetAfter)
+	case d.tightest < 1 || d.tightest > int64(len(limits)):
+		return Result{}, fmt.Errorf("script reply: limit position %d is outside 1 to %d", d.tightest, len(limits))
+	case d.seq < 1 && (req.set.sliding() || d.seq < 0):
+		// Calendar limits alone record no entry: seq 0.
+		return Result{}, fmt.Errorf("script reply: entry seq %d is below 1", d.seq)
+	case d.quotaAfter < 0 || d.quotaAfter > d.resetAfter:
+		// The tightest window's first event is no newer than the log's newest entry, and that
+		// window no longer than the key's horizon.
+		return Result{}, fmt.Errorf("script reply: quota_after %d is outside 0 to reset_after %d", d.quotaAfter, d.resetAfter)
+	}
+	r := Result{
+		Allowed:    d.retryAfter == 0,
+		Remaining:  int(d.remaining),
+		RetryAfter: time.Duration(d.retryAfter) * time.Microsecond,
+		ResetAfter: time.Duration(d.resetAfter) * time.Microsecond,
+		QuotaAfter: time.Duration(d.quotaAfter) * time.Microsecond,
+		At:         time.UnixMicro(d.now),
+		Window:     limits[d.tightest-1].Window,
+	}
+	if l := limits[d.tightest-1]; l.IsCalendar() {
+		start, end := l.PeriodAt(r.At)
+		r.Window = end.Sub(start)
+	}
+	if r.Allowed && req.record > 0 {
+		r.Entry = EntryID{Key: req.key, At: r.At, Seq: int(d.seq), Cost: req.record}
+		if req.set.shared() {
+			r.Entry.Shared, r.Entry.Decided = true, r.At
+		}
+		if at := d.now + req.set.hold; req.set.res > 0 && d.seq > 0 {
+			// Recorded at the end of its slot: the decision's time (plus a reservation's
+			// hold) rounded up.
+			r.Entry.At = time.UnixMicro(slotEnd(at, req.set.res))
+		} else if req.set.hold > 0 {
+			r.Entry.At = time.UnixMicro(at)
+		}
+	}
+	return r, nil
+}
+
+// slotEnd is the end of t's slot of width res: t rounded up to a multiple of res, as the
+// scripts round it (Lua's % is floored, so times before 1970 round up too).
+func slotEnd(t, res int64) int64 {
+	m := t % res
+	if m < 0 {
+		m += res
+	}
+	if m == 0 {
+		return t
+	}
+	return t - m + res
+}
+
+// int64At reads the 8-byte big-endian two's complement integer at s[i:].
+func int64At(s string, i int) int64 {
+	var v uint64
+	for _, b := range []byte(s[i : i+8]) {
+		v = v<<8 | uint64(b)
+	}
+	return int64(v)
+}
+
+// groupSize is the size rule of AllowAll groups: its keys (a group goes whole into one call).
+func groupSize(cl *call[*allCall]) (int, int) { return len(cl.req.parts), 0 }
+
+// encodeGroups lays out a call of decide_all.lua (its header documents it): the limit sets of
+// the call once each, then each group (its clock, whether it decides or only checks, its
+// requests: cost, set, advisory), the requests' keys in order.
+func encodeGroups(calls []*call[*allCall], keys, args []string) ([]string, []string) {
+	var sets []*limitSet
+	var setOf []int
+	for _, cl := range calls {
+		for _, p := range cl.req.parts {
+			i := slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
+			if i < 0 {
+				i = len(sets)
+				sets = append(sets, p.req.set)
+			}
+			setOf = append(setOf, i)
+		}
+	}
+	args = append(args, itoa(len(sets)))
+	for _, s := range sets {
+		args = append(args, itoa(len(s.nums)))
+		args = append(args, s.nums...)
+	}
+	args = append(args, itoa(len(calls)))
+	for _, cl := range calls {
+		g := cl.req
+		mode := "decide"
+		if g.check {
+			mode = "check"
+		}
+		args = append(args, g.parts[0].req.now, mode, itoa(len(g.parts)))
+		for _, p := range g.parts {
+			keys = append(keys, p.req.key)
+			advisory := "0"
+			if p.advisory {
+				advisory = "1"
+			}
+			args = append(args, p.req.cost, itoa(setOf[len(keys)-1]+1), advisory)
+		}
+	}
+	return keys, args
+}
+
+// decodeGroups reads a reply of decide_all.lua (its header documents it) into the groups'
+// requests, and reports whether the call recorded any of them.
+func decodeGroups(reply valkey.ValkeyResult, calls []*call[*allCall]) (recorded bool) {
+	fail := func(err error) bool {
+		for _, cl := range calls {
+			for _, p := range cl.req.parts {
+				p.req.replyErr = err
+			}
+		}
+		return false
+	}
+	for _, cl := range calls {
+		for _, p := range cl.req.parts {
+			p.err, p.recorded, p.req.d, p.req.replyErr = nil, false, decision{}, nil
+		}
+	}
+	if reply.Error() != nil {
+		return false // the call's error, which exec hands each group
+	}
+	vals, err := reply.ToArray()
+	if err != nil {
+		return fail(fmt.Errorf("script reply: %w", err))
+	}
+	want := 1
+	for _, cl := range calls {
+		want += 1 + len(cl.req.parts)
+	}
+	if len(vals) != want {
+		return fail(fmt.Errorf("script reply has %d values for %d groups of %d values", len(vals), len(calls), want-1))
+	}
+	serverNow, err := vals[0].AsInt64()
+	if err != nil {
+		return fail(fmt.Errorf("script reply: the server's now: %w", err))
+	}
+	at := 1
+	for _, cl := range calls {
+		parts := cl.req.parts
+		flags, err := vals[at].ToString()
+		if err != nil || len(flags) != len(parts) {
+			return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(parts), err))
+		}
+		for i, p := range parts {
+			p.recorded = flags[i] == '1'
+			recorded = recorded || p.recorded
+			v := &vals[at+1+i]
+			if err := v.Error(); err != nil {
+				p.err = err
+				continue
+			}
+			s, err := v.ToString()
+			if err == nil {
+				err = p.req.read(s, serverNow)
+			}
+			if err != nil {
+				p.req.replyErr = fmt.Errorf("script reply value %d: %w", at+2+i, err)
+			}
+		}
+		at += 1 + len(parts)
+	}
+	return recorded
+}
+
+// settleReq is a call of settle.lua (its header documents it) and what it gave back.
+type settleReq struct {
+	key      string
+	args     []string
+	back     int64 // the events given back
+	replyErr error // the reply was not one the script gives
+}
+
+// settleArgs are settle.lua's arguments for id, settled to actual: the entry's time, seq and
+// cost, actual, and for a shared entry "shared" and the decision's time.
+func settleArgs(at int64, id EntryID, actual int, decided int64) []string {
+	args := []string{strconv.FormatInt(at, 10), strconv.Itoa(id.Seq), strconv.Itoa(id.Cost), strconv.Itoa(actual)}
+	if id.Shared {
+		args = append(args, "shared", strconv.FormatInt(decided, 10))
+	}
+	return args
+}
+
+func encodeSettle(calls []*call[settleReq], keys, args []string) ([]string, []string) {
+	return append(keys, calls[0].req.key), append(args, calls[0].req.args...)
+}
+
+func decodeSettle(reply valkey.ValkeyResult, calls []*call[settleReq]) bool {
+	r := &calls[0].req
+	r.back, r.replyErr = 0, nil
+	if reply.Error() != nil {
+		return false
+	}
+	back, err := reply.AsInt64()
+	if err != nil {
+		r.replyErr = fmt.Errorf("script reply: %w", err)
+		return false
+	}
+	r.back = back
+	return false // nothing to acknowledge: it gave back
+}
+
+// leaseReq is a call of a lease script (lease_acquire.lua, lease_extend.lua,
+// lease_release.lua: their headers document them) and what it answered.
+type leaseReq struct {
+	key      string // the lease set's full key
+	args     []string
+	d        leaseReply
+	replyErr error // the reply was not one the script gives
+}
+
+// acquireArgs are lease_acquire.lua's arguments: now, max, the ttl in microseconds, the id.
+func acquireArgs(now string, maxHolders int, ttl time.Duration, id uuid.UUID) []string {
+	return []string{now, strconv.Itoa(maxHolders), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+}
+
+// extendArgs are lease_extend.lua's arguments: now, the ttl in microseconds, the id.
+func extendArgs(now string, ttl time.Duration, id uuid.UUID) []string {
+	return []string{now, strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+}
+
+// releaseArgs are lease_release.lua's argument: the id.
+func releaseArgs(id uuid.UUID) []string { return []string{string(id[:])} }
+
+func encodeLease(calls []*call[leaseReq], keys, args []string) ([]string, []string) {
+	return append(keys, calls[0].req.key), append(args, calls[0].req.args...)
+}
+
+// decodeLease reads the reply of lease_acquire.lua or lease_extend.lua, and reports whether it
+// granted (which WithDurableAck then confirms with WAITAOF).
+func decodeLease(reply valkey.ValkeyResult, calls []*call[leaseReq]) (granted bool) {
+	r := &calls[0].req
+	r.d, r.replyErr = leaseReply{}, nil
+	if reply.Error() != nil {
+		return false
+	}
+	r.d, r.replyErr = readLeaseReply(reply)
+	return r.d.granted && r.replyErr == nil
+}
+
+// decodeRelease reads the reply of lease_release.lua, the leases it removed: granted says one
+// was. A release writes nothing to acknowledge.
+func decodeRelease(reply valkey.ValkeyResult, calls []*call[leaseReq]) bool {
+	r := &calls[0].req
+	r.d, r.replyErr = leaseReply{}, nil
+	n, err := reply.AsInt64()
+	switch {
+	case reply.Error() != nil:
+	case err != nil || n < 0 || n > 1:
+		r.replyErr = fmt.Errorf("script reply: %d leases removed (%v)", n, err)
+	default:
+		r.d.granted = n == 1
+	}
+	return false
+}
+
+// leaseReply is a lease script's reply (lease_acquire.lua; lease_extend.lua replies its first
+// three values): times in microseconds, 0 where the script left a value out.
+type leaseReply struct {
+	granted bool
+	now     int64
+	expires int64 // the lease's expiry, when granted
+	holders int64 // unexpired leases after the call (Acquire)
+	soonest int64 // when denied: the soonest held lease's expiry (Acquire)
+	latest  int64 // when denied: the last held lease's expiry (Acquire)
+}
+
+// readLeaseReply decodes a lease script's reply, and refuses one no lease script gives.
+func readLeaseReply(reply valkey.ValkeyResult) (leaseReply, error) {
+	v, err := reply.AsIntSlice()
+	if err != nil {
+		return leaseReply{}, err
+	}
+	if len(v) < 2 || len(v) > 6 || v[0] != 0 && v[0] != 1 {
+		return leaseReply{}, fmt.Errorf("script reply %v is not a lease decision", v)
+	}
+	var full [6]int64
+	copy(full[:], v)
+	d := leaseReply{granted: full[0] == 1, now: full[1], expires: full[2], holders: full[3], soonest: full[4], latest: full[5]}
+	switch {
+	case d.granted && d.expires <= d.now:
+		return leaseReply{}, fmt.Errorf("script reply %v: the lease expires before it was granted", v)
+	case !d.granted && len(v) == 6 && (d.soonest <= d.now || d.latest < d.soonest):
+		return leaseReply{}, fmt.Errorf("script reply %v: the held leases' expiries are out of order", v)
+	}
+	return d, nil
+}
+
+// smallInts are the numbers a batch's arguments count with (sets, limits, positions), formatted.
+var smallInts = func() (s [maxBatch + 1]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+// itoa formats n, without allocating when it is at most maxBatch.
+func itoa(n int) string {
+	if n >= 0 && n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
+}
