@@ -1,6 +1,7 @@
 // engine_test.go stays at the module's root because the product's layout names it there: the
-// engine's core contract (the article's worked example, the window's bounds, exactness under
-// concurrency, expiry, invalid input, the server down and back, Pipelined mode's weakness). The
+// engine's core contract (the classic worked example, the window's bounds, exactness under
+// concurrency, expiry, invalid input, the server down and back, the pipelined design's
+// weakness beside it). The
 // engine's other tests live in engine/, beside the code they test; the helpers both packages'
 // tests use are in internal/enginetest.
 
@@ -21,6 +22,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // server is the one Valkey every test in this package shares; tests keep apart by key.
@@ -28,39 +30,66 @@ var server *valkeytest.Server
 
 func TestMain(m *testing.M) { valkeytest.Main(m, &server) }
 
-// The worked example of the sliding-window-log article: limit 3 per second, events A, B, C.
-// A request just as A leaves the window is admitted; the next one is denied.
-func TestArticleWorkedExample(t *testing.T) {
-	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
-		t.Run(mode.String(), func(t *testing.T) {
-			e, clock := enginetest.Clocked(t, server.Client(t), engine.WithMode(mode))
+// allower is what both designs decide with: the exact engine and the pipelined one.
+type allower interface {
+	Allow(ctx context.Context, key string, l engine.Limit) (engine.Result, error)
+}
+
+// mustAllow is a's decision, failing t on an error.
+func mustAllow(t *testing.T, a allower, key string, l engine.Limit) engine.Result {
+	t.Helper()
+	r, err := a.Allow(context.Background(), key, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// newPipelined is a pipelined engine on c, failing t when New does.
+func newPipelined(t *testing.T, c valkey.Client, opts ...pipelined.Option) *pipelined.Engine {
+	t.Helper()
+	p, err := pipelined.New(c, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The worked example of the classic sliding window log: limit 3 per second, events A, B, C. A
+// request just as A leaves the window is admitted; the next one is denied. The pipelined
+// design takes the first four decisions alike.
+func TestWorkedExample(t *testing.T) {
+	c := server.Client(t)
+	exact, clock := enginetest.Clocked(t, c)
+	for name, a := range map[string]allower{"engine": exact, "pipelined": newPipelined(t, c, pipelined.WithClock(clock.Now))} {
+		t.Run(name, func(t *testing.T) {
 			key, l := enginetest.NewKey(t), engine.PerSecond(3)
 
 			for i, at := range []time.Duration{0, 200 * time.Millisecond, 400 * time.Millisecond} {
 				clock.Set(enginetest.T0.Add(at))
-				r := enginetest.MustAllowN(t, e, key, l, 1)
+				r := mustAllow(t, a, key, l)
 				enginetest.Want(t, fmt.Sprintf("event %c allowed", 'A'+i), r.Allowed, true)
 				enginetest.Want(t, fmt.Sprintf("event %c remaining", 'A'+i), r.Remaining, 2-i)
 			}
 			clock.Set(enginetest.T0.Add(999 * time.Millisecond))
-			enginetest.Want(t, "request 1µs before A leaves: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
-			if mode == engine.Pipelined {
+			enginetest.Want(t, "request 1µs before A leaves: allowed", mustAllow(t, a, key, l).Allowed, false)
+			if name == "pipelined" {
 				return // its log now holds the rejected attempt, which changes the rest of the story
 			}
 			clock.Set(enginetest.T0.Add(time.Second))
-			r := enginetest.MustAllowN(t, e, key, l, 1)
+			r := mustAllow(t, a, key, l)
 			enginetest.Want(t, "request as A leaves: allowed", r.Allowed, true)
 			enginetest.Want(t, "request as A leaves: remaining", r.Remaining, 0)
-			r = enginetest.MustAllowN(t, e, key, l, 1)
+			r = mustAllow(t, a, key, l)
 			enginetest.Want(t, "next request: allowed", r.Allowed, false)
 			enginetest.Want(t, "next request: retry after (B leaves)", r.RetryAfter, 200*time.Millisecond)
 		})
 	}
 }
 
-// The same story through the article's Limiter interface.
+// The same story through the classic Limiter interface, which the engine implements.
 func TestLimiterInterface(t *testing.T) {
-	var lim engine.Limiter = enginetest.New(t, server.Client(t))
+	var lim pipelined.Limiter = enginetest.New(t, server.Client(t))
 	ctx, key := context.Background(), enginetest.NewKey(t)
 	for i := 0; i < 3; i++ {
 		if err := lim.Check(ctx, key, 3, time.Second, enginetest.T0); err != nil {
@@ -557,8 +586,8 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	if _, err := engine.New(nil); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("New(nil) = %v, want ErrInvalidArgument", err)
 	}
-	if _, err := engine.New(c, engine.WithMode(engine.Mode(9))); !errors.Is(err, engine.ErrInvalidArgument) {
-		t.Fatalf("New with Mode(9) = %v, want ErrInvalidArgument", err)
+	if _, err := engine.New(c, engine.WithWriteLayout(9)); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("New with WithWriteLayout(9) = %v, want ErrInvalidArgument", err)
 	}
 }
 
@@ -618,28 +647,31 @@ func TestServerDownAndBack(t *testing.T) {
 	enginetest.Want(t, "first decision after restart: remaining", r.Remaining, 2)
 }
 
-// Pipelined mode behaves like the article one request at a time: three admitted, the
-// fourth denied.
+// The pipelined design decides as the classic one does, one request at a time: three
+// admitted, the fourth denied.
 func TestPipelinedSequential(t *testing.T) {
-	c := server.Client(t)
-	e := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
+	p := newPipelined(t, server.Client(t))
 	key, l := enginetest.NewKey(t), engine.PerMinute(3)
 	for i := 0; i < 3; i++ {
-		r := enginetest.MustAllowN(t, e, key, l, 1)
+		r := mustAllow(t, p, key, l)
 		enginetest.Want(t, fmt.Sprintf("request %d: allowed", i+1), r.Allowed, true)
 		enginetest.Want(t, fmt.Sprintf("request %d: remaining", i+1), r.Remaining, 2-i)
 	}
-	enginetest.Want(t, "request 4: allowed", enginetest.MustAllowN(t, e, key, l, 1).Allowed, false)
+	enginetest.Want(t, "request 4: allowed", mustAllow(t, p, key, l).Allowed, false)
 }
 
-// Pipelined mode's weakness: every attempt stays in the log, denied or not. Under a burst the
-// log holds every attempt (far more than Max) and never more than Max are admitted, often
-// fewer; and retries that were denied keep denying after every admitted event has left.
+// The pipelined design's weakness: every attempt stays in the log, denied or not. Under a
+// burst the log holds every attempt (far more than Max) and never more than Max are admitted,
+// often fewer; and retries that were denied keep denying after every admitted event has left.
 func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
-	es, c := enginetest.Engines(t, server, 4, engine.WithMode(engine.Pipelined))
+	c := server.Client(t)
+	var ps []*pipelined.Engine
+	for range 4 {
+		ps = append(ps, newPipelined(t, valkeytest.NewClient(t, server.Addr)))
+	}
 	key, l := enginetest.NewKey(t), engine.PerHour(100)
-	results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
-		return e.Allow(context.Background(), key, l)
+	results := enginetest.RunConcurrently(t, ps, 64, 800, func(p *pipelined.Engine) (engine.Result, error) {
+		return p.Allow(context.Background(), key, l)
 	})
 	admitted := 0
 	var counts []int // the log size each admitted request counted: Max - Remaining
@@ -667,24 +699,26 @@ func TestPipelinedLogKeepsRejectedAttempts(t *testing.T) {
 	// False denial, deterministic: 3 admitted at enginetest.T0, 3 denied retries at enginetest.T0+0.5s. At enginetest.T0+1s no
 	// admitted event is in the window, yet the request is denied: the retries fill the log.
 	clock := enginetest.NewClock(enginetest.T0)
-	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithClock(clock.Now))
+	p := newPipelined(t, c, pipelined.WithClock(clock.Now))
 	a := enginetest.New(t, c, engine.WithClock(clock.Now))
 	l = engine.PerSecond(3)
 	pk, ak := enginetest.NewKey(t), enginetest.NewKey(t)
-	for _, eng := range []struct {
-		e   *engine.Engine
+	for _, d := range []struct {
+		a   allower
 		key string
 	}{{p, pk}, {a, ak}} {
 		clock.Set(enginetest.T0)
-		enginetest.MustAllowN(t, eng.e, eng.key, l, 3)
+		for range 3 {
+			mustAllow(t, d.a, d.key, l)
+		}
 		clock.Set(enginetest.T0.Add(500 * time.Millisecond))
 		for i := 0; i < 3; i++ {
-			enginetest.Want(t, "retry in a full window: allowed", enginetest.MustAllowN(t, eng.e, eng.key, l, 1).Allowed, false)
+			enginetest.Want(t, "retry in a full window: allowed", mustAllow(t, d.a, d.key, l).Allowed, false)
 		}
 		clock.Set(enginetest.T0.Add(time.Second))
 	}
-	enginetest.Want(t, "pipelined, window free of admitted events: allowed", enginetest.MustAllowN(t, p, pk, l, 1).Allowed, false)
-	enginetest.Want(t, "atomic, window free of admitted events: allowed", enginetest.MustAllowN(t, a, ak, l, 1).Allowed, true)
+	enginetest.Want(t, "pipelined, window free of admitted events: allowed", mustAllow(t, p, pk, l).Allowed, false)
+	enginetest.Want(t, "engine, window free of admitted events: allowed", mustAllow(t, a, ak, l).Allowed, true)
 }
 
 // A server that refuses scripting fails engine.New, not the first request, and the error says

@@ -14,6 +14,7 @@ import (
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // benchGoroutines is the request concurrency of every benchmark here, as in `go run ./bench`:
@@ -35,17 +36,24 @@ func BenchmarkAllow(b *testing.B) {
 	}
 	prefix := "strictrate-gobench:" + uuid.NewString()[:8] + ":"
 	for _, v := range []struct {
-		name string
-		opts []engine.Option
+		name      string
+		opts      []engine.Option
+		pipelined bool
 	}{
-		{"atomic", unbatched},
-		{"batched", batched},
-		{"localquota", []engine.Option{engine.WithBatching(true), engine.WithLocalQuota(engine.LocalQuota{})}},
-		{"pipelined", []engine.Option{engine.WithMode(engine.Pipelined)}},
+		{"atomic", unbatched, false},
+		{"batched", batched, false},
+		{"localquota", []engine.Option{engine.WithBatching(true), engine.WithLocalQuota(engine.LocalQuota{})}, false},
+		{"pipelined", nil, true},
 	} {
-		var es []*engine.Engine
+		var es []decider
 		for _, c := range clients {
-			e, err := engine.New(c, append([]engine.Option{engine.WithPrefix(prefix)}, v.opts...)...)
+			var e decider
+			var err error
+			if v.pipelined {
+				e, err = pipelined.New(c, pipelined.WithPrefix(prefix))
+			} else {
+				e, err = engine.New(c, append([]engine.Option{engine.WithPrefix(prefix)}, v.opts...)...)
+			}
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -60,7 +68,7 @@ func BenchmarkAllow(b *testing.B) {
 	}
 }
 
-func benchHotKey(b *testing.B, es []*engine.Engine, key string) {
+func benchHotKey(b *testing.B, es []decider, key string) {
 	limit := engine.Limit{Max: 100, Window: 100 * time.Millisecond}
 	var admitted, next atomic.Int64
 	b.ReportAllocs()
@@ -89,7 +97,7 @@ func benchHotKey(b *testing.B, es []*engine.Engine, key string) {
 	b.ReportMetric(float64(admitted.Load())/allowed, "admitted/limit")
 }
 
-func benchManyKeys(b *testing.B, es []*engine.Engine, name string) {
+func benchManyKeys(b *testing.B, es []decider, name string) {
 	limit := engine.Limit{Max: 100, Window: time.Second}
 	runOnRandomKeys(b, manyKeys("many:"+name), func(ctx context.Context, g int, key string) error {
 		_, err := es[g%len(es)].Allow(ctx, key, limit)

@@ -10,7 +10,6 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/bench/internal/cputime"
-	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -42,8 +41,8 @@ type ClusterRow struct {
 
 // clusterVariants are the cluster scenario's rows, in the order they run.
 var clusterVariants = []throughputVariant{
-	{name: "atomic", mode: engine.Atomic, opts: unbatched, clock: "server"},
-	{name: "batched", mode: engine.Atomic, opts: batched, clock: "server"},
+	{name: "atomic", opts: unbatched, clock: "server"},
+	{name: "batched", opts: batched, clock: "server"},
 }
 
 // cluster runs the cluster scenario: it starts a cluster of clusterPrimaries primaries (no
@@ -94,9 +93,13 @@ func (b *bencher) cluster(ctx context.Context) ([]ClusterRow, string, error) {
 
 // clusterRow measures one variant on the cluster c through clients.
 func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients []valkey.Client, v throughputVariant) (ClusterRow, error) {
-	es, err := b.enginesOn(clients, v.mode, v.opts...)
+	engines, err := b.enginesOn(clients, v.opts...)
 	if err != nil {
 		return ClusterRow{}, err
+	}
+	es := make([]decider, len(engines))
+	for i, e := range engines {
+		es[i] = e
 	}
 	load, err := b.randomLoad(ctx, es, "cluster:"+v.name, 17)
 	if err != nil {
@@ -108,7 +111,7 @@ func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients
 	}
 	cpu0 := cputime.Process()
 	began := time.Now()
-	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
+	if err := drive(ctx, b, b.cfg.Duration, load.op, es); err != nil {
 		return ClusterRow{}, err
 	}
 	elapsed := time.Since(began)
@@ -122,14 +125,14 @@ func (b *bencher) clusterRow(ctx context.Context, c *valkeytest.Cluster, clients
 	if n == 0 {
 		return ClusterRow{}, errors.New("no decision was measured")
 	}
-	scripts := dataCommands(engine.Atomic)
+	scripts := dataCommands(false)
 	row := ClusterRow{
 		Mode: v.name, Primaries: len(c.Primaries), Keys: len(load.keys), Decisions: n,
 		AdmittedShare:   float64(admitted) / float64(n),
 		DecisionsPerSec: float64(n) / elapsed.Seconds(),
 		P50us:           us(percentile(all, 50)),
 		P99us:           us(percentile(all, 99)),
-		MeanBatch:       meanBatch(n, before, after, engine.Atomic),
+		MeanBatch:       meanBatch(n, before, after, false),
 		ServerCPUPerOp:  (after.cpuSeconds - before.cpuSeconds) * 1e6 / float64(n),
 		ServerUSPerOp:   (after.usec(scripts) - before.usec(scripts)) / float64(n),
 		ClientCPUPerOp:  (cpu1 - cpu0).Seconds() * 1e6 / float64(n),

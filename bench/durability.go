@@ -74,6 +74,6 @@ func (b *bencher) durabilityRow(ctx context.Context, s durabilitySetting) (Durab
 	defer sub.close()
 	sub.start = b.start
 	opts := append(append([]engine.Option{}, batched...), s.opts...)
-	row, err := sub.throughput(ctx, throughputVariant{name: "durability " + s.name, mode: engine.Atomic, opts: opts, clock: "server"})
+	row, err := sub.throughput(ctx, throughputVariant{name: "durability " + s.name, opts: opts, clock: "server"})
 	return DurabilityRow{Setting: s.name, ThroughputRow: row}, err
 }

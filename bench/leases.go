@@ -65,7 +65,7 @@ var leaseCases = []leaseCase{
 }
 
 func (b *bencher) leases(ctx context.Context) ([]LeaseRow, error) {
-	es, err := b.engines(engine.Atomic)
+	es, err := b.engines()
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func (b *bencher) leaseCase(ctx context.Context, es []*engine.Engine, lc leaseCa
 		return LeaseRow{}, err
 	}
 	began := time.Now()
-	if err := b.drive(ctx, b.cfg.Duration, op, es); err != nil {
+	if err := drive(ctx, b, b.cfg.Duration, op, es); err != nil {
 		return LeaseRow{}, err
 	}
 	elapsed := time.Since(began)
@@ -163,7 +163,7 @@ func (b *bencher) leaseCase(ctx context.Context, es []*engine.Engine, lc leaseCa
 		row.DeniedShare = float64(row.Attempts-row.Pairs) / float64(row.Attempts)
 	}
 	if calls := row.Attempts + row.Pairs; calls > 0 {
-		row.ServerUSPerCall = (after.usec(dataCommands(engine.Atomic)) - before.usec(dataCommands(engine.Atomic))) / float64(calls)
+		row.ServerUSPerCall = (after.usec(dataCommands(false)) - before.usec(dataCommands(false))) / float64(calls)
 	}
 	row.Overshoot = max(0, row.PeakHolders-leaseMax)
 	return row, nil

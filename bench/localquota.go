@@ -87,7 +87,7 @@ func (b *bencher) localQuota(ctx context.Context) ([]LocalQuotaRow, error) {
 // of their trailing window were fewer than Max: what an exact log without reservations would
 // have admitted (in the outage row, the decisions that timed out too).
 func (b *bencher) localRow(ctx context.Context, key string, c localCase) (LocalQuotaRow, error) {
-	es, err := b.engines(engine.Atomic, c.opts...)
+	es, err := b.engines(c.opts...)
 	if err != nil {
 		return LocalQuotaRow{}, err
 	}
@@ -108,7 +108,7 @@ func (b *bencher) localRow(ctx context.Context, key string, c localCase) (LocalQ
 		})
 	}
 	perG := make([][]Decision, b.cfg.Concurrency)
-	err = b.drive(ctx, c.d, func(g int, e *engine.Engine) error {
+	err = drive(ctx, b, c.d, func(g int, e *engine.Engine) error {
 		if quarter := int(4 * time.Since(began) / c.d); c.shift && (g%len(es) < len(es)/2) != (quarter%2 == 0) {
 			time.Sleep(time.Millisecond) // this engine's demand is elsewhere now
 			return nil
@@ -143,7 +143,7 @@ func (b *bencher) localRow(ctx context.Context, key string, c localCase) (LocalQ
 	l := c.limit
 	decisions := slices.Concat(perG...)
 	row := LocalQuotaRow{Row: c.name, Limit: l.Max, WindowMS: ms(l.Window), Exactness: analyze(decisions, l.Max, l.Window),
-		ServerCalls: after.calls(dataCommands(engine.Atomic)) - before.calls(dataCommands(engine.Atomic)), HeldAfter: -1}
+		ServerCalls: after.calls(dataCommands(false)) - before.calls(dataCommands(false)), HeldAfter: -1}
 	if c.pauseAt > 0 {
 		// Every hold ends within one hold of the run's end; then the key counts exactly what
 		// was admitted (the run and the wait lie within one window).

@@ -189,7 +189,7 @@ func (b *bencher) quotaSpread(ctx context.Context, key string, l engine.Limit, r
 		clock = &steppedClock{start: quotaT0, step: quotaWindow / time.Duration(requests)}
 		opts = append(batched[:len(batched):len(batched)], engine.WithClock(clock.now))
 	}
-	es, err := b.engines(engine.Atomic, opts...)
+	es, err := b.engines(opts...)
 	if err != nil {
 		return QuotaMemoryRow{}, nil, err
 	}
@@ -272,7 +272,7 @@ func (b *bencher) quotaCalendar(ctx context.Context) (QuotaMemoryRow, error) {
 	const key = "quota:calendar"
 	n := b.cfg.quotaRequests()
 	l := engine.Calendar(n, engine.Month, time.UTC)
-	es, err := b.engines(engine.Atomic, batched...)
+	es, err := b.engines(batched...)
 	if err != nil {
 		return QuotaMemoryRow{}, err
 	}
@@ -299,7 +299,7 @@ func (b *bencher) quotaPolicy(ctx context.Context) (QuotaMemoryRow, error) {
 	const key, perSecond = "quota:policy", 10
 	n := b.cfg.quotaRequests()
 	p := engine.Policy{engine.PerSecond(perSecond), engine.Calendar(n, engine.Month, time.UTC)}
-	es, err := b.engines(engine.Atomic, unbatched...)
+	es, err := b.engines(unbatched...)
 	if err != nil {
 		return QuotaMemoryRow{}, err
 	}
@@ -373,7 +373,7 @@ func (b *bencher) quotaCost(ctx context.Context, bigKey string, long engine.Limi
 			keys: []string{bigKey}, limit: long, clock: bigClock, warmupSpan: int(2*quotaResolution/bigClock.step) + 1},
 	}
 	for _, s := range sides {
-		es, err := b.enginesOn(b.clients[:1], engine.Atomic, engine.WithBatching(false), engine.WithClock(s.clock.now))
+		es, err := b.enginesOn(b.clients[:1], engine.WithBatching(false), engine.WithClock(s.clock.now))
 		if err != nil {
 			return nil, err
 		}
@@ -402,7 +402,7 @@ func (b *bencher) quotaCost(ctx context.Context, bigKey string, long engine.Limi
 		}
 	}
 	slice := max(b.cfg.Duration/15, 30*time.Millisecond)
-	cmds := dataCommands(engine.Atomic)
+	cmds := dataCommands(false)
 	for i := 0; i < quotaSlices; i++ {
 		for _, s := range sides {
 			before, err := readServerStats(ctx, b.clients[0])

@@ -20,6 +20,7 @@ import (
 	"github.com/strictrate/strictrate/bench/internal/cputime"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // bencher runs the scenarios against one server with one set of clients.
@@ -45,7 +46,7 @@ func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progres
 		}
 		b.clients = append(b.clients, c)
 	}
-	es, err := b.engines(engine.Atomic)
+	es, err := b.engines()
 	if err != nil {
 		b.close()
 		return nil, err
@@ -65,17 +66,17 @@ func (b *bencher) logf(format string, args ...any) {
 }
 
 // engines returns one engine per client of the run's server (enginesOn).
-func (b *bencher) engines(mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
-	return b.enginesOn(b.clients, mode, opts...)
+func (b *bencher) engines(opts ...engine.Option) ([]*engine.Engine, error) {
+	return b.enginesOn(b.clients, opts...)
 }
 
-// enginesOn returns one engine per client, all in the given mode, under the run's prefix and
-// writing its layout (-write-layout). The bench's servers run without persistence on purpose
-// (but for the durability scenario's): the persistence check is off.
-func (b *bencher) enginesOn(clients []valkey.Client, mode engine.Mode, opts ...engine.Option) ([]*engine.Engine, error) {
+// enginesOn returns one engine per client, under the run's prefix and writing its layout
+// (-write-layout). The bench's servers run without persistence on purpose (but for the
+// durability scenario's): the persistence check is off.
+func (b *bencher) enginesOn(clients []valkey.Client, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range clients {
-		base := []engine.Option{engine.WithMode(mode), engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}
+		base := []engine.Option{engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}
 		if b.cfg.WriteLayout != 0 { // 0: a config made in a test, the engine's default
 			base = append(base, engine.WithWriteLayout(b.cfg.WriteLayout))
 		}
@@ -86,6 +87,41 @@ func (b *bencher) enginesOn(clients []valkey.Client, mode engine.Mode, opts ...e
 		es = append(es, e)
 	}
 	return es, nil
+}
+
+// decider is what the exactness, throughput and memory scenarios decide with: the engine, or
+// the pipelined design it is measured against (package pipelined).
+type decider interface {
+	Allow(ctx context.Context, key string, l engine.Limit) (engine.Result, error)
+	AllowN(ctx context.Context, key string, l engine.Limit, n int) (engine.Result, error)
+}
+
+// deciders returns one decider per client: the pipelined design's, or engines with opts.
+func (b *bencher) deciders(pipe bool, opts ...engine.Option) ([]decider, error) {
+	var ds []decider
+	if pipe {
+		for _, c := range b.clients {
+			p, err := pipelined.New(c, pipelined.WithPrefix(b.prefix))
+			if err != nil {
+				return nil, err
+			}
+			ds = append(ds, p)
+		}
+		return ds, nil
+	}
+	es, err := b.engines(opts...)
+	for _, e := range es {
+		ds = append(ds, e)
+	}
+	return ds, err
+}
+
+// modeName names a row's design: "pipelined", or "atomic" for the engine's log.
+func modeName(pipe bool) string {
+	if pipe {
+		return "pipelined"
+	}
+	return "atomic"
 }
 
 func (b *bencher) wants(s string) bool { return b.cfg.Scenario == "all" || b.cfg.Scenario == s }
@@ -250,15 +286,15 @@ const maxTrailPoints = 4000
 // exactnessVariants are the rows of scenario 1; "cached" is batched with the deny cache on,
 // which sheds the hot key's overload on the client.
 var exactnessVariants = []throughputVariant{
-	{name: "atomic", mode: engine.Atomic, opts: unbatched},
-	{name: "batched", mode: engine.Atomic, opts: batched},
-	{name: "cached", mode: engine.Atomic, opts: append(slices.Clone(batched), engine.WithDenyCache(1024))},
-	{name: "pipelined", mode: engine.Pipelined},
+	{name: "atomic", opts: unbatched},
+	{name: "batched", opts: batched},
+	{name: "cached", opts: append(slices.Clone(batched), engine.WithDenyCache(1024))},
+	{name: "pipelined", pipelined: true},
 }
 
 func (b *bencher) exactness(ctx context.Context, v throughputVariant) (ExactnessRow, error) {
-	mode := v.mode
-	es, err := b.engines(mode, v.opts...)
+	pipe := v.pipelined
+	es, err := b.deciders(pipe, v.opts...)
 	if err != nil {
 		return ExactnessRow{}, err
 	}
@@ -271,8 +307,8 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 	began := time.Now()
 	perG := make([][]Decision, b.cfg.Concurrency)
 	cached := make([]int, b.cfg.Concurrency)
-	sampled := b.sampleLogSize(ctx, mode, key, b.cfg.Duration)
-	err = b.drive(ctx, b.cfg.Duration, func(g int, e *engine.Engine) error {
+	sampled := b.sampleLogSize(ctx, pipe, key, b.cfg.Duration)
+	err = drive(ctx, b, b.cfg.Duration, func(g int, e decider) error {
 		r, err := e.Allow(ctx, key, limit)
 		if err != nil {
 			return err
@@ -292,18 +328,18 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 		return ExactnessRow{}, err
 	}
 	decisions := slices.Concat(perG...)
-	n, _, err := b.logSize(ctx, mode, key)
+	n, _, err := b.logSize(ctx, pipe, key)
 	if err != nil {
 		return ExactnessRow{}, err
 	}
 	clock := "server (TIME in the script)"
-	if mode == engine.Pipelined {
+	if pipe {
 		clock = "caller (time.Now)"
 	}
 	row := ExactnessRow{
 		Mode: v.name, Clock: clock, Limit: limit.Max, WindowMS: ms(limit.Window),
 		OfferedPS: float64(len(decisions)) / elapsed.Seconds(), LogEntries: n, LogMax: <-sampled,
-		ServerCalls: after.calls(dataCommands(mode)) - before.calls(dataCommands(mode)), Cached: sumInts(cached),
+		ServerCalls: after.calls(dataCommands(pipe)) - before.calls(dataCommands(pipe)), Cached: sumInts(cached),
 		Exactness: analyze(decisions, limit.Max, limit.Window),
 		Trail:     trailing(decisions, limit.Window, maxTrailPoints),
 	}
@@ -312,20 +348,21 @@ func (b *bencher) exactness(ctx context.Context, v throughputVariant) (Exactness
 	return row, nil
 }
 
-// throughputVariant is one row of scenario 2: a mode, and for Atomic, which clock.
+// throughputVariant is one row of scenario 2: the engine with opts (and which clock it
+// reads), or the pipelined design.
 type throughputVariant struct {
-	name  string
-	mode  engine.Mode
-	opts  []engine.Option
-	clock string
+	name      string
+	pipelined bool
+	opts      []engine.Option
+	clock     string
 }
 
 // The caller's-clock row shows what reading the server's clock (TIME) costs the server.
 var throughputVariants = []throughputVariant{
-	{name: "atomic", mode: engine.Atomic, opts: unbatched, clock: "server"},
-	{name: "atomic", mode: engine.Atomic, opts: []engine.Option{engine.WithBatching(false), engine.WithClock(time.Now)}, clock: "caller"},
-	{name: "batched", mode: engine.Atomic, opts: batched, clock: "server"},
-	{name: "pipelined", mode: engine.Pipelined, clock: "caller"},
+	{name: "atomic", opts: unbatched, clock: "server"},
+	{name: "atomic", opts: []engine.Option{engine.WithBatching(false), engine.WithClock(time.Now)}, clock: "caller"},
+	{name: "batched", opts: batched, clock: "server"},
+	{name: "pipelined", pipelined: true, clock: "caller"},
 }
 
 // The options of the two atomic flavours the scenarios compare.
@@ -335,10 +372,10 @@ var (
 )
 
 // logSize returns the events key's log holds, and its entries: the engine's Inspect for an
-// Atomic log (one entry per admitted request), ZCARD for Pipelined mode's sorted set (one
+// engine's log (one entry per admitted request), ZCARD for the pipelined sorted set (one
 // member per event, admitted or not).
-func (b *bencher) logSize(ctx context.Context, mode engine.Mode, key string) (events, entries int64, err error) {
-	if mode == engine.Pipelined {
+func (b *bencher) logSize(ctx context.Context, pipe bool, key string) (events, entries int64, err error) {
+	if pipe {
 		c := b.clients[0]
 		n, err := c.Do(ctx, c.B().Zcard().Key(b.prefix+key).Build()).AsInt64()
 		return n, n, err
@@ -348,7 +385,7 @@ func (b *bencher) logSize(ctx context.Context, mode engine.Mode, key string) (ev
 }
 
 // sampleLogSize reads the events in key's log every 20ms for d and sends the most it saw.
-func (b *bencher) sampleLogSize(ctx context.Context, mode engine.Mode, key string, d time.Duration) <-chan int64 {
+func (b *bencher) sampleLogSize(ctx context.Context, pipe bool, key string, d time.Duration) <-chan int64 {
 	out := make(chan int64, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, d)
@@ -362,7 +399,7 @@ func (b *bencher) sampleLogSize(ctx context.Context, mode engine.Mode, key strin
 				out <- largest
 				return
 			case <-tick.C:
-				if n, _, err := b.logSize(ctx, mode, key); err == nil {
+				if n, _, err := b.logSize(ctx, pipe, key); err == nil {
 					largest = max(largest, n)
 				}
 			}
@@ -393,12 +430,16 @@ type ThroughputRow struct {
 }
 
 func (b *bencher) throughput(ctx context.Context, v throughputVariant) (ThroughputRow, error) {
-	mode := v.mode
-	es, err := b.engines(mode, v.opts...)
+	pipe := v.pipelined
+	es, err := b.deciders(pipe, v.opts...)
 	if err != nil {
 		return ThroughputRow{}, err
 	}
-	load, err := b.randomLoad(ctx, es, "tp:"+v.name+":"+v.clock, uint64(mode))
+	seed := uint64(0)
+	if pipe {
+		seed = 1
+	}
+	load, err := b.randomLoad(ctx, es, "tp:"+v.name+":"+v.clock, seed)
 	if err != nil {
 		return ThroughputRow{}, err
 	}
@@ -411,7 +452,7 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 	runtime.ReadMemStats(&m0)
 	cpu0 := cputime.Process()
 	began := time.Now()
-	if err := b.drive(ctx, b.cfg.Duration, load.op, es); err != nil {
+	if err := drive(ctx, b, b.cfg.Duration, load.op, es); err != nil {
 		return ThroughputRow{}, err
 	}
 	elapsed := time.Since(began)
@@ -424,7 +465,7 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 
 	all, total := load.measured()
 	n := len(all)
-	serverUS := after.usec(dataCommands(mode)) - before.usec(dataCommands(mode))
+	serverUS := after.usec(dataCommands(pipe)) - before.usec(dataCommands(pipe))
 	serverCPU := after.cpuSeconds - before.cpuSeconds
 	row := ThroughputRow{
 		Mode: v.name, Clock: v.clock, Keys: len(load.keys), Decisions: n,
@@ -436,7 +477,7 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 		AllocsPerOp:     float64(m1.Mallocs-m0.Mallocs) / float64(n),
 		BytesPerOp:      float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
 		ServerUSPerOp:   serverUS / float64(n),
-		MeanBatch:       meanBatch(n, before, after, mode),
+		MeanBatch:       meanBatch(n, before, after, pipe),
 		ServerCPUPerOp:  serverCPU * 1e6 / float64(n),
 		ServerCPU:       serverCPU / elapsed.Seconds(),
 		ClientCPUPerOp:  (cpu1 - cpu0).Seconds() * 1e6 / float64(n),
@@ -447,8 +488,8 @@ func (b *bencher) throughput(ctx context.Context, v throughputVariant) (Throughp
 }
 
 // dataCommands are the commands one decision costs the server, as INFO commandstats names them.
-func dataCommands(mode engine.Mode) []string {
-	if mode == engine.Pipelined {
+func dataCommands(pipe bool) []string {
+	if pipe {
 		return []string{"zremrangebyscore", "zadd", "zcard", "pexpire"}
 	}
 	return []string{"evalsha", "eval"}
@@ -462,10 +503,11 @@ func sumInts(xs []int) int {
 	return total
 }
 
-// meanBatch is n decisions over the script calls between two readings; 0 for Pipelined mode.
-func meanBatch(n int, before, after serverStats, mode engine.Mode) float64 {
-	calls := after.calls(dataCommands(mode)) - before.calls(dataCommands(mode))
-	if mode == engine.Pipelined || calls == 0 {
+// meanBatch is n decisions over the script calls between two readings; 0 for the pipelined
+// design.
+func meanBatch(n int, before, after serverStats, pipe bool) float64 {
+	calls := after.calls(dataCommands(pipe)) - before.calls(dataCommands(pipe))
+	if pipe || calls == 0 {
 		return 0
 	}
 	return float64(n) / float64(calls)
@@ -486,7 +528,7 @@ type load struct {
 // randomLoad makes the load on cfg.Keys keys named prefix:i, the goroutines' sources seeded
 // with seed, and runs it on es briefly, unmeasured (connections, script caches, slot maps and
 // the keys' first entries warm up), before it returns it ready to measure.
-func (b *bencher) randomLoad(ctx context.Context, es []*engine.Engine, prefix string, seed uint64) (*load, error) {
+func (b *bencher) randomLoad(ctx context.Context, es []decider, prefix string, seed uint64) (*load, error) {
 	l := &load{ctx: ctx, keys: make([]string, b.cfg.Keys), limit: engine.Limit{Max: b.cfg.Limit, Window: b.cfg.Window},
 		rngs: make([]*rand.Rand, b.cfg.Concurrency), lat: make([][]time.Duration, b.cfg.Concurrency),
 		admitted: make([]int, b.cfg.Concurrency)}
@@ -496,7 +538,7 @@ func (b *bencher) randomLoad(ctx context.Context, es []*engine.Engine, prefix st
 	for g := range l.rngs {
 		l.rngs[g] = rand.New(rand.NewPCG(uint64(g), seed))
 	}
-	if err := b.drive(ctx, min(b.cfg.Duration/5, time.Second), l.op, es); err != nil {
+	if err := drive(ctx, b, min(b.cfg.Duration/5, time.Second), l.op, es); err != nil {
 		return nil, err
 	}
 	for g := range l.lat {
@@ -507,7 +549,7 @@ func (b *bencher) randomLoad(ctx context.Context, es []*engine.Engine, prefix st
 }
 
 // op takes goroutine g's next decision on e.
-func (l *load) op(g int, e *engine.Engine) error {
+func (l *load) op(g int, e decider) error {
 	t := time.Now()
 	r, err := e.Allow(l.ctx, l.keys[l.rngs[g].IntN(len(l.keys))], l.limit)
 	if err != nil {
@@ -527,8 +569,8 @@ func (l *load) measured() (sorted []time.Duration, admitted int) {
 	return sorted, sumInts(l.admitted)
 }
 
-// drive runs op from cfg.Concurrency goroutines, spread over the engines, for d.
-func (b *bencher) drive(ctx context.Context, d time.Duration, op func(g int, e *engine.Engine) error, es []*engine.Engine) error {
+// drive runs op from b's cfg.Concurrency goroutines, spread over the engines es, for d.
+func drive[E any](ctx context.Context, b *bencher, d time.Duration, op func(g int, e E) error, es []E) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -583,20 +625,20 @@ type MemoryRow struct {
 
 // memoryCase is one log the memory scenario fills: requests of cost each, against Max.
 type memoryCase struct {
-	mode                  engine.Mode
+	pipelined             bool
 	max, requests, cost   int
 	beforeBytes, aimBytes int64
 }
 
 var memoryCases = []memoryCase{
-	{mode: engine.Atomic, max: 10, requests: 10, cost: 1, beforeBytes: 304},
-	{mode: engine.Atomic, max: 100, requests: 100, cost: 1, beforeBytes: 2_128, aimBytes: 1_200},
-	{mode: engine.Atomic, max: 1_000, requests: 1_000, cost: 1, beforeBytes: 118_696, aimBytes: 12_000},
-	{mode: engine.Atomic, max: 10_000, requests: 10_000, cost: 1, beforeBytes: 1_200_000, aimBytes: 120_000},
-	{mode: engine.Atomic, max: 100_000, requests: 100, cost: 1_000, beforeBytes: 11_000_000, aimBytes: 2_500},
-	{mode: engine.Pipelined, max: 100, requests: 100, cost: 1},
-	{mode: engine.Pipelined, max: 100, requests: 1_000, cost: 1}, // its log keeps every attempt
-	{mode: engine.Pipelined, max: 1_000, requests: 1_000, cost: 1},
+	{max: 10, requests: 10, cost: 1, beforeBytes: 304},
+	{max: 100, requests: 100, cost: 1, beforeBytes: 2_128, aimBytes: 1_200},
+	{max: 1_000, requests: 1_000, cost: 1, beforeBytes: 118_696, aimBytes: 12_000},
+	{max: 10_000, requests: 10_000, cost: 1, beforeBytes: 1_200_000, aimBytes: 120_000},
+	{max: 100_000, requests: 100, cost: 1_000, beforeBytes: 11_000_000, aimBytes: 2_500},
+	{pipelined: true, max: 100, requests: 100, cost: 1},
+	{pipelined: true, max: 100, requests: 1_000, cost: 1}, // its log keeps every attempt
+	{pipelined: true, max: 1_000, requests: 1_000, cost: 1},
 }
 
 func (b *bencher) memory(ctx context.Context) ([]MemoryRow, error) {
@@ -604,11 +646,11 @@ func (b *bencher) memory(ctx context.Context) ([]MemoryRow, error) {
 	var rows []MemoryRow
 	c := b.clients[0]
 	for _, mc := range memoryCases {
-		es, err := b.engines(mc.mode)
+		es, err := b.deciders(mc.pipelined)
 		if err != nil {
 			return nil, err
 		}
-		key := fmt.Sprintf("mem:%s:%d:%dx%d", mc.mode, mc.max, mc.requests, mc.cost)
+		key := fmt.Sprintf("mem:%s:%d:%dx%d", modeName(mc.pipelined), mc.max, mc.requests, mc.cost)
 		limit := engine.Limit{Max: mc.max, Window: time.Hour}
 		for i := 0; i < mc.requests; i++ {
 			if _, err := es[0].AllowN(ctx, key, limit, mc.cost); err != nil {
@@ -620,7 +662,7 @@ func (b *bencher) memory(ctx context.Context) ([]MemoryRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		events, entries, err := b.logSize(ctx, mc.mode, key)
+		events, entries, err := b.logSize(ctx, mc.pipelined, key)
 		if err != nil {
 			return nil, err
 		}
@@ -628,7 +670,7 @@ func (b *bencher) memory(ctx context.Context) ([]MemoryRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		rows = append(rows, MemoryRow{Mode: mc.mode.String(), Limit: mc.max, Requests: mc.requests, Cost: mc.cost,
+		rows = append(rows, MemoryRow{Mode: modeName(mc.pipelined), Limit: mc.max, Requests: mc.requests, Cost: mc.cost,
 			Events: events, Entries: entries, Bytes: size, Encoding: enc, Before: mc.beforeBytes, Target: mc.aimBytes})
 		if err := c.Do(ctx, c.B().Del().Key(full).Build()).Error(); err != nil {
 			return nil, err
@@ -652,7 +694,7 @@ type ServerCostRow struct {
 // admitted while they fit) for every Max and n, and reads the script's server time per call.
 func (b *bencher) serverCost(ctx context.Context) ([]ServerCostRow, error) {
 	const servercostKeys, servercostPerKey = 200, 25
-	es, err := b.engines(engine.Atomic)
+	es, err := b.engines()
 	if err != nil {
 		return nil, err
 	}
@@ -701,7 +743,7 @@ func (b *bencher) serverCost(ctx context.Context) ([]ServerCostRow, error) {
 			if err != nil {
 				return nil, err
 			}
-			cmds := dataCommands(engine.Atomic)
+			cmds := dataCommands(false)
 			rows = append(rows, ServerCostRow{Limit: max, Cost: n, Decisions: calls, Admitted: admitted,
 				ServerUSPerD: (after.usec(cmds) - before.usec(cmds)) / float64(calls)})
 		}
@@ -733,7 +775,7 @@ func (b *bencher) ceiling(ctx context.Context, atomicRate, batchedRate, meanBatc
 		b.logf("%s", note)
 		return nil, note, nil
 	}
-	if _, err := b.engines(engine.Atomic); err != nil { // loads the scripts, so EVALSHA finds them
+	if _, err := b.engines(); err != nil { // loads the scripts, so EVALSHA finds them
 		return nil, "", err
 	}
 	host, port, err := splitHostPort(b.srv.Addr)

@@ -612,8 +612,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 }
 
 // Every invalid calendar limit, and two calendar limits of the same periods in a Policy, are
-// refused with ErrInvalidArgument by every call, before anything is sent; Pipelined mode
-// refuses calendar limits with ErrUnsupported.
+// refused with ErrInvalidArgument by every call, before anything is sent.
 func TestCalendarBadInput(t *testing.T) {
 	ctx := context.Background()
 	c := exampleServer.Client(t)
@@ -709,27 +708,6 @@ func TestCalendarBadInput(t *testing.T) {
 				t.Errorf("%s: AllowPolicy: %+v, %v", p, r, err)
 			}
 		}
-	})
-
-	t.Run("Pipelined", func(t *testing.T) {
-		pe := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
-		key, l := enginetest.NewKey(t), engine.Calendar(3, engine.Month, time.UTC)
-		for call, do := range map[string]func() error{
-			"Allow":             func() error { _, err := pe.Allow(ctx, key, l); return err },
-			"AllowN":            func() error { _, err := pe.AllowN(ctx, key, l, 2); return err },
-			"Peek":              func() error { _, err := pe.Peek(ctx, key, l); return err },
-			"AllowPolicy alone": func() error { _, err := pe.AllowPolicy(ctx, key, engine.Policy{l}, 1); return err },
-			"PeekPolicy alone":  func() error { _, err := pe.PeekPolicy(ctx, key, engine.Policy{l}, 1); return err },
-			"AllowPolicy with 1/s": func() error {
-				_, err := pe.AllowPolicy(ctx, key, engine.Policy{engine.PerSecond(5), l}, 1)
-				return err
-			},
-		} {
-			if err := do(); !errors.Is(err, engine.ErrUnsupported) {
-				t.Errorf("Pipelined %s: %v, want ErrUnsupported", call, err)
-			}
-		}
-		absent(t, key)
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // scriptUsecPerCall runs calls decisions, each on a fresh key, and returns the decision
@@ -449,10 +450,18 @@ func TestSettleInvalidArguments(t *testing.T) {
 	enginetest.Want(t, "log events after refused calls", enginetest.StoredEvents(t, c, key), int64(2))
 }
 
+// pipelinedResult is an admission of package pipelined's, which records no entry.
 func pipelinedResult(t *testing.T, c valkey.Client) engine.Result {
 	t.Helper()
-	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
-	return enginetest.MustAllowN(t, p, enginetest.NewKey(t), engine.PerMinute(1), 1)
+	p, err := pipelined.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.Allow(context.Background(), enginetest.NewKey(t), engine.PerMinute(1))
+	if err != nil || !r.Allowed {
+		t.Fatalf("pipelined Allow: %+v, %v", r, err)
+	}
+	return r
 }
 
 // place by the first decision: its events still count, and its expiry stays.

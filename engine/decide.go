@@ -65,9 +65,7 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 // (if nobody else takes it); ResetAfter is the wait until the log holds no event, that is its
 // newest event plus the longest window. The key expires then.
 //
-// A Policy of one limit is exactly AllowN with that limit, in either Mode. A Policy of several
-// limits needs the atomic log: in Pipelined mode it returns an error wrapping ErrUnsupported,
-// and nothing is sent.
+// A Policy of one limit is exactly AllowN with that limit.
 //
 // The admitted request is one entry of the key's log, whatever the number of limits: Refund
 // and Settle give its cost back to every window at once.
@@ -84,8 +82,7 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 // nothing: the same Result (Remaining the least room now, RetryAfter the wait until every
 // limit has room for n, QuotaAfter and Window for the tightest limit), with no Entry, and a
 // ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
-// may be served where only reads are allowed. It validates as AllowPolicy does, and, as
-// AllowPolicy, offers a Policy of several limits only in Atomic mode.
+// may be served where only reads are allowed. It validates as AllowPolicy does.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
 	if err := e.checkPolicyCall(ctx, "peek_policy", key, p, n); err != nil {
 		return Result{}, err
@@ -105,22 +102,10 @@ func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (R
 
 // allowAt and peekAt take a validated request of one limit; the exported methods validate.
 func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	if e.mode == Pipelined {
-		if err := pipelinedOffers("allow", key, l); err != nil {
-			return Result{}, err
-		}
-		return e.allowPipelined(ctx, key, l, n, at)
-	}
 	return e.allowSet(ctx, "allow", key, e.oneLimit(l), n, at)
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	if e.mode == Pipelined {
-		if err := pipelinedOffers("peek", key, l); err != nil {
-			return Result{}, err
-		}
-		return e.peekPipelined(ctx, key, l, n, at)
-	}
 	req, err := newRequest(e.prefix+key, at, n, false, e.oneLimit(l))
 	if err != nil {
 		return Result{}, err
@@ -251,15 +236,11 @@ func (e *Engine) oneLimit(l Limit) *limitSet {
 	return s
 }
 
-// decisionClock is the clock a decision is taken on: the caller's (WithClock, or time.Now in
-// Pipelined mode), else unset, and the script reads the server's. Leases have their own
-// (leaseClock), and a Result nobody decided is stamped with localNow.
+// decisionClock is the clock a decision is taken on: the caller's (WithClock), else unset,
+// and the script reads the server's. A Result nobody decided is stamped with localNow.
 func (e *Engine) decisionClock() clockReading {
-	switch {
-	case e.clock != nil:
+	if e.clock != nil {
 		return clockReading{t: e.clock(), set: true}
-	case e.mode == Pipelined:
-		return clockReading{t: time.Now(), set: true}
 	}
 	return clockReading{}
 }

@@ -451,7 +451,6 @@ func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
 		{engine.WithDurableAck(-1, 0, time.Second)},
 		{engine.WithDurableAck(1, -1, time.Second)},
 		{engine.WithDurableAck(1, 0, -time.Second)},
-		{engine.WithDurableAck(1, 0, time.Second), engine.WithMode(engine.Pipelined)},
 	} {
 		if _, err := engine.New(c, opts...); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Fatalf("New(%d options): %v, want ErrInvalidArgument", len(opts), err)

@@ -1,23 +1,39 @@
-// Package engine is strictrate's sliding-window-log rate limiter on Valkey.
+// Package engine is strictrate's rate limiter: exact sliding window logs on Valkey.
 //
-// Every admitted request is one entry in the key's log, carrying its time in integer
-// microseconds and its cost in events. A request for n events is admitted when the events in
-// the trailing window plus n are at most the limit's Max. In Atomic mode (the default) one Lua
-// script trims, counts, adds only when admitted and sets the expiry in a single EVALSHA, so
-// the count is exact under any concurrency, and its work does not grow with n. Pipelined mode
-// is the common non-atomic design (a sorted set, one member per event), kept for comparison:
-// it offers the seed article's operations on its own keys, and returns ErrUnsupported for what
-// only the atomic log can do. Each mode refuses the other's keys, and any key it did not
-// write, with ErrUnknownLayout.
+// Most programs need three calls: New, once per client; Allow (or AllowN for a request that
+// costs several events) for each request; and AllowPolicy when a key carries several limits
+// at once (5 per second and 100 per hour). Peek answers as Allow would, recording nothing.
 //
-// Limits that share a key each hold on every event of the key, whichever limit admitted it: a
-// key keeps its events for the longest window ever asked of it (its horizon). A limit asked of
-// a key for the first time counts only what the key kept until then, so give a key all of its
-// limits from its first request (one Policy), or keys of their own.
+//	e, err := engine.New(client)
+//	r, err := e.Allow(ctx, "login:"+user, engine.PerMinute(5))
+//	if err == nil && !r.Allowed { ... r.RetryAfter ... }
 //
-// Beside rate limits, the engine keeps in-flight limits: Acquire takes one of max slots of a
-// key as a lease that expires unless extended (Extend) and is given back with Release, so at
-// most max holders run at once and a crashed holder's slot returns at its lease's expiry.
+// Reach for the rest when the need comes:
+//   - Refund and Settle give back what an admitted request did not use (a cost known only
+//     after the work, a request that failed before doing any).
+//   - AllowAll decides requests on several keys together, all or nothing (Envoy's rate limit
+//     service sends those).
+//   - Wait and WaitN block until a request is admitted, as x/time/rate's Wait does.
+//   - Acquire, Extend and Release are in-flight limits: at most max holders of a key at once,
+//     each slot a lease that frees itself at its expiry if its holder dies.
+//   - Limit.Resolution and Calendar make long quotas (a million a month) cheap and exact.
+//   - The options tune production use: group commit (WithBatching, on by default), a deny
+//     cache (WithDenyCache), local quota (WithLocalQuota), fail-open (WithFailOpen), shadow
+//     mode (WithShadow), replica and fsync acknowledgements, metrics, layout rollout.
+//
+// How a decision counts: every admitted request is one entry in its key's log, carrying its
+// time in integer microseconds and its cost in events, and a request for n events is admitted
+// when the events in the trailing window plus n are at most the limit's Max. One Lua script
+// trims the log, counts every window, adds the entry only when admitted and sets the key's
+// expiry in a single EVALSHA, so the count is exact under any concurrency. Limits that share a
+// key each hold on every event of the key, whichever limit admitted it: give a key all of its
+// limits from its first request (one Policy), or keys of their own. A key the engine did not
+// write, or a later release's layout, is refused with ErrUnknownLayout and never read as a
+// count.
+//
+// docs/ in the repository has the rest: limits.md (costs, refunds, policies, quotas),
+// production.md (the options), operating.md (failures, upgrades, clusters), design.md (the
+// log's layout, and a glossary).
 package engine
 
 import (
@@ -31,7 +47,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/nodes"
@@ -40,102 +55,18 @@ import (
 	"github.com/strictrate/strictrate/scripts"
 )
 
-// Result is the outcome of one decision.
-type Result struct {
-	// Allowed reports whether the request was admitted (Allow, AllowN) or would be (Peek).
-	Allowed bool
-	// Remaining is how many events would still be admitted now, after this decision.
-	Remaining int
-	// RetryAfter is, when denied, how long to wait until the same request is admitted if
-	// nobody else takes the room; 0 when allowed. The decision reads at most 32 entries from
-	// each end of the window to find it, so that no request buys server time with its cost:
-	// when the events that must leave end deeper in a long log, it is the wait until the 32nd
-	// oldest entry leaves, before which the request is not admitted (ask again then).
-	RetryAfter time.Duration
-	// ResetAfter is how long until the log holds no event; 0 when it is empty.
-	ResetAfter time.Duration
-	// QuotaAfter is how long until the limit Window names next gets quota back: until the
-	// oldest event in that window (this decision's included) leaves it, exact to the
-	// microsecond. Admitted, it is at most Window: Window itself when the request is the only
-	// event in it. 0 when that window holds no event (a Peek) and when fail-open admitted
-	// without a decision. It is draft-ietf-httpapi-ratelimit-headers-10's "t" of an allowed
-	// request. Pipelined mode cannot know it without more reads: it reports the window.
-	QuotaAfter time.Duration
-	// At is the instant the decision was taken at, to the microsecond, on the clock that took
-	// it: the server's by default, else the caller's. An admitted event is recorded at At.
-	At time.Time
-	// Window is the window of the limit Remaining speaks for: the Limit's own for Allow,
-	// AllowN and Peek; for AllowPolicy, the limit with the least room (the shortest window
-	// among equals). 0 when fail-open admitted without a decision.
-	Window time.Duration
-	// BackendErr is set only under WithFailOpen(true), when the server could not decide and
-	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,
-	// RetryAfter, ResetAfter and QuotaAfter are then 0, and At is the caller's clock.
-	BackendErr error
-	// Entry identifies the log entry an admitted request wrote, for Refund and Settle. It is
-	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission, a
-	// shadow admission, or Pipelined mode (whose log is the article's, one member per event).
-	Entry EntryID
-	// ShadowDenied is set under WithShadow(true) when the limit denied the request and shadow
-	// mode admitted it anyway: Allowed is true, the other fields are the denial's (Remaining,
-	// RetryAfter), and nothing was recorded.
-	ShadowDenied bool
-	// FromCache is set when the engine's deny cache (WithDenyCache) refused the request
-	// without asking the server: RetryAfter is the cached denial's, counted down, and At the
-	// denial's moved on by the time since it came back.
-	FromCache bool
-}
-
-// EntryID identifies one admitted request's entry in its key's log: the log's name, the
-// entry's time and its position among the key's entries of that microsecond. It is a plain
-// value: copy it, store it, send it to another process, and Refund or Settle there.
+// Engine takes rate-limit decisions against one Valkey deployment, standalone or a cluster.
+// Make one with New and share it: it is safe for concurrent use, and its group commit works
+// best with every caller of a client on one engine. The zero Engine has no client and no
+// scripts, and using it panics.
 //
-// It carries the log's name (Key) so that a Refund or Settle given the wrong key, or run by an
-// engine of another prefix, is refused (ErrUnknownEntry) instead of refunding nothing, or
-// another request, in silence: a time and a seq alone are valid in any key's log.
-type EntryID struct {
-	// Key is the name of the log the entry is in, in Valkey: the engine's prefix, then the key
-	// the request was decided on.
-	Key string
-	// At is the entry's time, to the microsecond: the decision's Result.At.
-	At time.Time
-	// Seq is the entry's position among the key's entries of that microsecond, from 1; 0 when
-	// there is no entry.
-	Seq int
-	// Cost is the cost in events the entry was admitted with.
-	Cost int
-	// Shared is set when the request's events are held with other requests': in a slot's entry
-	// (a limit with a Resolution: At is the slot's end) or in calendar counters (Calendar
-	// limits; a policy of calendar limits alone records no entry, and Seq is 0). Settle and
-	// Refund of a shared request give back on every call: call them once per request.
-	Shared bool
-	// Decided is the decision's time (Result.At), set for a shared request: its calendar
-	// periods are the ones that hold it, and a slot's end (At) may lie in the next one.
-	Decided time.Time
-}
-
-// IsZero reports whether id names no entry.
-func (id EntryID) IsZero() bool { return id.Seq == 0 && !id.Shared }
-
-// Limiter is the interface of the classic sliding-window-log article, so code written against
-// it can switch to Engine. Check and Record return ErrRateLimitExceeded (as a *DeniedError)
-// when denied.
-type Limiter interface {
-	Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error
-	Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error
-	Clear(ctx context.Context, key string) error
-}
-
-var _ Limiter = (*Engine)(nil)
-
-// Engine takes rate-limit decisions against one Valkey deployment (standalone or cluster).
-// It is safe for concurrent use; share one per client. Make one with New: the zero Engine has
-// no client and no scripts, and using it panics.
+// Allow, AllowN, AllowPolicy and Peek are what most callers need; the package doc says when to
+// reach for the other methods. Check, Record and Clear are the classic sliding-window-log
+// interface (package pipelined's Limiter), for code written against it.
 type Engine struct {
 	client valkey.Client
-	mode   Mode
 	prefix string
-	clock  func() time.Time // nil: the server's clock (Atomic) or time.Now (Pipelined)
+	clock  func() time.Time // nil: the server's clock
 
 	// The group commit of each kind of script call (commit.go).
 	decides  *commit[request]   // decide.lua, decide_batch.lua: Allow, AllowN, AllowPolicy, reservations
@@ -149,7 +80,7 @@ type Engine struct {
 	batching bool               // WithBatching: decisions go through the committers' queues
 	shadow   bool               // WithShadow: denials are admitted, marked ShadowDenied
 	denials  *denyCache         // WithDenyCache; nil when off
-	local    *localQuotas       // WithLocalQuota, in Atomic mode; nil when off
+	local    *localQuotas       // WithLocalQuota; nil when off
 	logger   *slog.Logger       // WithLogger; nil: silent
 	metrics  *metrics
 
@@ -159,10 +90,6 @@ type Engine struct {
 
 	failOpen  bool
 	ackPolicy ackPolicy // WithReplicaAck, WithDurableAck
-
-	// Pipelined mode makes its members on the client: an id random per engine, then a counter.
-	memberID [8]byte
-	seq      atomic.Uint64
 }
 
 // New returns an engine that uses client. Unless WithPreload(false) is given it loads the
@@ -180,9 +107,6 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.mode != Atomic && o.mode != Pipelined {
-		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidArgument, int(o.mode))
-	}
 	if err := o.validateDurableAck(); err != nil {
 		return nil, err
 	}
@@ -191,7 +115,6 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	}
 	e := &Engine{
 		client:   client,
-		mode:     o.mode,
 		prefix:   o.prefix,
 		clock:    o.clock,
 		inspect:  loader.NewReadOnly("inspect", scripts.Inspect()),
@@ -212,13 +135,11 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		}
 	}
 	e.newCommits(o.writeLayout)
-	if o.localQuota != nil && o.mode == Atomic {
+	if o.localQuota != nil {
 		if e.local, err = newLocalQuotas(e, *o.localQuota); err != nil {
 			return nil, err
 		}
 	}
-	id := uuid.New()
-	copy(e.memberID[:], id[:8])
 	needAOF := o.ack.aofLocal > 0
 	if o.evictionCheck != EvictionIgnore || o.persistenceCheck != PersistenceIgnore || needAOF || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
@@ -313,11 +234,6 @@ func (e *Engine) scripts() []*loader.Script {
 		e.groups.kind.single, e.settles.kind.single, e.inspect, e.acquires.kind.single, e.extends.kind.single,
 		e.releases.kind.single}
 }
-
-// Mode returns the engine's mode: for code handed an Engine that must know whether it offers
-// what only Atomic mode does (a Policy of several limits, Refund, Settle, Inspect, leases;
-// ErrUnsupported in Pipelined mode).
-func (e *Engine) Mode() Mode { return e.mode }
 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
 // (Acquire) are another key, and stay. Under WithLocalQuota, this engine's reservations of

@@ -17,7 +17,7 @@ var (
 	ErrRateLimitExceeded = errors.New("strictrate: rate limit exceeded")
 
 	// ErrInvalidArgument is wrapped by every validation error: an empty key, a Limit out of
-	// range, a cost out of range, a nil client, an unknown Mode or an unusable clock. Nothing is
+	// range, a cost out of range, a nil client or an unusable clock. Nothing is
 	// sent to the server when it is returned.
 	ErrInvalidArgument = errors.New("strictrate: invalid argument")
 
@@ -31,14 +31,9 @@ var (
 	// sentinel, named here so callers need not import the loader.
 	ErrPreload = loader.ErrPreload
 
-	// ErrUnsupported is wrapped by the error of an operation the engine's Mode does not offer:
-	// in Pipelined mode, a Policy of several limits, Refund, Settle, Inspect and leases. It is
-	// returned before anything is sent, and matches errors.ErrUnsupported too.
-	ErrUnsupported = fmt.Errorf("strictrate: not offered in this mode: %w", errors.ErrUnsupported)
-
 	// ErrUnknownLayout is wrapped by the error of a call on a key that holds something this
-	// release cannot read as its own: another type (another program's key, or the other
-	// Mode's log), or a log whose header names a layout version this release does not know (a
+	// release cannot read as its own: another type (another program's key, or package
+	// pipelined's sorted set), or a log whose header names a layout version this release does not know (a
 	// later release's). The message names the key and what it holds. Nothing is read as a
 	// count, nothing is converted or written, and fail-open never admits on it: it is a key
 	// to fix (Reset it, or give the engine another prefix), not an outage.

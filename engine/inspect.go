@@ -56,8 +56,7 @@ type LogEntry struct {
 // Inspect reads key's log as stored, for operators (the strictrate command) and tests: its
 // totals and its newest entries, at most most of them (0: all). It reads through the same
 // script code the decisions use, and changes nothing. A key that does not exist has an empty
-// Log. Pipelined mode's log is the article's sorted set, which Inspect does not read: there
-// it returns an error wrapping ErrUnsupported.
+// Log.
 func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error) {
 	if err := checkContext(ctx); err != nil {
 		return Log{}, err
@@ -69,9 +68,6 @@ func (e *Engine) Inspect(ctx context.Context, key string, most int) (Log, error)
 		return Log{}, fmt.Errorf("%w: most %d is negative", ErrInvalidArgument, most)
 	}
 	what := "strictrate: inspect " + quoteKey(key)
-	if e.mode == Pipelined {
-		return Log{}, unsupported(what)
-	}
 	reply, _ := e.inspect.Exec(ctx, e.client, loader.Call{Keys: []string{e.prefix + key}, Args: []string{strconv.Itoa(most)}})
 	vals, err := reply.AsIntSlice()
 	if err != nil {

@@ -24,6 +24,39 @@ func containsAll(s string, subs ...string) bool {
 	return true
 }
 
+// keyState is what a key holds, as the server serializes it (DUMP; "" for no key), and its
+// expiry in milliseconds (PTTL): enough to tell whether a call touched it.
+type keyState struct {
+	dump string
+	pttl int64
+}
+
+func stateOf(t *testing.T, c valkey.Client, full string) keyState {
+	t.Helper()
+	ctx := context.Background()
+	dump, err := c.Do(ctx, c.B().Dump().Key(full).Build()).ToString()
+	if valkey.IsValkeyNil(err) {
+		dump, err = "", nil
+	}
+	if err != nil {
+		t.Fatalf("DUMP %s: %v", full, err)
+	}
+	return keyState{dump: dump, pttl: enginetest.PTTL(t, c, full)}
+}
+
+// wantUntouched fails t unless full holds what it held (before), with the expiry it had: no
+// later than before (a write would have set it anew) and within a second of it.
+func wantUntouched(t *testing.T, c valkey.Client, what, full string, before keyState) {
+	t.Helper()
+	after := stateOf(t, c, full)
+	if after.dump != before.dump {
+		t.Errorf("%s changed what %s holds", what, full)
+	}
+	if after.pttl > before.pttl || before.pttl >= 0 && after.pttl < before.pttl-1000 || (before.pttl < 0) != (after.pttl < 0) {
+		t.Errorf("%s moved %s's expiry: PTTL %d, then %d", what, full, before.pttl, after.pttl)
+	}
+}
+
 // A key that holds what this release cannot read as a log (another program's value, or a log
 // in a layout of a later release) is refused by every operation with ErrUnknownLayout, naming
 // the key and what it holds; it is never counted, converted or written, and fail-open does not

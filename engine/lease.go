@@ -86,8 +86,7 @@ type Lease struct {
 // handled as for decisions: an error wrapping ErrUnavailable (fail-closed, the default), or,
 // under WithFailOpen(true), a Lease that holds no slot, with BackendErr set, and no error. With
 // WithReplicaAck or WithDurableAck a lease counts only once it is held where they ask. A key
-// that holds something other than leases is ErrUnknownLayout. Pipelined mode offers no
-// leases: ErrUnsupported. Each call is counted in the metrics as operation "acquire".
+// that holds something other than leases is ErrUnknownLayout. Each call is counted in the metrics as operation "acquire".
 //
 // Only a returned Lease holds a slot. When ctx ends before the server's reply, Acquire returns
 // at once with ctx's error (or, when its deadline passed under WithFailOpen(true), a Lease that
@@ -104,9 +103,6 @@ func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl ti
 		return Lease{}, err
 	}
 	what := func() string { return "strictrate: acquire " + quoteKey(key) }
-	if e.mode == Pipelined {
-		return Lease{}, unsupported(what())
-	}
 	started := time.Now()
 	l, err := e.acquireLease(ctx, key, maxHolders, ttl, what)
 	e.metrics.record(ctx, opAcquire, leaseOutcome(l.BackendErr, err), time.Since(started))
@@ -258,9 +254,6 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 		return Lease{}, err
 	}
 	what := func() string { return "strictrate: extend lease " + l.ID.String() + " of " + quoteKey(l.Key) }
-	if e.mode == Pipelined {
-		return Lease{}, unsupported(what())
-	}
 	started := time.Now()
 	l, err := e.extendLease(ctx, l, ttl, what)
 	e.metrics.record(ctx, opExtend, leaseOutcome(l.BackendErr, err), time.Since(started))
@@ -303,9 +296,6 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 		return err
 	}
 	what := "strictrate: release lease " + l.ID.String() + " of " + quoteKey(l.Key)
-	if e.mode == Pipelined {
-		return unsupported(what)
-	}
 	if l.ID == uuid.Nil {
 		return nil
 	}
@@ -338,7 +328,7 @@ func (e *Engine) removeLease(ctx context.Context, key string, id uuid.UUID) (rem
 func (e *Engine) leaseKey(key string) string { return e.prefix + LeaseNamespace + key }
 
 // leaseClock is the clock leases are decided on: the caller's under WithClock, else the
-// server's, in either Mode (the lease scripts always run atomically).
+// server's.
 func (e *Engine) leaseClock() clockReading {
 	if e.clock != nil {
 		return clockReading{t: e.clock(), set: true}

@@ -282,27 +282,25 @@ func TestLeaseRelease(t *testing.T) {
 }
 
 // A key's leases and its rate-limit log are two keys: using both on one key changes neither.
-// Leases run on the server's clock. (Pipelined mode offers no leases: ErrUnsupported.)
+// Leases run on the server's clock.
 func TestLeaseKeysApartFromRateLimitLogs(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
-	for _, mode := range []engine.Mode{engine.Atomic} {
-		e := enginetest.New(t, c, engine.WithMode(mode))
-		key := enginetest.NewKey(t)
-		enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 2)
-		before := time.Now()
-		l := mustAcquire(t, e, key, 1, time.Minute)
-		if l.At.Sub(before).Abs() > time.Minute {
-			t.Fatalf("%s: lease At %s, not the server's clock", mode, l.At)
-		}
-		enginetest.Want(t, mode.String()+": rate limit still full", enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 1).Allowed, false)
-		for full, kind := range map[string]string{enginetest.Prefix + key: "list", leaseKey(key): "zset"} {
-			got := valkeytest.Must(t, "TYPE", c.Do(ctx, c.B().Type().Key(full).Build()), valkey.ValkeyResult.ToString)
-			enginetest.Want(t, mode.String()+": TYPE "+full, got, kind)
-		}
-		mustRelease(t, e, l)
-		enginetest.Want(t, "events in the log after the release", enginetest.StoredEvents(t, c, key), int64(2))
+	e := enginetest.New(t, c)
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 2)
+	before := time.Now()
+	l := mustAcquire(t, e, key, 1, time.Minute)
+	if l.At.Sub(before).Abs() > time.Minute {
+		t.Fatalf("lease At %s, not the server's clock", l.At)
 	}
+	enginetest.Want(t, "rate limit still full", enginetest.MustAllowN(t, e, key, engine.PerMinute(2), 1).Allowed, false)
+	for full, kind := range map[string]string{enginetest.Prefix + key: "list", leaseKey(key): "zset"} {
+		got := valkeytest.Must(t, "TYPE", c.Do(ctx, c.B().Type().Key(full).Build()), valkey.ValkeyResult.ToString)
+		enginetest.Want(t, "TYPE "+full, got, kind)
+	}
+	mustRelease(t, e, l)
+	enginetest.Want(t, "events in the log after the release", enginetest.StoredEvents(t, c, key), int64(2))
 }
 
 // Every invalid input is refused with ErrInvalidArgument before anything is sent: the lease

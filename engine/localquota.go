@@ -53,7 +53,7 @@ const (
 )
 
 // WithLocalQuota turns local quota on (see LocalQuota). It applies to Allow, AllowN, Wait,
-// Record and AllowPolicy (AllowAll of one request too) on the server's clock, in Atomic mode,
+// Record and AllowPolicy (AllowAll of one request too) on the server's clock,
 // for limits without calendar periods; everything else is decided as without it. A locally
 // admitted Result has Allowed true and an Entry that names the reservation (Shared, with the
 // request's own cost), so that Refund and Settle give its events back: to the reservation

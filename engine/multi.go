@@ -66,8 +66,7 @@ type Request struct {
 // Each key is validated as AllowPolicy validates it, each Policy with cost N (0 <= N), and
 // reqs must hold at least one request, no key twice (merge duplicates first: a key's requests
 // would otherwise each see the room before the others). Every error of these wraps
-// ErrInvalidArgument, names the request, and nothing is sent. Pipelined mode offers no
-// AllowAll (ErrUnsupported).
+// ErrInvalidArgument, names the request, and nothing is sent.
 //
 // On one server, and in a cluster when every key lies on one primary, a decision of at most
 // MaxAllowAllRequests requests is one call of one script: atomic, exact under any
@@ -160,9 +159,6 @@ func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) error {
 		if err := r.Policy.validate(max(r.N, 1)); err != nil {
 			return fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
 		}
-	}
-	if e.mode == Pipelined {
-		return unsupported("allow_all")
 	}
 	return nil
 }

@@ -178,10 +178,6 @@ func TestAllowAllValidation(t *testing.T) {
 	for _, k := range []string{a, b} {
 		enginetest.Want(t, "layout of "+k+" after refused calls", logOf(t, c, k).Layout, 0)
 	}
-	pipelined := enginetest.New(t, c, engine.WithMode(engine.Pipelined), engine.WithPrefix("allowall-pipelined:"))
-	if _, _, err := pipelined.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnsupported) {
-		t.Fatalf("Pipelined mode: %v, want ErrUnsupported", err)
-	}
 }
 
 // manyRequests is one request of cost n under p for each of keys.

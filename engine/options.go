@@ -8,35 +8,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Mode chooses how the engine talks to the server.
-type Mode int
-
-const (
-	// Atomic takes each decision in one EVALSHA of the sliding-window script: exact under any
-	// concurrency, and the log never holds more than Max entries.
-	Atomic Mode = iota
-	// Pipelined sends ZREMRANGEBYSCORE, ZADD, ZCARD and PEXPIRE in one pipeline: the common
-	// non-atomic design, kept as the baseline to measure Atomic against. Concurrent callers
-	// interleave, and rejected attempts stay in the log.
-	Pipelined
-)
-
-// String returns "atomic" or "pipelined".
-func (m Mode) String() string {
-	switch m {
-	case Atomic:
-		return "atomic"
-	case Pipelined:
-		return "pipelined"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
-
 // Option configures New.
 type Option func(*options)
 
 type options struct {
-	mode             Mode
 	prefix           string
 	clock            func() time.Time
 	preload          bool
@@ -55,7 +30,7 @@ type options struct {
 }
 
 func defaultOptions() options {
-	return options{mode: Atomic, prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
+	return options{prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
 		evictionCheck: EvictionRefuse, persistenceCheck: PersistenceWarn, logger: slog.Default(), batching: true,
 		writeLayout: 2}
 }
@@ -73,16 +48,13 @@ func defaultOptions() options {
 // layout change"). A later release will write layout 3 by default.
 func WithWriteLayout(version int) Option { return func(o *options) { o.writeLayout = version } }
 
-// WithMode selects Atomic (the default) or Pipelined.
-func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
-
 // WithPrefix sets the prefix put before every key; the default is "strictrate:". Keys of
 // engines with different prefixes never meet.
 func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
 
 // WithClock makes the engine decide with the caller's clock instead of the server's. Every
-// process that shares a key must then share a clock; the server's clock (the default in Atomic
-// mode) gives that for free. Pipelined mode always uses a caller's clock: this one, or time.Now.
+// process that shares a key must then share a clock; the server's clock (the default) gives
+// that for free.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
 
 // WithPreload controls whether New loads the scripts on every node (default true), so that a
@@ -146,8 +118,7 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 //
 // local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off (the
 // default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may block
-// until the context ends. Atomic mode only: New refuses it in Pipelined mode. With
-// WithReplicaAck too, WAIT goes in the call's round trip, as without this option, and WAITAOF
+// until the context ends. With WithReplicaAck too, WAIT goes in the call's round trip, as without this option, and WAITAOF
 // after it.
 //
 // The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
@@ -159,7 +130,7 @@ func WithDurableAck(local, replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout = local, replicas, timeout }
 }
 
-// validateDurableAck checks WithDurableAck's arguments, and that the mode can honour them.
+// validateDurableAck checks WithDurableAck's arguments.
 func (o *options) validateDurableAck() error {
 	switch {
 	case o.ack.aofLocal == 0 && o.ack.aofReplicas == 0:
@@ -167,8 +138,6 @@ func (o *options) validateDurableAck() error {
 	case o.ack.aofLocal < 0 || o.ack.aofLocal > 1 || o.ack.aofReplicas < 0 || o.ack.aofTimeout < 0:
 		return fmt.Errorf("%w: WithDurableAck(%d, %d, %s): local must be 0 or 1, replicas and timeout at least 0",
 			ErrInvalidArgument, o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout)
-	case o.mode != Atomic:
-		return fmt.Errorf("%w: WithDurableAck needs Atomic mode, not %s", ErrInvalidArgument, o.mode)
 	}
 	return nil
 }
@@ -230,7 +199,7 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // and on the client (a round trip, a syscall) is shared by its decisions, so under load the
 // server does more decisions per second; a decision sent alone goes as the single-decision
 // script, so with one request at a time nothing changes. Peeks batch apart from decisions.
-// Pipelined mode is never batched. Off, every decision is its own EVALSHA, as before.
+// Off, every decision is its own EVALSHA.
 func WithBatching(on bool) Option { return func(o *options) { o.batching = on } }
 
 // WithShadow turns shadow mode on: every decision runs as usual, and a request the limit
@@ -247,8 +216,7 @@ func WithShadow(on bool) Option { return func(o *options) { o.shadow = on } }
 // call was sent (that moment precedes the server's decision, so the cache never denies past
 // the real denial). Its Result counts RetryAfter down. Reset, Refund and Settle through this
 // engine clear the key's denials; through another process they do not: room they give back
-// is seen when the cached RetryAfter runs out. entries < 1 turns it off (the default). Atomic
-// mode only.
+// is seen when the cached RetryAfter runs out. entries < 1 turns it off (the default).
 func WithDenyCache(entries int) Option { return func(o *options) { o.denyCacheEntries = entries } }
 
 // WithMeterProvider sets where the engine's metrics go (OpenTelemetry's metric API; the

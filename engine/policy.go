@@ -115,9 +115,6 @@ func (e *Engine) checkPolicyCall(ctx context.Context, op, key string, p Policy, 
 	if err := p.validate(n); err != nil {
 		return err
 	}
-	if e.mode == Pipelined && len(p) > 1 {
-		return unsupported(op + " " + quoteKey(key) + " of several limits")
-	}
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -291,42 +290,30 @@ func TestPolicySameMicrosecond(t *testing.T) {
 	enginetest.Want(t, "one more", enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, false)
 }
 
-// A Policy of one limit decides exactly as AllowN, in both modes (the entry aside: each names
-// its own key); several limits run the atomic script, and are ErrUnsupported in Pipelined mode,
-// which sends nothing.
-func TestPolicyOneLimitIsAllowNAndPipelined(t *testing.T) {
-	for _, mode := range []engine.Mode{engine.Atomic, engine.Pipelined} {
-		t.Run(mode.String(), func(t *testing.T) {
-			c := exampleServer.Client(t)
-			e, clock := enginetest.Clocked(t, c, engine.WithMode(mode))
-			k1, k2 := enginetest.NewKey(t), enginetest.NewKey(t)+"2"
-			l := engine.Limit{Max: 3, Window: time.Second}
-			for i := 0; i < 5; i++ {
-				clock.Set(enginetest.T0.Add(time.Duration(i) * 100 * time.Millisecond))
-				a, b := enginetest.MustAllowN(t, e, k1, l, 1), enginetest.MustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
-				if mode == engine.Atomic && a.Allowed && (a.Entry.Key != enginetest.Prefix+k1 || b.Entry.Key != enginetest.Prefix+k2) {
-					t.Fatalf("request %d: entries %+v and %+v do not name their keys", i, a.Entry, b.Entry)
-				}
-				a.Entry.Key, b.Entry.Key = "", ""
-				if a != b {
-					t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
-				}
-			}
-			key := enginetest.NewKey(t) + "3"
-			p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 3, Window: time.Minute}}
-			if mode == engine.Pipelined {
-				if _, err := e.AllowPolicy(context.Background(), key, p, 1); !errors.Is(err, engine.ErrUnsupported) {
-					t.Fatalf("a policy of two limits in Pipelined mode: %v, want ErrUnsupported", err)
-				}
-				enginetest.Want(t, "events after it", enginetest.StoredEvents(t, c, key), int64(0))
-				return
-			}
-			for i, wantAllowed := range []bool{true, true, false} {
-				enginetest.Want(t, fmt.Sprintf("policy request %d", i+1), enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
-			}
-			enginetest.Want(t, "policy log size (no rejected attempt kept)", enginetest.StoredEvents(t, c, key), int64(2))
-		})
+// A Policy of one limit decides exactly as AllowN (the entry aside: each names its own key);
+// several limits are one atomic script call, and a denied request keeps nothing.
+func TestPolicyOneLimitIsAllowN(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	k1, k2 := enginetest.NewKey(t), enginetest.NewKey(t)+"2"
+	l := engine.Limit{Max: 3, Window: time.Second}
+	for i := 0; i < 5; i++ {
+		clock.Set(enginetest.T0.Add(time.Duration(i) * 100 * time.Millisecond))
+		a, b := enginetest.MustAllowN(t, e, k1, l, 1), enginetest.MustAllowPolicy(t, e, k2, engine.Policy{l}, 1)
+		if a.Allowed && (a.Entry.Key != enginetest.Prefix+k1 || b.Entry.Key != enginetest.Prefix+k2) {
+			t.Fatalf("request %d: entries %+v and %+v do not name their keys", i, a.Entry, b.Entry)
+		}
+		a.Entry.Key, b.Entry.Key = "", ""
+		if a != b {
+			t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
+		}
 	}
+	key := enginetest.NewKey(t) + "3"
+	p := engine.Policy{{Max: 2, Window: time.Second}, {Max: 3, Window: time.Minute}}
+	for i, wantAllowed := range []bool{true, true, false} {
+		enginetest.Want(t, fmt.Sprintf("policy request %d", i+1), enginetest.MustAllowPolicy(t, e, key, p, 1).Allowed, wantAllowed)
+	}
+	enginetest.Want(t, "policy log size (no rejected attempt kept)", enginetest.StoredEvents(t, c, key), int64(2))
 }
 
 // Every invalid policy or request is refused with ErrInvalidArgument before anything is sent:

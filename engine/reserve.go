@@ -23,14 +23,12 @@ import (
 // Result's Entry is the reservation's (at the decision's time plus hold), to Settle once the
 // hold ends with the events used. It validates as AllowPolicy does (k is the cost), and
 // refuses a hold that is not positive or a policy with calendar limits (ErrInvalidArgument),
-// and Pipelined mode (ErrUnsupported), before anything is sent.
+// before anything is sent.
 func (e *Engine) reserve(ctx context.Context, key string, p Policy, k int, hold time.Duration) (Result, error) {
 	if err := e.checkPolicyCall(ctx, "reserve", key, p, k); err != nil {
 		return Result{}, err
 	}
 	switch {
-	case e.mode == Pipelined:
-		return Result{}, unsupported("reserve " + quoteKey(key))
 	case hold <= 0:
 		return Result{}, fmt.Errorf("%w: reserve %s: hold %s is not positive", ErrInvalidArgument, quoteKey(key), hold)
 	case slices.ContainsFunc(p, Limit.IsCalendar):

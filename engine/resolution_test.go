@@ -623,8 +623,7 @@ func TestResolutionMemoryIsBoundedBySlots(t *testing.T) {
 }
 
 // A Resolution outside 0 < Resolution <= Window is refused with ErrInvalidArgument by every
-// call that takes limits, before anything is sent; Pipelined mode, which keeps no slots,
-// refuses a valid one with ErrUnsupported.
+// call that takes limits, before anything is sent.
 func TestResolutionBadInput(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
@@ -672,27 +671,6 @@ func TestResolutionBadInput(t *testing.T) {
 		if r, err := e.Allow(ctx, enginetest.NewKey(t), l); err != nil || !r.Allowed || !r.Entry.Shared {
 			t.Errorf("Allow(%v) on a fresh key: %+v, %v; want admitted, shared", l, r, err)
 		}
-	}
-
-	p := enginetest.New(t, c, engine.WithMode(engine.Pipelined))
-	key := enginetest.NewKey(t)
-	for call, f := range map[string]func() error{
-		"Allow":             func() error { _, err := p.Allow(ctx, key, good); return err },
-		"AllowN":            func() error { _, err := p.AllowN(ctx, key, good, 2); return err },
-		"Peek":              func() error { _, err := p.Peek(ctx, key, good); return err },
-		"AllowPolicy alone": func() error { _, err := p.AllowPolicy(ctx, key, engine.Policy{good}, 1); return err },
-		"PeekPolicy alone":  func() error { _, err := p.PeekPolicy(ctx, key, engine.Policy{good}, 1); return err },
-	} {
-		if err := f(); !errors.Is(err, engine.ErrUnsupported) {
-			t.Errorf("pipelined %s with a resolution: %v, want ErrUnsupported", call, err)
-		}
-		if n := exists(key); n != 0 {
-			t.Fatalf("pipelined %s with a resolution: the key exists (EXISTS %d)", call, n)
-		}
-	}
-	// An invalid resolution is an invalid argument in Pipelined mode too.
-	if _, err := p.Allow(ctx, key, engine.Limit{Max: 1, Window: time.Second, Resolution: -1}); !errors.Is(err, engine.ErrInvalidArgument) {
-		t.Errorf("pipelined Allow with a negative resolution: %v, want ErrInvalidArgument", err)
 	}
 }
 

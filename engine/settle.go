@@ -15,7 +15,7 @@ import (
 // longest window. A Result that recorded nothing (a denial, a Peek, a fail-open admission) is
 // ErrInvalidArgument; a Result of another key, or of an engine of another prefix, is
 // ErrUnknownEntry (r.Entry.Key names the log it was recorded in); both before anything is
-// sent. Pipelined mode offers no refunds (ErrUnsupported). Reset forgets every entry; a Result
+// sent. Reset forgets every entry; a Result
 // from before a Reset then names nothing, except under a caller's clock frozen at that
 // Result's microsecond.
 func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
@@ -45,9 +45,6 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 		return err
 	}
 	what := "strictrate: settle " + quoteKey(key)
-	if e.mode == Pipelined {
-		return unsupported(what)
-	}
 	id, full := r.Entry, e.prefix+key
 	switch {
 	case id.IsZero():

@@ -12,6 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // limiter is one rate limiter under test, reduced to what the comparison needs: allow takes
@@ -55,17 +56,17 @@ const batchedName = "strictrate batched"
 var contenders = []contender{
 	{
 		name: batchedName, algorithm: "sliding-window log, one script, group commit",
-		connect: connectStrictrate(engine.WithMode(engine.Atomic), engine.WithBatching(true)),
+		connect: connectStrictrate(false, engine.WithBatching(true)),
 		clients: strictrateConns,
 	},
 	{
 		name: "strictrate atomic", algorithm: "sliding-window log, one script per decision",
-		connect: connectStrictrate(engine.WithMode(engine.Atomic), engine.WithBatching(false)),
+		connect: connectStrictrate(false, engine.WithBatching(false)),
 		clients: strictrateConns,
 	},
 	{
 		name: "strictrate pipelined", algorithm: "sliding-window sorted set, 4-command pipeline, not atomic",
-		connect: connectStrictrate(engine.WithMode(engine.Pipelined)),
+		connect: connectStrictrate(true),
 		clients: strictrateConns,
 	},
 	{
@@ -91,9 +92,12 @@ func goRedisConns(goroutines int) string {
 	return fmt.Sprintf("1 go-redis client, PoolSize %d", goroutines)
 }
 
-// strictrateLimiter is one strictrate engine on its own valkey-go client.
+// strictrateLimiter is one strictrate engine on its own valkey-go client: the exact engine, or
+// the pipelined design (package pipelined).
 type strictrateLimiter struct {
-	e     *engine.Engine
+	e interface {
+		Allow(ctx context.Context, key string, l engine.Limit) (engine.Result, error)
+	}
 	limit engine.Limit
 }
 
@@ -106,10 +110,11 @@ func (s strictrateLimiter) allow(ctx context.Context, key string) (bool, error) 
 	return r.Allowed, nil
 }
 
-// connectStrictrate returns a contender's connect for strictrate engines made with opts: one
+// connectStrictrate returns a contender's connect for strictrate engines made with opts (or,
+// pipe, the pipelined design's): one
 // valkey-go client and one engine per strictrateClients, as the main bench does. The servers
 // here run without persistence on purpose, so the engine's persistence check is off.
-func connectStrictrate(opts ...engine.Option) func(context.Context, string, rate, int) ([]limiter, func(), error) {
+func connectStrictrate(pipe bool, opts ...engine.Option) func(context.Context, string, rate, int) ([]limiter, func(), error) {
 	return func(_ context.Context, addr string, r rate, _ int) ([]limiter, func(), error) {
 		var clients []valkey.Client
 		closeAll := func() {
@@ -125,12 +130,17 @@ func connectStrictrate(opts ...engine.Option) func(context.Context, string, rate
 				return nil, nil, fmt.Errorf("valkey-go client for %s: %w", addr, err)
 			}
 			clients = append(clients, c)
-			e, err := engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
+			l := strictrateLimiter{limit: engine.Limit{Max: r.max, Window: r.window}}
+			if pipe {
+				l.e, err = pipelined.New(c)
+			} else {
+				l.e, err = engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
+			}
 			if err != nil {
 				closeAll()
 				return nil, nil, fmt.Errorf("strictrate engine: %w", err)
 			}
-			ls = append(ls, strictrateLimiter{e: e, limit: engine.Limit{Max: r.max, Window: r.window}})
+			ls = append(ls, l)
 		}
 		return ls, closeAll, nil
 	}

@@ -24,8 +24,8 @@
 //
 // reset deletes the key's log, as engine.Reset does, and says what it deleted: the log's
 // entries and events as engine.Inspect read them just before, and its calendar counters, one
-// "period <start> .. <end>: <n> events" each (in UTC), or, for Pipelined mode's log (a
-// sorted set), its events. A key that does not exist is not an error: reset exits 0 and says
+// "period <start> .. <end>: <n> events" each (in UTC), or, for the pipelined design's log
+// (package pipelined: a sorted set), its events. A key that does not exist is not an error: reset exits 0 and says
 // that nothing was deleted (check -addr and -prefix). A key that is not a strictrate log (a
 // string, a hash, a list in another layout...) is refused, named with its Valkey TYPE, and
 // left as it is, with a non-zero exit; -force deletes it anyway.
@@ -235,14 +235,13 @@ func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, pre
 			return err
 		}
 	case "zset":
-		// Pipelined mode's log is a sorted set, one member
-		// per event, which engine.Inspect does not read; engine.Reset is Pipelined mode's
-		// Clear too. The engine offers no way to tell it from another sorted set.
+		// The pipelined design's log (package pipelined) is a sorted set, one member per
+		// event, which Inspect does not read; nothing tells it from another sorted set.
 		n, err := client.Do(ctx, client.B().Zcard().Key(full).Build()).AsInt64()
 		if err != nil {
 			return fmt.Errorf("reset %q: ZCARD %s: %w", key, full, err)
 		}
-		deleted = fmt.Sprintf("the log of %q (%s): Pipelined mode's sorted set of %d events", key, full, n)
+		deleted = fmt.Sprintf("the log of %q (%s): the pipelined sorted set of %d events", key, full, n)
 	default:
 		notLog = kind
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 var server *valkeytest.Server
@@ -141,11 +142,14 @@ func TestResetDeletesALog(t *testing.T) {
 	}
 }
 
-// Pipelined mode's log is a sorted set, one member per event: reset deletes it as
-// engine.Reset (Pipelined mode's Clear) does, and counts its events.
+// The pipelined design's log (package pipelined) is a sorted set, one member per event: reset
+// deletes it as its Reset does, and counts its events.
 func TestResetDeletesAPipelinedLog(t *testing.T) {
 	c := server.Client(t)
-	e := enginetest.New(t, c, engine.WithPrefix("tool:"), engine.WithMode(engine.Pipelined))
+	e, err := pipelined.New(c, pipelined.WithPrefix("tool:"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	key := "zlog-" + t.Name()
 	if r, err := e.AllowN(ctx, key, engine.PerMinute(100), 3); err != nil || !r.Allowed {
@@ -155,7 +159,7 @@ func TestResetDeletesAPipelinedLog(t *testing.T) {
 	if err := run(ctx, []string{"reset", "-addr", server.Addr, "-prefix", "tool:", key}, &out); err != nil {
 		t.Fatalf("reset: %v", err)
 	}
-	want := `deleted the log of "` + key + `" (tool:` + key + `): Pipelined mode's sorted set of 3 events`
+	want := `deleted the log of "` + key + `" (tool:` + key + `): the pipelined sorted set of 3 events`
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("reset output lacks %q:\n%s", want, out.String())
 	}

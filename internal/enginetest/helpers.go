@@ -102,7 +102,8 @@ func Engines(tb testing.TB, s *valkeytest.Server, clients int, opts ...engine.Op
 // RunConcurrently makes requests calls of do from goroutines goroutines, which take engines in
 // turn (goroutine g uses engines[g%len(engines)]) and all start at once, and returns every
 // result, in no particular order. An error ends its goroutine and fails tb once all are done.
-func RunConcurrently(tb testing.TB, engines []*engine.Engine, goroutines, requests int, do func(e *engine.Engine) (engine.Result, error)) []engine.Result {
+// An engine is the exact one (*engine.Engine) or package pipelined's.
+func RunConcurrently[E any](tb testing.TB, engines []E, goroutines, requests int, do func(e E) (engine.Result, error)) []engine.Result {
 	tb.Helper()
 	var (
 		next    atomic.Int64
