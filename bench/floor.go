@@ -219,7 +219,7 @@ func (f *floorRun) single(c valkey.Client, rng *rand.Rand, cmds valkey.Commands,
 // liveInLog counts the entries of an engine log inside the window (Inspect reads the log as
 // stored, entries not yet trimmed included).
 func liveInLog(ctx context.Context, f *floorRun, key string) (int, error) {
-	log, err := f.b.inspector.Inspect(ctx, strings.TrimPrefix(key, f.b.prefix), 10*f.b.cfg.Limit)
+	log, err := f.b.readLog(ctx, strings.TrimPrefix(key, f.b.prefix), 10*f.b.cfg.Limit)
 	if err != nil {
 		return 0, err
 	}

@@ -253,7 +253,7 @@ func (b *bencher) measureKey(ctx context.Context, key string, row *QuotaMemoryRo
 	if err != nil {
 		return fmt.Errorf("MEMORY USAGE %s: %w", key, err)
 	}
-	log, err := b.inspector.Inspect(ctx, key, 1)
+	log, err := b.readLog(ctx, key, 1)
 	if err != nil {
 		return err
 	}
@@ -426,7 +426,7 @@ func (b *bencher) quotaCost(ctx context.Context, bigKey string, long engine.Limi
 			s.admitted += admitted
 			if i == quotaSlices-1 { // the logs as the row leaves them
 				for _, k := range s.keys {
-					log, err := b.inspector.Inspect(ctx, k, 1)
+					log, err := b.readLog(ctx, k, 1)
 					if err != nil {
 						return nil, err
 					}

@@ -19,20 +19,19 @@ import (
 
 	"github.com/strictrate/strictrate/bench/internal/cputime"
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/pipelined"
 )
 
 // bencher runs the scenarios against one server with one set of clients.
 type bencher struct {
-	cfg     config
-	srv     *valkeytest.Server
-	clients []valkey.Client
-	prefix  string // every key of this run starts with it, so runs never meet
-	// inspector reads Atomic logs (engine.Inspect) under the run's prefix.
-	inspector *engine.Engine
-	progress  io.Writer
-	start     time.Time
+	cfg      config
+	srv      *valkeytest.Server
+	clients  []valkey.Client
+	prefix   string // every key of this run starts with it, so runs never meet
+	progress io.Writer
+	start    time.Time
 }
 
 func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progress io.Writer) (*bencher, error) {
@@ -46,12 +45,11 @@ func newBencher(ctx context.Context, cfg config, srv *valkeytest.Server, progres
 		}
 		b.clients = append(b.clients, c)
 	}
-	es, err := b.engines()
-	if err != nil {
+	// An engine loads the scripts, so that the scenarios' first calls find them.
+	if _, err := b.engines(); err != nil {
 		b.close()
 		return nil, err
 	}
-	b.inspector = es[0]
 	return b, nil
 }
 
@@ -76,7 +74,7 @@ func (b *bencher) engines(opts ...engine.Option) ([]*engine.Engine, error) {
 func (b *bencher) enginesOn(clients []valkey.Client, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range clients {
-		base := []engine.Option{engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.PersistenceIgnore)}
+		base := []engine.Option{engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.Ignore)}
 		if b.cfg.WriteLayout != 0 { // 0: a config made in a test, the engine's default
 			base = append(base, engine.WithWriteLayout(b.cfg.WriteLayout))
 		}
@@ -122,6 +120,12 @@ func modeName(pipe bool) string {
 		return "pipelined"
 	}
 	return "atomic"
+}
+
+// readLog reads key's log under the run's prefix (package inspect), with its most newest
+// entries.
+func (b *bencher) readLog(ctx context.Context, key string, most int) (inspect.Log, error) {
+	return inspect.Read(ctx, b.clients[0], b.prefix+key, most)
 }
 
 func (b *bencher) wants(s string) bool { return b.cfg.Scenario == "all" || b.cfg.Scenario == s }
@@ -380,7 +384,7 @@ func (b *bencher) logSize(ctx context.Context, pipe bool, key string) (events, e
 		n, err := c.Do(ctx, c.B().Zcard().Key(b.prefix+key).Build()).AsInt64()
 		return n, n, err
 	}
-	log, err := b.inspector.Inspect(ctx, key, 1)
+	log, err := b.readLog(ctx, key, 1)
 	return int64(log.Events), int64(log.Count), err
 }
 

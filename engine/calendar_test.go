@@ -12,6 +12,7 @@ import (
 	_ "time/tzdata" // Europe/Berlin loads even where the machine has no zoneinfo
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
@@ -26,9 +27,9 @@ func calendarZone(t *testing.T, name string) *time.Location {
 }
 
 // calendarLog is key's log as Inspect reads it.
-func calendarLog(t *testing.T, e *engine.Engine, key string) engine.Log {
+func calendarLog(t *testing.T, key string) inspect.Log {
 	t.Helper()
-	l, err := e.Inspect(context.Background(), key, 0)
+	l, err := inspect.Read(context.Background(), exampleServer.Client(t), enginetest.Prefix+key, 0)
 	if err != nil {
 		t.Fatalf("Inspect(%q): %v", key, err)
 	}
@@ -36,9 +37,9 @@ func calendarLog(t *testing.T, e *engine.Engine, key string) engine.Log {
 }
 
 // calendarPeriods formats counters in a fixed order, for comparing them.
-func calendarPeriods(ps []engine.PeriodCount) string {
+func calendarPeriods(ps []inspect.Period) string {
 	ps = slices.Clone(ps)
-	slices.SortFunc(ps, func(a, b engine.PeriodCount) int { return a.Start.Compare(b.Start) })
+	slices.SortFunc(ps, func(a, b inspect.Period) int { return a.Start.Compare(b.Start) })
 	s := ""
 	for _, p := range ps {
 		s += fmt.Sprintf("[%s, %s): %d; ", p.Start.UTC().Format(time.RFC3339Nano), p.End.UTC().Format(time.RFC3339Nano), p.Events)
@@ -47,9 +48,9 @@ func calendarPeriods(ps []engine.PeriodCount) string {
 }
 
 // wantPeriods fails t unless key's counters are want (in any order).
-func wantPeriods(t *testing.T, e *engine.Engine, key string, want ...engine.PeriodCount) engine.Log {
+func wantPeriods(t *testing.T, key string, want ...inspect.Period) inspect.Log {
 	t.Helper()
-	log := calendarLog(t, e, key)
+	log := calendarLog(t, key)
 	if got, w := calendarPeriods(log.Periods), calendarPeriods(want); got != w {
 		t.Fatalf("counters of %q:\n got %s\nwant %s", key, got, w)
 	}
@@ -57,9 +58,9 @@ func wantPeriods(t *testing.T, e *engine.Engine, key string, want ...engine.Peri
 }
 
 // periodCount is the counter of l's period holding at, with events.
-func periodCount(l engine.Limit, at time.Time, events int) engine.PeriodCount {
+func periodCount(l engine.Limit, at time.Time, events int) inspect.Period {
 	start, end := l.PeriodAt(at)
-	return engine.PeriodCount{Start: start, End: end, Events: events}
+	return inspect.Period{Start: start, End: end, Events: events}
 }
 
 const day = 24 * time.Hour
@@ -162,7 +163,7 @@ func TestCalendarBoundariesOnCallersClock(t *testing.T) {
 				denied(at, "later in the period")
 			}
 			denied(tc.boundary.Add(-time.Microsecond), "the last microsecond")
-			log := wantPeriods(t, e, key, engine.PeriodCount{Start: tc.boundary.Add(-tc.window), End: tc.boundary, Events: 3})
+			log := wantPeriods(t, key, inspect.Period{Start: tc.boundary.Add(-tc.window), End: tc.boundary, Events: 3})
 			if log.Layout != 4 || log.Count != 0 || log.Events != 0 {
 				t.Fatalf("log %+v: want layout 4 and no entries", log)
 			}
@@ -176,7 +177,7 @@ func TestCalendarBoundariesOnCallersClock(t *testing.T) {
 				t.Fatalf("at the boundary %s: %+v\nwant admitted, 2 remaining, window and quota/reset after %s", tc.boundary, r, tc.next)
 			}
 			// The ended period's counter is gone; the new one holds the admission.
-			wantPeriods(t, e, key, engine.PeriodCount{Start: tc.boundary, End: tc.boundary.Add(tc.next), Events: 1})
+			wantPeriods(t, key, inspect.Period{Start: tc.boundary, End: tc.boundary.Add(tc.next), Events: 1})
 			// The key lasts until the new period ends (PEXPIRE on a caller's clock, with a little slack).
 			if ttl := time.Duration(enginetest.PTTL(t, exampleServer.Client(t), enginetest.Prefix+key)) * time.Millisecond; ttl <= tc.next-time.Minute || ttl > tc.next+time.Second {
 				t.Fatalf("PTTL %s, want about %s", ttl, tc.next)
@@ -193,7 +194,7 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 	t0 := time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)
 	monthEnd, november := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), 30*day
 	p := engine.Policy{{Max: 3, Window: time.Second}, engine.Calendar(5, engine.Month, time.UTC)}
-	monthOf := func(at time.Time, events int) engine.PeriodCount { return periodCount(p[1], at, events) }
+	monthOf := func(at time.Time, events int) inspect.Period { return periodCount(p[1], at, events) }
 
 	type step struct {
 		at        time.Duration // after t0
@@ -210,7 +211,7 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 		key := enginetest.NewKey(t)
 		for i, s := range steps {
 			clock.now = t0.Add(s.at)
-			before := calendarLog(t, e, key)
+			before := calendarLog(t, key)
 			peek, err := e.PeekPolicy(ctx, key, p, s.n)
 			if err != nil {
 				t.Fatal(err)
@@ -230,7 +231,7 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 			if s.window == november && r.QuotaAfter != monthEnd.Sub(clock.now) {
 				t.Fatalf("%s\nwant quota after %s (the month's end)", what, monthEnd.Sub(clock.now))
 			}
-			after := calendarLog(t, e, key)
+			after := calendarLog(t, key)
 			if r.Allowed {
 				if !r.Entry.Shared || r.Entry.Seq < 1 || r.Entry.Cost != s.n {
 					t.Fatalf("%s\nwant an entry of its own (seq >= 1), shared with the month's counter", what)
@@ -249,13 +250,13 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 				t.Fatalf("%s\nwant reset after %s: the month's counter holds events until it ends", what, monthEnd.Sub(clock.now))
 			}
 		}
-		wantPeriods(t, e, key, monthOf(t0, 5))
+		wantPeriods(t, key, monthOf(t0, 5))
 		// A new month: the second's room and a fresh counter.
 		clock.now = monthEnd
 		if r := enginetest.MustAllowPolicy(t, e, key, p, 1); !r.Allowed || r.Remaining != 2 || r.Window != time.Second {
 			t.Fatalf("on December 1: %+v, want admitted, 2 remaining in the second", r)
 		}
-		wantPeriods(t, e, key, monthOf(monthEnd, 1))
+		wantPeriods(t, key, monthOf(monthEnd, 1))
 	}
 
 	t.Run("one event each", func(t *testing.T) {
@@ -370,8 +371,8 @@ func TestCalendarNeverOverAdmitsUnderConcurrency(t *testing.T) {
 				denials++
 			}
 		}
-		log := calendarLog(t, engines[0], key)
-		if got := calendarPeriods(log.Periods); got != calendarPeriods([]engine.PeriodCount{{Start: start, End: end, Events: sum}}) {
+		log := calendarLog(t, key)
+		if got := calendarPeriods(log.Periods); got != calendarPeriods([]inspect.Period{{Start: start, End: end, Events: sum}}) {
 			t.Fatalf("%s: counters %s, want the day's holding the %d admitted events", name, got, sum)
 		}
 		if sum > l.Max {
@@ -503,12 +504,12 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		if got := remaining(t, e, key, l); got != 9 {
 			t.Fatalf("after settling 4 to 1: %d remaining, want 9", got)
 		}
-		wantPeriods(t, e, key, periodCount(l, t0, 1))
+		wantPeriods(t, key, periodCount(l, t0, 1))
 		// A shared request gives back on every call, never below 0.
 		if err := e.Refund(ctx, key, r1); err != nil {
 			t.Fatal(err)
 		}
-		wantPeriods(t, e, key, periodCount(l, t0, 0))
+		wantPeriods(t, key, periodCount(l, t0, 0))
 		if got := remaining(t, e, key, l); got != 10 {
 			t.Fatalf("after refunding again: %d remaining, want 10", got)
 		}
@@ -546,13 +547,13 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		if !r.Allowed || r.Entry.Seq != 0 || !r.Entry.Shared || r.Remaining != 2 || r.Window != day {
 			t.Fatalf("AllowPolicy(3): %+v, want admitted, no seq, shared, 2 left in the day", r)
 		}
-		wantPeriods(t, e, key, periodCount(p[0], t0, 3), periodCount(p[1], t0, 3))
+		wantPeriods(t, key, periodCount(p[0], t0, 3), periodCount(p[1], t0, 3))
 		mustSettle(t, e, key, r, 2)
-		wantPeriods(t, e, key, periodCount(p[0], t0, 2), periodCount(p[1], t0, 2))
+		wantPeriods(t, key, periodCount(p[0], t0, 2), periodCount(p[1], t0, 2))
 		if err := e.Refund(ctx, key, r); err != nil {
 			t.Fatal(err)
 		}
-		wantPeriods(t, e, key, periodCount(p[0], t0, 0), periodCount(p[1], t0, 0))
+		wantPeriods(t, key, periodCount(p[0], t0, 0), periodCount(p[1], t0, 0))
 	})
 
 	t.Run("after its period ended", func(t *testing.T) {
@@ -565,7 +566,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		if err := e.Refund(ctx, key, old); err != nil {
 			t.Fatal(err)
 		}
-		wantPeriods(t, e, key, periodCount(l, clock.now, 2))
+		wantPeriods(t, key, periodCount(l, clock.now, 2))
 		if got := remaining(t, e, key, l); got != 3 {
 			t.Fatalf("after refunding yesterday's request: %d remaining today, want 3", got)
 		}
@@ -576,7 +577,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		e := enginetest.New(t, exampleServer.Client(t), engine.WithClock(clock.Now))
 		key := enginetest.NewKey(t)
 		p := engine.Policy{engine.PerSecond(10), engine.Calendar(100, engine.Month, time.UTC)}
-		month := func(events int) engine.PeriodCount { return periodCount(p[1], t0, events) }
+		month := func(events int) inspect.Period { return periodCount(p[1], t0, events) }
 
 		// Still in the second: the refund gives back to the entry and to the month.
 		r := enginetest.MustAllowPolicy(t, e, key, p, 5)
@@ -586,7 +587,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		if err := e.Refund(ctx, key, r); err != nil {
 			t.Fatal(err)
 		}
-		if log := wantPeriods(t, e, key, month(0)); log.Events != 0 {
+		if log := wantPeriods(t, key, month(0)); log.Events != 0 {
 			t.Fatalf("after the refund: %+v, want no events in the log", log)
 		}
 
@@ -595,15 +596,15 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		r = enginetest.MustAllowPolicy(t, e, key, p, 5)
 		clock.now = t0.Add(3 * time.Second)
 		enginetest.MustAllowPolicy(t, e, key, p, 1) // trims r's entry
-		if log := wantPeriods(t, e, key, month(6)); log.Count != 1 || log.Events != 1 {
+		if log := wantPeriods(t, key, month(6)); log.Count != 1 || log.Events != 1 {
 			t.Fatalf("%+v: want r's entry trimmed, one entry left", log)
 		}
 		mustSettle(t, e, key, r, 2)
-		wantPeriods(t, e, key, month(3))
+		wantPeriods(t, key, month(3))
 		if err := e.Refund(ctx, key, r); err != nil { // a shared request gives back on every call
 			t.Fatal(err)
 		}
-		wantPeriods(t, e, key, month(0))
+		wantPeriods(t, key, month(0))
 		pr, err := e.PeekPolicy(ctx, key, p, 1)
 		if err != nil || pr.Remaining != 9 {
 			t.Fatalf("PeekPolicy: %+v, %v; want 9 remaining (the second's)", pr, err)
@@ -732,7 +733,7 @@ func TestCalendarMemory(t *testing.T) {
 		t.Fatalf("entry key %q, want %q", last.Entry.Key, enginetest.Prefix+key)
 	}
 	size := memoryUsage(t, c, key)
-	log := calendarLog(t, e, key)
+	log := calendarLog(t, key)
 	t.Logf("Calendar(1e6, Month) after 1000 admissions: %d bytes (%+v)", size, log)
 	if size > 200 {
 		t.Fatalf("MEMORY USAGE %d bytes, want at most 200", size)
@@ -751,7 +752,7 @@ func TestCalendarMemory(t *testing.T) {
 		}
 	}
 	size = memoryUsage(t, c, pkey)
-	plog := wantPeriods(t, ce, pkey, periodCount(month, clock.now, 10))
+	plog := wantPeriods(t, pkey, periodCount(month, clock.now, 10))
 	t.Logf("PerSecond(10) and Calendar(1e6, Month) after 10 admissions: %d bytes (%d entries)", size, plog.Count)
 	if size > 1300 {
 		t.Fatalf("MEMORY USAGE %d bytes, want at most 1300", size)
@@ -796,7 +797,7 @@ func TestCalendarServerClockPicksPeriod(t *testing.T) {
 	if ttl := time.Duration(enginetest.PTTL(t, c, enginetest.Prefix+key)) * time.Millisecond; (ttl - r.RetryAfter).Abs() > time.Second {
 		t.Fatalf("PTTL %s, want about %s: the key lasts until midnight", ttl, r.RetryAfter)
 	}
-	wantPeriods(t, e, key, engine.PeriodCount{Start: start, End: end, Events: 2})
+	wantPeriods(t, key, inspect.Period{Start: start, End: end, Events: 2})
 
 	// The same beside a sliding limit.
 	pkey, p := enginetest.NewKey(t), engine.Policy{engine.PerMinute(10), engine.Calendar(1, engine.Day, time.UTC)}

@@ -14,6 +14,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -109,12 +110,12 @@ func (a *audit) drive(es []*engine.Engine, goroutines int, stop <-chan struct{},
 }
 
 // entries reads how many entries each key's log holds (every request costs 1, so one entry is
-// one admission), through inspector.
-func (a *audit) entries(t *testing.T, inspector *engine.Engine) []int {
+// one admission), through the cluster client c.
+func (a *audit) entries(t *testing.T, c valkey.Client) []int {
 	t.Helper()
 	got := make([]int, len(a.keys))
 	for i, k := range a.keys {
-		log, err := inspector.Inspect(context.Background(), k, 0)
+		log, err := inspect.Read(context.Background(), c, enginetest.Prefix+k, 0)
 		if err != nil {
 			t.Fatalf("inspect %s: %v", k, err)
 		}
@@ -168,7 +169,7 @@ func TestClusterBatchesPerNode(t *testing.T) {
 	if mean < 2 {
 		t.Fatalf("%.2f decisions per script call, want at least 2: batches do not span slots", mean)
 	}
-	entries := a.entries(t, enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false)))
+	entries := a.entries(t, c.Client(t, valkey.ClientOption{}))
 	for i, k := range keys {
 		allowed, denied := a.tallies[i].allowed.Load(), a.tallies[i].denied.Load()
 		if allowed != max || denied != perKey-max || entries[i] != max {
@@ -256,7 +257,7 @@ func TestClusterBatchDuringSlotMigration(t *testing.T) {
 	if asked := commandStats(t, to)["asking"].Calls; asked == 0 {
 		t.Fatal("the target served no ASKING: no decision was sent on to it while the slot migrated")
 	}
-	entries := a.entries(t, enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false)))
+	entries := a.entries(t, c.Client(t, valkey.ClientOption{}))
 	var decisions int64
 	for i, k := range keys {
 		allowed, denied := a.tallies[i].allowed.Load(), a.tallies[i].denied.Load()
@@ -337,7 +338,7 @@ func TestClusterBatchFailover(t *testing.T) {
 	if a.unexpected != nil {
 		t.Fatalf("a decision failed with an error other than unavailable: %v", a.unexpected)
 	}
-	entries := a.entries(t, enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false)))
+	entries := a.entries(t, c.Client(t, valkey.ClientOption{}))
 	var allowedAll, errsAll int64
 	for i, k := range keys {
 		allowed, errs := a.tallies[i].allowed.Load(), a.tallies[i].errs.Load()

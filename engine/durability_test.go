@@ -411,7 +411,7 @@ func TestDurableAckDenials(t *testing.T) {
 // New refuses WithDurableAck's local fsync on a server without an append-only file, or one
 // that never fsyncs it (appendfsync no), whatever the persistence check says; under everysec,
 // whose WAITAOF may answer before the fsync, it warns (the default), refuses
-// (PersistenceRefuse) or says nothing (PersistenceIgnore). It refuses arguments WAITAOF cannot
+// (Refuse) or says nothing (Ignore). It refuses arguments WAITAOF cannot
 // take.
 func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
 	everysec := valkeytest.New(t, valkeytest.AppendOnly("everysec")).Client(t)
@@ -421,29 +421,29 @@ func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
 		strings.Count(logs.String(), "level=WARN") != 1 || !strings.Contains(logs.String(), "appendfsync everysec") {
 		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec: %v, logged %q; want one warning naming it", err, logs.String())
 	}
-	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.PersistenceRefuse)); !errors.Is(err, engine.ErrPersistence) ||
+	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.Refuse)); !errors.Is(err, engine.ErrPersistence) ||
 		!strings.Contains(err.Error(), "appendfsync everysec") {
-		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, PersistenceRefuse: %v, want ErrPersistence naming it", err)
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, Refuse: %v, want ErrPersistence naming it", err)
 	}
 	logs.Reset()
 	if _, err := engine.New(everysec, engine.WithDurableAck(1, 0, time.Second), engine.WithLogger(logger),
-		engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil || logs.Len() != 0 {
-		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, PersistenceIgnore: %v, logged %q; want neither", err, logs.String())
+		engine.WithPersistenceCheck(engine.Ignore)); err != nil || logs.Len() != 0 {
+		t.Fatalf("WithDurableAck(1, 0) under appendfsync everysec, Ignore: %v, logged %q; want neither", err, logs.String())
 	}
 	never := valkeytest.New(t, valkeytest.AppendOnly("no")).Client(t)
-	if _, err := engine.New(never, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.PersistenceIgnore)); !errors.Is(err, engine.ErrPersistence) ||
+	if _, err := engine.New(never, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(engine.Ignore)); !errors.Is(err, engine.ErrPersistence) ||
 		!strings.Contains(err.Error(), "appendfsync no") {
 		t.Fatalf("WithDurableAck(1, 0) under appendfsync no: %v, want ErrPersistence naming it", err)
 	}
 	c := valkeytest.New(t, valkeytest.OwnServer()).Client(t)
-	for _, check := range []engine.PersistenceCheck{engine.PersistenceWarn, engine.PersistenceIgnore} {
+	for _, check := range []engine.CheckLevel{engine.Warn, engine.Ignore} {
 		_, err := engine.New(c, engine.WithDurableAck(1, 0, time.Second), engine.WithPersistenceCheck(check))
 		if !errors.Is(err, engine.ErrPersistence) || !strings.Contains(err.Error(), "appendonly no") {
 			t.Fatalf("WithDurableAck(1, 0) without an append-only file: %v, want ErrPersistence naming appendonly no", err)
 		}
 	}
 	// Only replicas asked for: the primary's own file is not needed.
-	if _, err := engine.New(c, engine.WithDurableAck(0, 1, time.Second), engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil {
+	if _, err := engine.New(c, engine.WithDurableAck(0, 1, time.Second), engine.WithPersistenceCheck(engine.Ignore)); err != nil {
 		t.Fatalf("WithDurableAck(0, 1) without an append-only file: %v", err)
 	}
 	for _, opts := range [][]engine.Option{
@@ -480,13 +480,13 @@ func TestPersistenceCheck(t *testing.T) {
 		!strings.Contains(logs.String(), "forgets every admitted event") {
 		t.Fatalf("default check on a server without persistence logged %d warnings: %q", n, logs.String())
 	}
-	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.PersistenceRefuse)); !errors.Is(err, engine.ErrPersistence) {
-		t.Fatalf("PersistenceRefuse without persistence: %v, want ErrPersistence", err)
+	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.Refuse)); !errors.Is(err, engine.ErrPersistence) {
+		t.Fatalf("Refuse without persistence: %v, want ErrPersistence", err)
 	}
-	quiet(engine.WithPersistenceCheck(engine.PersistenceIgnore))
+	quiet(engine.WithPersistenceCheck(engine.Ignore))
 	// A user that may not run INFO is not checked.
 	limited := own.NewUser(t, "noinfo", "pw", "+@all", "-info")
-	if _, err := engine.New(limited, engine.WithPersistenceCheck(engine.PersistenceRefuse)); err != nil {
+	if _, err := engine.New(limited, engine.WithPersistenceCheck(engine.Refuse)); err != nil {
 		t.Fatalf("New without INFO permission: %v", err)
 	}
 
@@ -497,10 +497,10 @@ func TestPersistenceCheck(t *testing.T) {
 		}
 	}
 	setAppendOnly("yes")
-	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+	quiet(engine.WithPersistenceCheck(engine.Refuse))
 	setAppendOnly("no")
 	replicaOf(t, own)
-	quiet(engine.WithPersistenceCheck(engine.PersistenceRefuse))
+	quiet(engine.WithPersistenceCheck(engine.Refuse))
 }
 
 // waitaofCalls is how many WAITAOF commands the server at c has run since its stats were reset.

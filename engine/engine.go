@@ -41,7 +41,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,7 +75,6 @@ type Engine struct {
 	acquires *commit[leaseReq]  // lease_acquire.lua: Acquire
 	extends  *commit[leaseReq]  // lease_extend.lua: Extend
 	releases *commit[leaseReq]  // lease_release.lua: Release
-	inspect  *loader.Script     // inspect.lua: Inspect
 	batching bool               // WithBatching: decisions go through the committers' queues
 	shadow   bool               // WithShadow: denials are admitted, marked ShadowDenied
 	denials  *denyCache         // WithDenyCache; nil when off
@@ -117,7 +115,6 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		client:   client,
 		prefix:   o.prefix,
 		clock:    o.clock,
-		inspect:  loader.NewReadOnly("inspect", scripts.Inspect()),
 		batching: o.batching,
 		shadow:   o.shadow,
 
@@ -141,7 +138,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 		}
 	}
 	needAOF := o.ack.aofLocal > 0
-	if o.evictionCheck != EvictionIgnore || o.persistenceCheck != PersistenceIgnore || needAOF || o.preload {
+	if o.evictionCheck != Ignore || o.persistenceCheck != Ignore || needAOF || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
 		defer cancel()
 		if err := checkEviction(ctx, client, o.evictionCheck, o.logger); err != nil {
@@ -231,7 +228,7 @@ func (e *Engine) newCommits(layout int) {
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
 	return []*loader.Script{e.decides.kind.single, e.decides.kind.batch, e.peeks.kind.single, e.peeks.kind.batch,
-		e.groups.kind.single, e.settles.kind.single, e.inspect, e.acquires.kind.single, e.extends.kind.single,
+		e.groups.kind.single, e.settles.kind.single, e.acquires.kind.single, e.extends.kind.single,
 		e.releases.kind.single}
 }
 
@@ -308,72 +305,4 @@ func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Compl
 	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
 		return e.client.Do(ctx, build(e.client.B()))
 	}, valkey.ValkeyResult.Error)
-}
-
-// classify wraps err with what was being done; with ErrUnknownLayout when a script refused
-// the key's contents (BADLAYOUT); and with ErrUnavailable when the server was
-// not reached or could not answer (a connection error, a timeout of the client's own, LOADING,
-// CLUSTERDOWN, TRYAGAIN, MASTERDOWN, BUSY, READONLY, OOM). The error of ctx, the caller's
-// context, once it is done, and other server errors are wrapped as they are.
-//
-// A context error while ctx is not done is the client's own timeout (a connection's dial or
-// handshake that did not finish in valkey-go's dial timeout, or cut short by other callers
-// each time it was tried: package sendctx): the server could not answer, and the caller did
-// not give up. It is wrapped as ErrUnavailable and no longer
-// matches the context errors, so that nobody mistakes it for the caller's deadline. The other
-// way round, a dial that the caller's passed deadline cut short ("i/o timeout") matches
-// context.DeadlineExceeded: the caller gave up, the server was not found wanting.
-func classify(ctx context.Context, what string, err error) error {
-	deadline, hasDeadline := ctx.Deadline()
-	callerDone := ctx.Err() != nil || hasDeadline && !time.Now().Before(deadline)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// The client stops at the caller's deadline by its own timer, which may fire a moment
-		// before the context's: a deadline that has passed is the caller's too.
-		if callerDone {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return fmt.Errorf("%s: %w: the client timed out waiting for the server (%v)", what, ErrUnavailable, err)
-	}
-	if callerDone && errors.Is(err, os.ErrDeadlineExceeded) {
-		// A connection dialed on the caller's context gets the caller's deadline as its own, and
-		// a dial cut short by it reports "i/o timeout" (os.ErrDeadlineExceeded), not the
-		// context's error: it is the caller's deadline all the same.
-		return fmt.Errorf("%s: %w (%w)", what, context.DeadlineExceeded, err)
-	}
-	var verr *valkey.ValkeyError
-	if errors.As(err, &verr) && !valkey.IsValkeyNil(verr) {
-		if found, ok := strings.CutPrefix(verr.Error(), layoutReply); ok {
-			// The server appends where in which script the error was raised.
-			found, _, _ = strings.Cut(found, " script: ")
-			return fmt.Errorf("%s: %w: %s", what, ErrUnknownLayout, found)
-		}
-		if !serverCannotAnswer(verr.Error()) {
-			return fmt.Errorf("%s: server error: %w", what, err)
-		}
-	}
-	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
-}
-
-// layoutReply starts the error reply of a script that found a key holding something other
-// than its layout (lib_log.lua, lib_lease.lua); the rest says what the key holds.
-const layoutReply = "BADLAYOUT "
-
-// unavailableReplies are the error replies of a server that is there but cannot decide now:
-// loading its data, its cluster down, a slot migrating, its primary lost, a script running
-// too long, or a replica that takes no writes (a failover in progress).
-//
-// OOM (maxmemory reached under noeviction) is one of them: the server refuses every write
-// until memory is freed, which is the server being unable to decide, not a verdict on the
-// request. So a fail-closed engine refuses, and a fail-open engine admits as it does for an
-// outage (WithFailOpen says what that costs).
-var unavailableReplies = []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY ", "READONLY", "OOM "}
-
-// serverCannotAnswer reports whether an error reply means unavailable rather than refused.
-func serverCannotAnswer(reply string) bool {
-	for _, prefix := range unavailableReplies {
-		if strings.HasPrefix(reply, prefix) {
-			return true
-		}
-	}
-	return false
 }

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/valkey-io/valkey-go"
 )
 
 func TestWindowMicrosRoundsUp(t *testing.T) {
@@ -82,40 +78,6 @@ func TestPerHelpers(t *testing.T) {
 	}
 }
 
-func TestClassify(t *testing.T) {
-	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
-	defer cancel()
-	// The caller's own deadline, passed: the caller's error, not the server's.
-	if err := classify(expired, "op", context.DeadlineExceeded); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
-		t.Errorf("the caller's deadline: %v", err)
-	}
-	// A connection dialed on the caller's context, cut short by its deadline, says "i/o
-	// timeout" (os.ErrDeadlineExceeded), often before the context's own timer has fired: the
-	// caller's deadline still.
-	dialTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
-	if err := classify(expired, "op", dialTimeout); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrUnavailable) {
-		t.Errorf("a dial cut short by the caller's deadline: %v", err)
-	}
-	// While the caller's context is live, the same timeout is the client's own.
-	if err := classify(context.Background(), "op", dialTimeout); !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("a dial that timed out on its own: %v", err)
-	}
-	// The same error while the caller's context is live is the client's own timeout: the
-	// server did not answer, and nothing says the caller gave up.
-	for _, own := range []error{context.DeadlineExceeded, context.Canceled} {
-		if err := classify(context.Background(), "op", own); !errors.Is(err, ErrUnavailable) || errors.Is(err, own) {
-			t.Errorf("the client's own %v: %v; want ErrUnavailable, not the context error", own, err)
-		}
-	}
-	c := func(err error) error { return classify(context.Background(), "op", err) }
-	if err := c(valkey.ErrClosing); !errors.Is(err, ErrUnavailable) || !errors.Is(err, valkey.ErrClosing) {
-		t.Errorf("closing: %v", err)
-	}
-	if err := c(errors.New("dial tcp: connection refused")); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("dial: %v", err)
-	}
-}
-
 func TestClockReadingRange(t *testing.T) {
 	for _, tc := range []struct {
 		t  time.Time
@@ -130,33 +92,6 @@ func TestClockReadingRange(t *testing.T) {
 		_, err := clockReading{t: tc.t, set: true}.micros()
 		if (err == nil) != tc.ok {
 			t.Errorf("micros(%s) err = %v, want ok=%v", tc.t, err, tc.ok)
-		}
-	}
-}
-
-// The error replies of a server that cannot answer now are ErrUnavailable; other error
-// replies are the server refusing the request, and are not.
-func TestServerCannotAnswer(t *testing.T) {
-	for reply, unavailable := range map[string]bool{
-		"LOADING Valkey is loading the dataset in memory":                        true,
-		"CLUSTERDOWN The cluster is down":                                        true,
-		"TRYAGAIN Multiple keys request during rehashing of slot":                true,
-		"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is no": true,
-		"BUSY Valkey is busy running a script. You can only call SCRIPT KILL":    true,
-		"READONLY You can't write against a read only replica.":                  true,
-		"OOM command not allowed when used memory > 'maxmemory'.":                true,
-		"OOMPH not a reply any server gives":                                     false,
-		"WRONGTYPE Operation against a key holding the wrong kind of value":      false,
-		"NOPERM User has no permissions to run the 'evalsha' command":            false,
-		"ERR Error running script (call to f_x): @user_script:1: bad":            false,
-		"BUSYGROUP Consumer Group name already exists":                           false,
-		"BUSYKEY Target key name already exists.":                                false,
-		"NOSCRIPT No matching script. Please use EVAL.":                          false,
-		"": false,
-		"ERR LOADING is not a prefix here, only a word in the message": false,
-	} {
-		if got := serverCannotAnswer(reply); got != unavailable {
-			t.Errorf("serverCannotAnswer(%q) = %v, want %v", reply, got, unavailable)
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
+	"github.com/strictrate/strictrate/internal/callerr"
 	"github.com/strictrate/strictrate/loader"
 )
 
@@ -24,7 +26,7 @@ var (
 	// ErrUnavailable is wrapped by errors that mean the server could not be reached or did not
 	// answer: connection refused or lost, client closed. The decision was not taken, or its
 	// outcome is unknown; the error also wraps the client's own error.
-	ErrUnavailable = errors.New("strictrate: server unavailable")
+	ErrUnavailable = callerr.ErrUnavailable
 
 	// ErrPreload is wrapped by the error New returns when a script cannot be loaded on a node
 	// (scripting disabled or not permitted for the client's user, say). It is the loader's
@@ -37,7 +39,7 @@ var (
 	// later release's). The message names the key and what it holds. Nothing is read as a
 	// count, nothing is converted or written, and fail-open never admits on it: it is a key
 	// to fix (Reset it, or give the engine another prefix), not an outage.
-	ErrUnknownLayout = errors.New("strictrate: the key holds no log this release can read")
+	ErrUnknownLayout = callerr.ErrUnknownLayout
 
 	// ErrUnknownEntry is wrapped by the error of a Refund or Settle whose Result names an
 	// entry of another key: the key given is not the one the Result's request was decided
@@ -52,13 +54,13 @@ var (
 	ErrLeaseExpired = errors.New("strictrate: lease expired")
 
 	// ErrEvictionPolicy is returned by New when a node's maxmemory-policy may evict limiter
-	// keys (allkeys-*) and WithEvictionCheck is EvictionRefuse, the default.
+	// keys (allkeys-*) and WithEvictionCheck is Refuse, the default.
 	ErrEvictionPolicy = errors.New("strictrate: the server may evict limiter keys")
 
 	// ErrPersistence is returned by New when the servers do not keep the logs as asked: a
 	// primary under appendonly no or appendfsync no while WithDurableAck asks for a local fsync
-	// (or under everysec, with WithPersistenceCheck(PersistenceRefuse)), or a primary with
-	// neither an append-only file nor a replica under WithPersistenceCheck(PersistenceRefuse).
+	// (or under everysec, with WithPersistenceCheck(Refuse)), or a primary with
+	// neither an append-only file nor a replica under WithPersistenceCheck(Refuse).
 	ErrPersistence = errors.New("strictrate: the server does not persist limiter logs as asked")
 )
 
@@ -124,3 +126,10 @@ func (e *LeaseDeniedError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrRateLimitExceeded) true.
 func (e *LeaseDeniedError) Unwrap() error { return ErrRateLimitExceeded }
+
+// classify wraps err, a call's failure, with what was being done (callerr.Classify): the
+// caller's own cancellation or deadline, ErrUnavailable, ErrUnknownLayout, or the server's
+// reply.
+func classify(ctx context.Context, what string, err error) error {
+	return callerr.Classify(ctx, what, err)
+}

@@ -11,12 +11,12 @@ import (
 	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
-// checkEviction reads maxmemory-policy on every node and applies the EvictionCheck to the
+// checkEviction reads maxmemory-policy on every node and applies the CheckLevel to the
 // nodes under an allkeys-* policy (refuseOrWarn: a warning is logged once per node per
 // process). A node that refuses CONFIG GET is not checked; a node that cannot be reached fails
 // New with ErrUnavailable.
-func checkEviction(ctx context.Context, client valkey.Client, check EvictionCheck, logger *slog.Logger) error {
-	if check == EvictionIgnore {
+func checkEviction(ctx context.Context, client valkey.Client, check CheckLevel, logger *slog.Logger) error {
+	if check == Ignore {
 		return nil
 	}
 	for _, n := range nodes.Sorted(client) {
@@ -31,7 +31,7 @@ func checkEviction(ctx context.Context, client valkey.Client, check EvictionChec
 		if !strings.HasPrefix(policy, "allkeys-") {
 			continue
 		}
-		if err := refuseOrWarn(check == EvictionRefuse, ErrEvictionPolicy, "WithEvictionCheck(EvictionWarn)", logger,
+		if err := refuseOrWarn(check == Refuse, ErrEvictionPolicy, "WithEvictionCheck(Warn)", logger,
 			"maxmemory-policy "+policy, []string{n.Addr}, nil, "node %s has maxmemory-policy "+policy+
 				": under memory pressure it may evict a limiter key, forgetting admitted events; use noeviction, "+
 				"or volatile-* with care"); err != nil {

@@ -160,16 +160,16 @@ func TestEvictionPolicyCheck(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionWarn), engine.WithLogger(logger)); err != nil {
-		t.Fatalf("New with EvictionWarn: %v", err)
+	if _, err := engine.New(c, engine.WithEvictionCheck(engine.Warn), engine.WithLogger(logger)); err != nil {
+		t.Fatalf("New with Warn: %v", err)
 	}
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "allkeys-lru") {
-		t.Fatalf("EvictionWarn logged %q", logs.String())
+		t.Fatalf("Warn logged %q", logs.String())
 	}
 	logs.Reset()
-	if _, err := engine.New(c, engine.WithEvictionCheck(engine.EvictionIgnore), engine.WithPersistenceCheck(engine.PersistenceIgnore),
+	if _, err := engine.New(c, engine.WithEvictionCheck(engine.Ignore), engine.WithPersistenceCheck(engine.Ignore),
 		engine.WithLogger(logger)); err != nil || logs.Len() != 0 {
-		t.Fatalf("New with EvictionIgnore: %v, logged %q", err, logs.String())
+		t.Fatalf("New with Ignore: %v, logged %q", err, logs.String())
 	}
 
 	setPolicy("volatile-lru")

@@ -33,7 +33,7 @@ func TestNewChecksTheUsersPermissions(t *testing.T) {
 	} {
 		t.Run(tc.user, func(t *testing.T) {
 			c := own.NewUser(t, tc.user, "pw", tc.rules...)
-			_, err := engine.New(c, engine.WithPersistenceCheck(engine.PersistenceIgnore))
+			_, err := engine.New(c, engine.WithPersistenceCheck(engine.Ignore))
 			if !errors.Is(err, engine.ErrPreload) || errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), tc.names) {
 				t.Fatalf("New as a user without %s: %v; want ErrPreload naming it", tc.names, err)
 			}
@@ -41,11 +41,11 @@ func TestNewChecksTheUsersPermissions(t *testing.T) {
 	}
 	// A user allowed only the engine's keys, and everything the engine runs, passes.
 	c := own.NewUser(t, "keysonly", "pw", "+@all", "resetkeys", "~strictrate:*")
-	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.PersistenceIgnore)); err != nil {
+	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.Ignore)); err != nil {
 		t.Fatalf("New as a user limited to the engine's keys: %v", err)
 	}
 	d := own.NewUser(t, "otherkeys", "pw", "+@all", "resetkeys", "~other:*")
-	if _, err := engine.New(d, engine.WithPersistenceCheck(engine.PersistenceIgnore)); !errors.Is(err, engine.ErrPreload) {
+	if _, err := engine.New(d, engine.WithPersistenceCheck(engine.Ignore)); !errors.Is(err, engine.ErrPreload) {
 		t.Fatalf("New as a user that may not touch the engine's keys: %v; want ErrPreload", err)
 	}
 }
@@ -215,7 +215,6 @@ func TestNilContextIsRefused(t *testing.T) {
 		"Clear":       func() error { return e.Clear(nilCtx, key) },
 		"Refund":      func() error { return e.Refund(nilCtx, key, admitted) },
 		"Settle":      func() error { return e.Settle(nilCtx, key, admitted, 0) },
-		"Inspect":     func() error { _, err := e.Inspect(nilCtx, key, 0); return err },
 		"Acquire":     func() error { _, err := e.Acquire(nilCtx, key, 5, time.Minute); return err },
 		"Extend":      func() error { _, err := e.Extend(nilCtx, lease, time.Minute); return err },
 		"Release":     func() error { return e.Release(nilCtx, lease) },

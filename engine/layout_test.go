@@ -11,6 +11,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
@@ -98,8 +99,11 @@ func TestUnknownLayoutIsRefused(t *testing.T) {
 					"Peek":        func() (engine.Result, error) { return e.Peek(ctx, key, l) },
 					"PeekPolicy":  func() (engine.Result, error) { return e.PeekPolicy(ctx, key, policy, 1) },
 					"Record":      func() (engine.Result, error) { return engine.Result{}, e.Record(ctx, key, 5, time.Minute, time.Now()) },
-					"Inspect":     func() (engine.Result, error) { _, err := e.Inspect(ctx, key, 0); return engine.Result{}, err },
-					"Refund":      func() (engine.Result, error) { return engine.Result{}, e.Refund(ctx, key, entry) },
+					"Inspect": func() (engine.Result, error) {
+						_, err := inspect.Read(ctx, c, enginetest.Prefix+key, 0)
+						return engine.Result{}, err
+					},
+					"Refund": func() (engine.Result, error) { return engine.Result{}, e.Refund(ctx, key, entry) },
 				}
 				for name, call := range calls {
 					r, err := call()

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valkey-io/valkey-go"
+
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/scripts"
 )
 
@@ -307,7 +310,7 @@ func TestLogAgainstModel(t *testing.T) {
 					t.Fatalf("op %d: %s: %v", op, what, err)
 				}
 				if got != want {
-					checkStored(t, e, key, model)
+					checkStored(t, client, key, model)
 					t.Fatalf("op %d: %s:\n got %+v\nwant %+v", op, what, got, want)
 				}
 				if got.Allowed && !got.Entry.IsZero() {
@@ -315,10 +318,10 @@ func TestLogAgainstModel(t *testing.T) {
 				}
 				longest = max(longest, len(model.entries))
 				if op%50 == 0 {
-					checkStored(t, e, key, model)
+					checkStored(t, client, key, model)
 				}
 			}
-			checkStored(t, e, key, model)
+			checkStored(t, client, key, model)
 			if long && longest < 64 {
 				t.Fatalf("the longest log held %d entries: too short to leave the header", longest)
 			}
@@ -327,16 +330,16 @@ func TestLogAgainstModel(t *testing.T) {
 }
 
 // checkStored compares the log Inspect reads with the model's entries.
-func checkStored(t *testing.T, e *engine.Engine, key string, m *modelLog) {
+func checkStored(t *testing.T, c valkey.Client, key string, m *modelLog) {
 	t.Helper()
-	log, err := e.Inspect(context.Background(), key, 0)
+	log, err := inspect.Read(context.Background(), c, "strictrate:"+key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []engine.LogEntry
+	var want []inspect.Entry
 	events := 0
 	for _, me := range m.entries {
-		want = append(want, engine.LogEntry{At: time.UnixMicro(me.at), Cost: me.cost})
+		want = append(want, inspect.Entry{At: time.UnixMicro(me.at), Cost: me.cost})
 		events += me.cost
 	}
 	if fmt.Sprint(log.Entries) != fmt.Sprint(want) || log.Events != events || log.Count != len(want) {

@@ -22,7 +22,7 @@ import (
 func TestAllowAllCallsOnOneServer(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	c := srv.Client(t)
-	e, err := New(c, WithPersistenceCheck(PersistenceIgnore))
+	e, err := New(c, WithPersistenceCheck(Ignore))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestAllowAllGroupCommit(t *testing.T) {
 	c := srv.Client(t)
 	ctx := context.Background()
 	for _, batching := range []bool{true, false} {
-		e, err := New(c, WithPersistenceCheck(PersistenceIgnore), WithBatching(batching), WithPrefix("group-commit:"+strconv.FormatBool(batching)+":"))
+		e, err := New(c, WithPersistenceCheck(Ignore), WithBatching(batching), WithPrefix("group-commit:"+strconv.FormatBool(batching)+":"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,11 +144,7 @@ func TestAllowAllAcrossPrimaries(t *testing.T) {
 	}
 	events := func(k string) int {
 		t.Helper()
-		log, err := e.Inspect(ctx, k, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return log.Events
+		return readLog(t, e, k).Events
 	}
 	fill := func(k string) {
 		t.Helper()
@@ -215,8 +211,8 @@ func TestAllowAllAcrossPrimaries(t *testing.T) {
 			if !r.Allowed || !r.Entry.IsZero() || r.Remaining != max || r.At.IsZero() {
 				t.Fatalf("key %d, peeked only: %+v; want room, no entry, Remaining %d", 2+i, r, max)
 			}
-			if log, err := e.Inspect(ctx, k, 0); err != nil || log.Layout != 0 {
-				t.Fatalf("key %d, peeked only: log %+v, %v; want none", 2+i, log, err)
+			if log := readLog(t, e, k); log.Layout != 0 {
+				t.Fatalf("key %d, peeked only: log %+v; want none", 2+i, log)
 			}
 		}
 	})

@@ -14,6 +14,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -37,7 +38,7 @@ func mustAllowAll(t *testing.T, e *engine.Engine, reqs ...engine.Request) (bool,
 }
 
 // logOf reads key's log under the default prefix.
-func logOf(t *testing.T, c valkey.Client, key string) engine.Log {
+func logOf(t *testing.T, c valkey.Client, key string) inspect.Log {
 	t.Helper()
 	return enginetest.Log(t, c, enginetest.Prefix, key)
 }
@@ -526,7 +527,7 @@ func TestAllowAllSlidingWindowAudit(t *testing.T) {
 	// The logs, read at once, each with a time no earlier than the server's when it was read:
 	// what left the window by then may have been trimmed (by any decision, a denial too) or
 	// expired with its key.
-	logs, readBy := map[string]engine.Log{}, map[string]time.Time{}
+	logs, readBy := map[string]inspect.Log{}, map[string]time.Time{}
 	for _, k := range keys {
 		logs[k] = logOf(t, c, k)
 		readBy[k] = time.Now()
@@ -639,7 +640,7 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 	for i := range 9 {
 		keys = append(keys, keyOn(t, c.Primaries[i%3]))
 	}
-	inspector := enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false))
+	reader := c.Client(t, valkey.ClientOption{})
 	run, ok := fireAllowAll(t, es, 64, 15, 17, func(rng *rand.Rand) []engine.Request {
 		perm := rng.Perm(len(keys))[:2+rng.IntN(3)]
 		reqs := make([]engine.Request, len(perm))
@@ -657,7 +658,7 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 		if sums[k] > l.Max {
 			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
 		}
-		log, err := inspector.Inspect(context.Background(), k, 0)
+		log, err := inspect.Read(context.Background(), reader, enginetest.Prefix+k, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

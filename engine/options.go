@@ -18,8 +18,8 @@ type options struct {
 	preloadTimeout   time.Duration
 	failOpen         bool
 	ack              ackPolicy // WithReplicaAck, WithDurableAck
-	evictionCheck    EvictionCheck
-	persistenceCheck PersistenceCheck
+	evictionCheck    CheckLevel
+	persistenceCheck CheckLevel
 	logger           *slog.Logger
 	batching         bool
 	shadow           bool
@@ -31,7 +31,7 @@ type options struct {
 
 func defaultOptions() options {
 	return options{prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
-		evictionCheck: EvictionRefuse, persistenceCheck: PersistenceWarn, logger: slog.Default(), batching: true,
+		evictionCheck: Refuse, persistenceCheck: Warn, logger: slog.Default(), batching: true,
 		writeLayout: 2}
 }
 
@@ -59,8 +59,8 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.clock 
 
 // WithPreload controls whether New loads the scripts on every node (default true), so that a
 // server without working scripting fails at start-up. Without it the first decision loads
-// the script instead (New still reads maxmemory-policy unless WithEvictionCheck(EvictionIgnore),
-// and INFO persistence unless WithPersistenceCheck(PersistenceIgnore) without WithDurableAck).
+// the script instead (New still reads maxmemory-policy unless WithEvictionCheck(Ignore),
+// and INFO persistence unless WithPersistenceCheck(Ignore) without WithDurableAck).
 func WithPreload(preload bool) Option { return func(o *options) { o.preload = preload } }
 
 // WithPreloadTimeout bounds how long New waits for all its checks of the servers together:
@@ -112,7 +112,7 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the fsync ran, so it
 // may acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
 // the default hz 10). New accepts everysec but logs a warning (WithPersistenceCheck:
-// PersistenceRefuse makes it fail with ErrPersistence, PersistenceIgnore says nothing). A node
+// Refuse makes it fail with ErrPersistence, Ignore says nothing). A node
 // that refuses INFO or CONFIG is not checked, and the replicas' own appendfsync cannot be
 // checked from the primary: run them with always too.
 //
@@ -142,47 +142,35 @@ func (o *options) validateDurableAck() error {
 	return nil
 }
 
-// EvictionCheck is what New does when the server may evict any key (maxmemory-policy
-// allkeys-*): an evicted log forgets admitted events, and the limit admits them again.
-type EvictionCheck int
+// CheckLevel is what New does when one of its checks of the servers finds a setting that can
+// make the engine forget admitted events (WithEvictionCheck, WithPersistenceCheck).
+type CheckLevel int
 
 const (
-	// EvictionRefuse makes New fail with ErrEvictionPolicy (the default).
-	EvictionRefuse EvictionCheck = iota
-	// EvictionWarn makes New log a warning through the engine's logger and go on; once per
-	// node per process, as PersistenceWarn.
-	EvictionWarn
-	// EvictionIgnore skips the check, and its CONFIG GET.
-	EvictionIgnore
+	// Refuse makes New fail: with ErrEvictionPolicy or ErrPersistence, naming the nodes.
+	Refuse CheckLevel = iota
+	// Warn makes New log a warning through the engine's logger (WithLogger), naming the nodes,
+	// and go on. Each node (each server process: its run_id) is warned about once per process,
+	// however many engines the process makes.
+	Warn
+	// Ignore skips the check and the command it sends.
+	Ignore
 )
 
-// WithEvictionCheck sets what New does when a node's maxmemory-policy can evict limiter keys.
-// A server that refuses CONFIG GET (managed services often do) is not checked.
-func WithEvictionCheck(c EvictionCheck) Option { return func(o *options) { o.evictionCheck = c } }
-
-// PersistenceCheck is what New does when a primary keeps the logs only in memory: neither an
-// append-only file (appendonly yes) nor a connected replica. A restart of such a server
-// forgets every key's log, every event admitted in every window, and each key may then admit up
-// to its Max again at once (an RDB snapshot, where configured, brings back only the logs as of
-// the last snapshot).
-type PersistenceCheck int
-
-const (
-	// PersistenceRefuse makes New fail with ErrPersistence.
-	PersistenceRefuse PersistenceCheck = iota
-	// PersistenceWarn makes New log a warning through the engine's logger (WithLogger), naming
-	// such nodes, and go on (the default). Each node is warned about once per process, however
-	// many engines the process makes.
-	PersistenceWarn
-	// PersistenceIgnore skips the check, and its INFO (unless WithDurableAck needs it).
-	PersistenceIgnore
-)
-
-// WithPersistenceCheck sets what New does when a primary has neither an append-only file nor a
-// replica, and, under WithDurableAck with a local fsync, when a primary runs appendfsync
-// everysec (whose WAITAOF may answer before the fsync). A server that refuses INFO is not
+// WithEvictionCheck sets what New does when a node's maxmemory-policy may evict any key
+// (allkeys-*): an evicted log forgets admitted events, and the limit admits them again. The
+// default is Refuse. A server that refuses CONFIG GET (managed services often do) is not
 // checked.
-func WithPersistenceCheck(c PersistenceCheck) Option {
+func WithEvictionCheck(c CheckLevel) Option { return func(o *options) { o.evictionCheck = c } }
+
+// WithPersistenceCheck sets what New does when a primary keeps the logs only in memory: neither
+// an append-only file (appendonly yes) nor a connected replica. A restart of such a server
+// forgets every key's log, and each key may then admit up to its Max again at once (an RDB
+// snapshot, where configured, brings back only the logs as of the last snapshot). It also
+// applies, under WithDurableAck with a local fsync, to a primary running appendfsync everysec
+// (whose WAITAOF may answer before the fsync). The default is Warn. A server that refuses INFO
+// is not checked (Ignore skips INFO unless WithDurableAck needs it).
+func WithPersistenceCheck(c CheckLevel) Option {
 	return func(o *options) { o.persistenceCheck = c }
 }
 

@@ -21,8 +21,8 @@ import (
 // says; a primary under appendfsync everysec, whose WAITAOF may answer before the fsync
 // (checkDurable), is treated as check says. A node that refuses INFO is not checked; a node
 // that cannot be reached fails New with ErrUnavailable.
-func checkPersistence(ctx context.Context, client valkey.Client, check PersistenceCheck, needAOF bool, logger *slog.Logger) error {
-	if check == PersistenceIgnore && !needAOF {
+func checkPersistence(ctx context.Context, client valkey.Client, check CheckLevel, needAOF bool, logger *slog.Logger) error {
+	if check == Ignore && !needAOF {
 		return nil
 	}
 	var inMemory, weakAck []string
@@ -53,12 +53,12 @@ func checkPersistence(ctx context.Context, client valkey.Client, check Persisten
 			inMemory = append(inMemory, n.Addr)
 		}
 	}
-	if check == PersistenceIgnore {
+	if check == Ignore {
 		return nil
 	}
-	// report refuses (PersistenceRefuse) or warns (PersistenceWarn) about the nodes named.
+	// report refuses (Refuse) or warns (Warn) about the nodes named.
 	report := func(finding string, nodes []string, format string) error {
-		return refuseOrWarn(check == PersistenceRefuse, ErrPersistence, "WithPersistenceCheck(PersistenceWarn)", logger,
+		return refuseOrWarn(check == Refuse, ErrPersistence, "WithPersistenceCheck(Warn)", logger,
 			finding, nodes, runIDs, format)
 	}
 	if err := report("appendfsync everysec", weakAck, "node %s runs appendfsync everysec, under which WAITAOF may acknowledge an admission "+

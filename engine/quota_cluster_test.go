@@ -11,6 +11,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
@@ -68,12 +69,12 @@ func TestClusterQuotasExactPerKey(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	inspector := enginetest.New(t, c.Client(t, valkey.ClientOption{}), engine.WithPreload(false))
+	reader := c.Client(t, valkey.ClientOption{})
 	for i, k := range keys {
 		if a, d := allowed[i].Load(), denied[i].Load(); a != max || d != perKey-max {
 			t.Fatalf("key %s (%v): %d admitted, %d denied; want %d, %d", k, policies[i%len(policies)], a, d, max, perKey-max)
 		}
-		log, err := inspector.Inspect(ctx, k, 0)
+		log, err := inspect.Read(ctx, reader, enginetest.Prefix+k, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

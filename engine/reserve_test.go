@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
@@ -39,7 +40,8 @@ func (m *reservationModel) count(now int64) int {
 // the model's (admitted or not, and the room left), every admitted reservation's entry is
 // recorded at its decision's time plus its hold, and the log holds the model's events.
 func TestReservationAgainstModel(t *testing.T) {
-	e, clock := enginetest.Clocked(t, exampleServer.Client(t))
+	c := exampleServer.Client(t)
+	e, clock := enginetest.Clocked(t, c)
 	ctx := context.Background()
 	const window, max = 2 * time.Second, 20
 	l := engine.Limit{Max: max, Window: window}
@@ -101,7 +103,7 @@ func TestReservationAgainstModel(t *testing.T) {
 				}
 			}
 			if op%50 == 49 {
-				log, err := e.Inspect(ctx, key, 0)
+				log, err := inspect.Read(ctx, c, enginetest.Prefix+key, 0)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 )
 
@@ -229,7 +230,7 @@ func TestResolutionAgainstModel(t *testing.T) {
 	client := exampleClient()
 	defer client.Close()
 	clock := &steppedClock{}
-	e, err := engine.New(client, engine.WithClock(clock.Now), engine.WithPersistenceCheck(engine.PersistenceIgnore))
+	e, err := engine.New(client, engine.WithClock(clock.Now), engine.WithPersistenceCheck(engine.Ignore))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestResolutionAgainstModel(t *testing.T) {
 						}
 					}
 					if op%10 == 0 {
-						checkStored(t, e, key, model.modelLog)
+						checkStored(t, client, key, model.modelLog)
 					}
 					continue
 				default:
@@ -342,7 +343,7 @@ func TestResolutionAgainstModel(t *testing.T) {
 					t.Logf("op %d: %s: got %+v entries %v", op, what, got, model.entries)
 				}
 				if got != want {
-					checkStored(t, e, key, model.modelLog)
+					checkStored(t, client, key, model.modelLog)
 					t.Fatalf("op %d: %s:\n got %+v\nwant %+v", op, what, got, want)
 				}
 				if !got.Allowed {
@@ -356,10 +357,10 @@ func TestResolutionAgainstModel(t *testing.T) {
 				}
 				longest = max(longest, len(model.entries))
 				if op%50 == 0 {
-					checkStored(t, e, key, model.modelLog)
+					checkStored(t, client, key, model.modelLog)
 				}
 			}
-			checkStored(t, e, key, model.modelLog)
+			checkStored(t, client, key, model.modelLog)
 			merged += model.merges
 			mergedBehind += model.mergesBehind
 			if tc.long && longest <= 32 {
@@ -607,7 +608,7 @@ func TestResolutionMemoryIsBoundedBySlots(t *testing.T) {
 		}
 		last = r
 	}
-	log, err := e.Inspect(ctx, key, 0)
+	log, err := inspect.Read(ctx, c, enginetest.Prefix+key, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,7 +691,7 @@ func TestResolutionRefundGivesBackToTheSlot(t *testing.T) {
 			t.Fatalf("%s: Peek %+v, want %d remaining", what, r, want)
 		}
 	}
-	entries := func(what string, want ...engine.LogEntry) {
+	entries := func(what string, want ...inspect.Entry) {
 		t.Helper()
 		if got := enginetest.StoredEntries(t, c, key); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("%s: the log holds %v, want %v", what, got, want)
@@ -716,19 +717,19 @@ func TestResolutionRefundGivesBackToTheSlot(t *testing.T) {
 	if !a.At.Equal(enginetest.T0.Add(100*ms)) || a.Entry.Cost != 3 || b.Entry.Cost != 4 || b.Remaining != 3 {
 		t.Fatalf("a %+v, b %+v", a, b)
 	}
-	entries("two requests of one slot", engine.LogEntry{At: slot1, Cost: 7})
+	entries("two requests of one slot", inspect.Entry{At: slot1, Cost: 7})
 
 	at(700 * ms)
 	remaining("before the refund", 3)
 	refund(a)
 	remaining("after refunding a's 3", 6)
-	entries("after refunding a", engine.LogEntry{At: slot1, Cost: 4})
+	entries("after refunding a", inspect.Entry{At: slot1, Cost: 4})
 	refund(a) // again: it gives back again, from b's events
 	remaining("after refunding a again", 9)
 	refund(a) // the entry holds 1: it goes to 0, not below
 	remaining("after refunding a a third time", 10)
-	entries("the slot's entry refunded in full", engine.LogEntry{At: slot1, Cost: 0})
-	if log, err := e.Inspect(ctx, key, 0); err != nil || log.Events != 0 {
+	entries("the slot's entry refunded in full", inspect.Entry{At: slot1, Cost: 0})
+	if log, err := inspect.Read(ctx, c, enginetest.Prefix+key, 0); err != nil || log.Events != 0 {
 		t.Fatalf("Inspect: %+v, %v; want 0 events", log, err)
 	}
 	refund(b) // nothing left to give
@@ -740,7 +741,7 @@ func TestResolutionRefundGivesBackToTheSlot(t *testing.T) {
 	if !d.Entry.At.Equal(slot1) || d.Entry.Seq != 2 {
 		t.Fatalf("a request of a refunded slot: %+v, want seq 2 at %s", d, slot1)
 	}
-	entries("a new entry beside the refunded one", engine.LogEntry{At: slot1, Cost: 0}, engine.LogEntry{At: slot1, Cost: 2})
+	entries("a new entry beside the refunded one", inspect.Entry{At: slot1, Cost: 0}, inspect.Entry{At: slot1, Cost: 2})
 
 	// Settle gives back Cost - actual, from the request's own slot.
 	at(1200 * ms)
@@ -752,7 +753,7 @@ func TestResolutionRefundGivesBackToTheSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	remaining("after settling 5 to 2", 6)
-	entries("after settling 5 to 2", engine.LogEntry{At: slot1, Cost: 0}, engine.LogEntry{At: slot1, Cost: 2}, engine.LogEntry{At: slot2, Cost: 2})
+	entries("after settling 5 to 2", inspect.Entry{At: slot1, Cost: 0}, inspect.Entry{At: slot1, Cost: 2}, inspect.Entry{At: slot2, Cost: 2})
 	if err := e.Settle(ctx, key, d, 1); err != nil {
 		t.Fatal(err)
 	}

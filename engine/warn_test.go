@@ -17,7 +17,7 @@ func TestPersistenceWarningOncePerNode(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, nil))
 	for range 5 {
-		if _, err := engine.New(own.Client(t), engine.WithLogger(logger), engine.WithPersistenceCheck(engine.PersistenceWarn)); err != nil {
+		if _, err := engine.New(own.Client(t), engine.WithLogger(logger), engine.WithPersistenceCheck(engine.Warn)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -26,7 +26,7 @@ func TestPersistenceWarningOncePerNode(t *testing.T) {
 		t.Fatalf("warnings after 5 engines on one node: %q, want one WARN naming %s", buf.String(), own.Addr)
 	}
 	// Refusing is not warning: it still fails every New.
-	if _, err := engine.New(own.Client(t), engine.WithPersistenceCheck(engine.PersistenceRefuse)); err == nil {
-		t.Fatal("PersistenceRefuse on a node without persistence: New succeeded")
+	if _, err := engine.New(own.Client(t), engine.WithPersistenceCheck(engine.Refuse)); err == nil {
+		t.Fatal("Refuse on a node without persistence: New succeeded")
 	}
 }

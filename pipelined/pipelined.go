@@ -30,6 +30,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/callerr"
 	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
@@ -250,25 +251,20 @@ func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Compl
 }
 
 // failed wraps err, a call's failure on key: WRONGTYPE (the key holds no sorted set) is
-// engine.ErrUnknownLayout, naming what the key holds; the caller's own cancellation or
-// deadline is returned as it is; another reply of the server's is its error; the rest is
-// engine.ErrUnavailable.
+// engine.ErrUnknownLayout, naming what the key holds; the rest as the engine classifies its
+// own failures (the caller's cancellation or deadline, engine.ErrUnavailable, the server's
+// reply).
 func (e *Engine) failed(ctx context.Context, op, key string, err error) error {
 	what := fmt.Sprintf("pipelined: %s %q", op, key)
 	var verr *valkey.ValkeyError
-	switch {
-	case errors.As(err, &verr) && strings.HasPrefix(verr.Error(), "WRONGTYPE"):
-		found := "another type"
-		if typ, terr := e.do(ctx, func(b valkey.Builder) valkey.Completed { return b.Type().Key(e.prefix + key).Build() }).ToString(); terr == nil {
-			found = "a " + typ
-		}
-		return fmt.Errorf("%s: %w: the key holds %s, not a pipelined log (a sorted set)", what, engine.ErrUnknownLayout, found)
-	case ctx.Err() != nil:
-		return fmt.Errorf("%s: %w", what, ctx.Err())
-	case errors.As(err, &verr):
-		return fmt.Errorf("%s: server error: %w", what, err)
+	if !errors.As(err, &verr) || !strings.HasPrefix(verr.Error(), "WRONGTYPE") {
+		return callerr.Classify(ctx, what, err)
 	}
-	return fmt.Errorf("%s: %w: %w", what, engine.ErrUnavailable, err)
+	found := "another type"
+	if typ, terr := e.do(ctx, func(b valkey.Builder) valkey.Completed { return b.Type().Key(e.prefix + key).Build() }).ToString(); terr == nil {
+		found = "a " + typ
+	}
+	return fmt.Errorf("%s: %w: the key holds %s, not a pipelined log (a sorted set)", what, engine.ErrUnknownLayout, found)
 }
 
 // nextMember returns a member unique across engines: the engine's random id, then a counter.

@@ -134,7 +134,7 @@ func connectStrictrate(pipe bool, opts ...engine.Option) func(context.Context, s
 			if pipe {
 				l.e, err = pipelined.New(c)
 			} else {
-				l.e, err = engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
+				l.e, err = engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.Ignore)}, opts...)...)
 			}
 			if err != nil {
 				closeAll()

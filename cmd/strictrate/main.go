@@ -12,7 +12,7 @@
 // for a calendar -limit, the events in its current period, the room left and when the period
 // ends. When every sliding -limit has a Resolution, the entries are slots (engine.Limit
 // Resolution): inspect says so, and each entry's time is its slot's end, its cost the events of
-// all the slot's requests. It reads the log through the engine (engine.Inspect and
+// all the slot's requests. It reads the log through the engine (package inspect and
 // engine.Peek), the same code the decisions run, and changes nothing.
 //
 // A -limit is written as engine.Limit.String writes it: "100/1m" (Max, then the window as a Go
@@ -23,7 +23,7 @@
 // RateLimit fields give it, is read too).
 //
 // reset deletes the key's log, as engine.Reset does, and says what it deleted: the log's
-// entries and events as engine.Inspect read them just before, and its calendar counters, one
+// entries and events as package inspect read them just before, and its calendar counters, one
 // "period <start> .. <end>: <n> events" each (in UTC), or, for the pipelined design's log
 // (package pipelined: a sorted set), its events. A key that does not exist is not an error: reset exits 0 and says
 // that nothing was deleted (check -addr and -prefix). A key that is not a strictrate log (a
@@ -49,6 +49,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 )
 
 func main() {
@@ -188,15 +189,15 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	defer client.Close()
 	// The tool reads and deletes; it neither needs the scripts up front nor judges the eviction
 	// policy or the persistence.
-	e, err := engine.New(client, engine.WithPrefix(*prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore),
-		engine.WithPersistenceCheck(engine.PersistenceIgnore))
+	e, err := engine.New(client, engine.WithPrefix(*prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.Ignore),
+		engine.WithPersistenceCheck(engine.Ignore))
 	if err != nil {
 		return err
 	}
 	if verb == "reset" {
 		return reset(ctx, client, e, key, *prefix, *force, out)
 	}
-	return inspect(ctx, e, key, *prefix, limits, *most, out)
+	return inspectKey(ctx, client, e, key, *prefix, limits, *most, out)
 }
 
 // reset deletes key's log and says what it deleted. It refuses, unless force, a key that is
@@ -218,7 +219,7 @@ func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, pre
 		fmt.Fprintf(out, "nothing deleted: there is no key %q (%s); check -addr and -prefix\n", key, full)
 		return nil
 	case "list":
-		log, err := e.Inspect(ctx, key, 1)
+		log, err := inspect.Read(ctx, client, full, 1)
 		switch {
 		case err == nil && consistent(log):
 			deleted = fmt.Sprintf("the log of %q (%s): %d entries, %d events", key, full, log.Count, log.Events)
@@ -236,7 +237,7 @@ func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, pre
 		}
 	case "zset":
 		// The pipelined design's log (package pipelined) is a sorted set, one member per
-		// event, which Inspect does not read; nothing tells it from another sorted set.
+		// event, which package inspect does not read; nothing tells it from another sorted set.
 		n, err := client.Do(ctx, client.B().Zcard().Key(full).Build()).AsInt64()
 		if err != nil {
 			return fmt.Errorf("reset %q: ZCARD %s: %w", key, full, err)
@@ -267,7 +268,7 @@ func reset(ctx context.Context, client valkey.Client, e *engine.Engine, key, pre
 
 // periodLine describes a calendar counter: "period <start> .. <end>: <n> events", the times in
 // RFC 3339, in the zone of a calendar limit of limits whose period it is, else in UTC.
-func periodLine(pc engine.PeriodCount, limits []engine.Limit) string {
+func periodLine(pc inspect.Period, limits []engine.Limit) string {
 	loc := time.UTC
 	for _, l := range limits {
 		if start, end := l.PeriodAt(pc.Start); l.IsCalendar() && start.Equal(pc.Start) && end.Equal(pc.End) {
@@ -295,16 +296,16 @@ func slotOf(limits []engine.Limit) time.Duration {
 	return slot
 }
 
-// consistent reports whether a log engine.Inspect read, asked for its newest entry, holds
+// consistent reports whether a log package inspect read, asked for its newest entry, holds
 // together. The engine takes a list for a log by its first element's opening byte and length
 // alone, so a foreign list that passes decodes as nonsense: counts out of range, or no entry
 // where the count says there is one.
-func consistent(l engine.Log) bool {
+func consistent(l inspect.Log) bool {
 	return l.Count >= 0 && l.Events >= 0 && len(l.Entries) == min(l.Count, 1) && (l.Count > 0 || l.Events == 0)
 }
 
-func inspect(ctx context.Context, e *engine.Engine, key, prefix string, limits []engine.Limit, most int, out io.Writer) error {
-	log, err := e.Inspect(ctx, key, most)
+func inspectKey(ctx context.Context, client valkey.Client, e *engine.Engine, key, prefix string, limits []engine.Limit, most int, out io.Writer) error {
+	log, err := inspect.Read(ctx, client, prefix+key, most)
 	if err != nil {
 		return err
 	}

@@ -117,7 +117,7 @@ func TestUsage(t *testing.T) {
 	}
 }
 
-// reset says what it deleted: a log's entries and events, as engine.Inspect read them before
+// reset says what it deleted: a log's entries and events, as package inspect read them before
 // the delete.
 func TestResetDeletesALog(t *testing.T) {
 	c := server.Client(t)
@@ -207,7 +207,7 @@ var foreignKeys = []struct {
 	{"list", "list", func(c valkey.Client, full string) valkey.Completed {
 		return c.B().Rpush().Key(full).Element("job-1", "job-2").Build()
 	}},
-	// This one opens as a small header does and is long enough for one: engine.Inspect reads
+	// This one opens as a small header does and is long enough for one: package inspect reads
 	// it, as nonsense.
 	{"list-like-a-header", "list", func(c valkey.Client, full string) valkey.Completed {
 		return c.B().Rpush().Key(full).Element("S0123456789012345678901234567890").Build()

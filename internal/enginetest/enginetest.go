@@ -17,6 +17,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 )
 
 // T0 is the instant the tests' clocks start at: a fixed date, so that every figure a test
@@ -44,7 +45,7 @@ func (c *Clock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 // again (engine.WithPersistenceCheck).
 func New(tb testing.TB, c valkey.Client, opts ...engine.Option) *engine.Engine {
 	tb.Helper()
-	e, err := engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.PersistenceIgnore)}, opts...)...)
+	e, err := engine.New(c, append([]engine.Option{engine.WithPersistenceCheck(engine.Ignore)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("engine.New: %v", err)
 	}
@@ -59,22 +60,19 @@ func Clocked(tb testing.TB, c valkey.Client, opts ...engine.Option) (*engine.Eng
 	return New(tb, c, append(opts[:len(opts):len(opts)], engine.WithClock(clock.Now))...), clock
 }
 
-// Log reads key's log (the key without the engine's prefix) through engine.Inspect on an
-// engine with the given prefix, and fails tb when it cannot. A key that does not exist has an
-// empty log.
-func Log(tb testing.TB, c valkey.Client, prefix, key string) engine.Log {
+// Log reads key's log (the key without the engine's prefix) through package inspect, and fails
+// tb when it cannot. A key that does not exist has an empty log.
+func Log(tb testing.TB, c valkey.Client, prefix, key string) inspect.Log {
 	tb.Helper()
-	e := New(tb, c, engine.WithPrefix(prefix), engine.WithPreload(false), engine.WithEvictionCheck(engine.EvictionIgnore),
-		engine.WithPersistenceCheck(engine.PersistenceIgnore))
-	l, err := e.Inspect(context.Background(), key, 0)
+	l, err := inspect.Read(context.Background(), c, prefix+key, 0)
 	if err != nil {
 		tb.Fatalf("inspect %q: %v", key, err)
 	}
 	return l
 }
 
-// Events returns the events key's log holds: the total cost of its entries, or, for
-// Pipelined mode's sorted set, its members (ZCARD). Entries that left the window but were not
+// Events returns the events key's log holds: the total cost of its entries, or, for the
+// pipelined design's sorted set, its members (ZCARD). Entries that left the window but were not
 // trimmed yet count, until the next decision trims them.
 func Events(tb testing.TB, c valkey.Client, prefix, key string) int64 {
 	tb.Helper()

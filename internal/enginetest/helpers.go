@@ -12,6 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -70,7 +71,7 @@ func StoredEvents(tb testing.TB, c valkey.Client, key string) int64 {
 
 // StoredEntries is key's log under Prefix as stored: every entry's time and cost, oldest
 // first. A key that does not exist has none.
-func StoredEntries(tb testing.TB, c valkey.Client, key string) []engine.LogEntry {
+func StoredEntries(tb testing.TB, c valkey.Client, key string) []inspect.Entry {
 	tb.Helper()
 	return Log(tb, c, Prefix, key).Entries
 }
@@ -142,11 +143,12 @@ func RunConcurrently[E any](tb testing.TB, engines []E, goroutines, requests int
 
 // WantRefused runs call on a fresh key under Prefix, absent or (existing) holding the events
 // fill adds, and fails tb unless call answers engine.ErrInvalidArgument and the key keeps its
-// log and its expiry: at most a minute for an existing key, none for an absent one.
+// log and its expiry: at most a minute (and the millisecond it was rounded up by) for an
+// existing key, none for an absent one.
 func WantRefused(tb testing.TB, c valkey.Client, existing bool, fill func(key string), call func(key string) error) {
 	tb.Helper()
 	key := NewKey(tb)
-	var before []engine.LogEntry
+	var before []inspect.Entry
 	if existing {
 		fill(key)
 		before = StoredEntries(tb, c, key)
@@ -158,7 +160,9 @@ func WantRefused(tb testing.TB, c valkey.Client, existing bool, fill func(key st
 	if fmt.Sprint(after) != fmt.Sprint(before) {
 		tb.Fatalf("log changed from %v to %v", before, after)
 	}
-	if ttl := PTTL(tb, c, Prefix+key); existing && (ttl <= 0 || ttl > 60_000) || !existing && ttl != -2 {
+	// An existing key's expiry is a minute after its newest entry, rounded up to the
+	// millisecond: read within the millisecond of that entry, PTTL is 60,001.
+	if ttl := PTTL(tb, c, Prefix+key); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
 		tb.Fatalf("PTTL %d after a refused call", ttl)
 	}
 }
