@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
@@ -135,6 +136,42 @@ func TestComposeNestsPartsOneLevel(t *testing.T) {
 	} {
 		if _, err := composeFrom(fsys, name, nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s composed with error %v, want one that says %q", name, err, want)
+		}
+	}
+}
+
+// Only settle.lua reaches the refunds' functions (find, compact: lib_refund.lua), so only it
+// makes them; every script that reads a log has the general path's, which the decisions
+// reach.
+func TestRefundsComposedIntoSettleAlone(t *testing.T) {
+	for name, source := range all {
+		src := source()
+		refunds := strings.Contains(src, "function g.find(") && strings.Contains(src, "function g.compact(")
+		if refunds != (name == "settle.lua") {
+			t.Errorf("%s composed with the refunds' functions: %v, want %v", name, refunds, name == "settle.lua")
+		}
+		if strings.Contains(src, "local function general()") && !strings.Contains(src, "function g.set_cost(") {
+			t.Errorf("%s has general() without the edits merge_slot and insert make (set_cost)", name)
+		}
+	}
+}
+
+// maxLuaLines is the most lines a Lua file holds: one concept per file, small enough to read
+// in one sitting.
+const maxLuaLines = 400
+
+func TestLuaFilesAreSmall(t *testing.T) {
+	names, err := fs.Glob(files, "*.lua")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no Lua files embedded: %v", err)
+	}
+	for _, name := range names {
+		text, err := files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(text), "\n"); n > maxLuaLines {
+			t.Errorf("%s is %d lines, more than %d: split it along its concepts", name, n, maxLuaLines)
 		}
 	}
 }
