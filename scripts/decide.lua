@@ -5,7 +5,7 @@
 -- can interleave, so the counts are exact. The server's work does not grow with n, nor with how
 -- far a lowered limit leaves the log over it: a request is one entry, each entry is trimmed
 -- once, and a denial reads at most 32 entries from each end of a window to tell when the
--- request would be admitted (lib_log.lua's covering).
+-- request would be admitted (lib_cover.lua's covering).
 --
 -- KEYS[1]  the key's log (lib_log.lua: a list, its header first)
 -- ARGV[1]  the request, as integers of 8 bytes each, big-endian two's complement:
@@ -15,9 +15,9 @@
 --            then the limits: per sliding limit, windows strictly ascending, its window in
 --            integer microseconds (>= 1000) and its max, the events admitted in any
 --            trailing window (>= 1); before them, optionally, -3 and a hold in microseconds
---            (a reservation: the entry is recorded at now + hold, lib_log.lua's decide), and
+--            (a reservation: the entry is recorded at now + hold, lib_general.lua's decide), and
 --            optionally -1 and the resolution in microseconds (entries are recorded at the
---            end of their slot: lib_log.lua's decide); after them, per calendar limit, -2, its max, then four times in
+--            end of their slot: lib_general.lua's decide); after them, per calendar limit, -2, its max, then four times in
 --            microseconds, strictly ascending: the start of the period before the current
 --            one, the current one's start and end, and the next one's end, as the engine's
 --            clock sees them (the server's now picks the period that holds it)

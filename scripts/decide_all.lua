@@ -42,6 +42,7 @@
 -- it say so, and the engine gives them back. Either leaves the other groups as they are.
 
 -- include: lib_keys.lua
+-- include: lib_sets.lua
 -- include: lib_request.lua
 -- include: lib_reply.lua
 -- include: lib_small.lua
@@ -59,15 +60,7 @@ local function error_of(e)
   return {err = tostring(e)}
 end
 
-local sets, a = {}, 2
-for s = 1, tonumber(ARGV[1]) do
-  local count, limits = tonumber(ARGV[a]), {}
-  for j = 1, count do
-    limits[j] = tonumber(ARGV[a + j])
-  end
-  sets[s] = limits
-  a = a + 1 + count
-end
+local sets, a = read_sets(1)
 -- weight is what a request's peek would cost the server, for choosing its group's lead (the
 -- request decided without a peek): 2 for a log that takes the general path (lib_log.lua), 1
 -- for a small header that peek_small reads (lib_peek.lua), 0 for no log.

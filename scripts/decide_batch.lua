@@ -24,6 +24,7 @@
 -- something else: BADLAYOUT, say)}. A failed request changes nothing of the others.
 
 -- include: lib_keys.lua
+-- include: lib_sets.lua
 -- include: lib_request.lua
 -- include: lib_reply.lua
 -- include: lib_batch.lua

@@ -14,8 +14,8 @@
 
 -- include: lib_log.lua
 
--- layout_version is the layout version of a header read_log accepted (lib_log.lua): 1 to 4;
--- 0 for none.
+-- layout_version is the layout version (lib_log.lua) of a header read_log accepted
+-- (lib_header.lua): 1 to 4; 0 for none.
 local function layout_version(h)
   if not h then
     return 0

@@ -1,22 +1,15 @@
--- lib_batch.lua: a part included by the batch scripts (not a script of its own).
+-- lib_batch.lua: a part included by decide_batch.lua and peek_batch.lua (not a script of its
+-- own), after lib_sets.lua.
 --
 -- run_batch runs decide (key, now, n, limits, and whether now is the server's clock) for every
 -- request of a batch script's call, in KEYS order, and returns the reply lib_reply.lua
 -- encodes, one decision per request. ARGV (decide_batch.lua documents it): "" when every
--- request uses the server's clock (read once, shared), else "each"; the number of limit sets;
--- each set (its number of values, then its values, as decide.lua's limits); then per request its cost n,
--- the 1-based index of its set, and, with "each", its now. A failed request is caught on its
--- own: the others are taken as if it were not there.
+-- request uses the server's clock (read once, shared), else "each"; the limit sets
+-- (read_sets); then per request its cost n, the 1-based index of its set, and, with "each",
+-- its now. A failed request is caught on its own: the others are taken as if it were not
+-- there.
 local function run_batch(decide)
-  local sets, a = {}, 3
-  for s = 1, tonumber(ARGV[2]) do
-    local count, limits = tonumber(ARGV[a]), {}
-    for j = 1, count do
-      limits[j] = tonumber(ARGV[a + j])
-    end
-    sets[s] = limits
-    a = a + 1 + count
-  end
+  local sets, a = read_sets(2)
   local each, server_now = ARGV[1] == 'each', 0
   if not each then
     server_now = read_clock('')

@@ -37,7 +37,7 @@
 
 -- encode_decision returns one request's decision, encoded as above. limits are the request's
 -- flat limits (decide.lua): (window, max) pairs, windows ascending, or, when the general path
--- read them (lib_log.lua's view), with their sliding pairs apart, whose longest window is
+-- read them (lib_general.lua's view), with their sliding pairs apart, whose longest window is
 -- reset_after's default.
 local function encode_decision(limits, remaining, retry_after, quota_after, reset_after, tightest, seq)
   if seq ~= 1 then

@@ -14,6 +14,7 @@
 -- Reply: as decide_batch.lua's, with peek.lua's decisions.
 
 -- include: lib_keys.lua
+-- include: lib_sets.lua
 -- include: lib_request.lua
 -- include: lib_reply.lua
 -- include: lib_batch.lua

@@ -10,6 +10,10 @@
 //
 //	-- include: lib_request.lua
 //
+// A part may include parts in turn, one level deep (a part that a part includes includes
+// none): lib_log.lua assembles the body of its general() so, one concept per file. No part
+// is included twice in one script.
+//
 // A file may name constants, one per line (the name, then its value as Lua text):
 //
 //	--const OPEN_CHUNK_MAX 32
@@ -25,6 +29,7 @@ import (
 	"embed"
 	"encoding/binary"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"strconv"
 	"strings"
@@ -181,45 +186,71 @@ func composedOnce(name string, layout int) string {
 	return f()
 }
 
-// compose returns the named file with every include line replaced by the named part. Parts
-// do not include other parts: a script lists everything it uses, in order.
+// compose returns the named file with every include line replaced by the named part (and
+// the part's own include lines by theirs).
 func compose(name string) (string, error) { return composeWith(name, nil) }
 
 // composeWith is compose with the constants named in values set to those values instead of
 // the ones their lines give (each must be defined; its line is rewritten to say so).
 func composeWith(name string, values map[string]string) (string, error) {
-	src, err := files.ReadFile(name)
+	return composeFrom(files, name, values)
+}
+
+// maxIncludeDepth is how deep includes nest: a script includes parts (depth 1), which may
+// include parts (depth 2), which include none.
+const maxIncludeDepth = 2
+
+// composeFrom is composeWith on the files of fsys.
+func composeFrom(fsys fs.FS, name string, values map[string]string) (string, error) {
+	src, err := fs.ReadFile(fsys, name)
 	if err != nil {
 		return "", fmt.Errorf("scripts: %w", err)
 	}
 	var b strings.Builder
-	for _, line := range strings.SplitAfter(string(src), "\n") {
+	if err := expandIncludes(&b, fsys, name, string(src), 0, map[string]string{}); err != nil {
+		return "", err
+	}
+	text := []byte(b.String())
+	for c, v := range values {
+		line := regexp.MustCompile(`(?m)^` + constPrefix + c + ` .*$`)
+		if !line.Match(text) {
+			return "", fmt.Errorf("scripts: %s defines no constant %s to set", name, c)
+		}
+		text = line.ReplaceAll(text, []byte(constPrefix+c+" "+v))
+	}
+	return substituteConstants(string(text))
+}
+
+// expandIncludes writes src, the text of file name at include depth depth (0: the script
+// itself), to b, each include line replaced by its part's text, expanded in turn. included
+// maps each part the script has included so far to the file that included it.
+func expandIncludes(b *strings.Builder, fsys fs.FS, name, src string, depth int, included map[string]string) error {
+	for _, line := range strings.SplitAfter(src, "\n") {
 		part, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), includePrefix)
 		if !ok {
 			b.WriteString(line)
 			continue
 		}
-		text, err := files.ReadFile(strings.TrimSpace(part))
+		part = strings.TrimSpace(part)
+		if depth >= maxIncludeDepth {
+			return fmt.Errorf("scripts: %s, a part that a part includes, includes %s: parts nest one level, so include %s beside %s", name, part, part, name)
+		}
+		if by, dup := included[part]; dup {
+			return fmt.Errorf("scripts: %s includes %s, which %s included already: include each part once", name, part, by)
+		}
+		included[part] = name
+		text, err := fs.ReadFile(fsys, part)
 		if err != nil {
-			return "", fmt.Errorf("scripts: %s includes %w", name, err)
+			return fmt.Errorf("scripts: %s includes %w", name, err)
 		}
 		if strings.HasPrefix(string(text), shebangPrefix) || strings.Contains(string(text), "\n"+shebangPrefix) {
-			return "", fmt.Errorf("scripts: part %s carries a shebang line; only a script's first line may", part)
+			return fmt.Errorf("scripts: part %s carries a shebang line; only a script's first line may", part)
 		}
-		if strings.Contains(string(text), "\n"+includePrefix) {
-			return "", fmt.Errorf("scripts: part %s includes another part; list every part in %s", part, name)
+		if err := expandIncludes(b, fsys, part, string(text), depth+1, included); err != nil {
+			return err
 		}
-		b.Write(text)
 	}
-	src = []byte(b.String())
-	for c, v := range values {
-		line := regexp.MustCompile(`(?m)^` + constPrefix + c + ` .*$`)
-		if !line.Match(src) {
-			return "", fmt.Errorf("scripts: %s defines no constant %s to set", name, c)
-		}
-		src = line.ReplaceAll(src, []byte(constPrefix+c+" "+v))
-	}
-	return substituteConstants(string(src))
+	return nil
 }
 
 // constName is the shape of a constant's name: capitals, digits and underscores.

@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/fstest"
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
@@ -59,11 +61,16 @@ func TestComposeInlinesParts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s includes %s: %v", name, part, err)
 			}
+			// The part's text, the parts it includes in turn written in place.
+			var expanded strings.Builder
+			if err := expandIncludes(&expanded, files, part, string(text), 1, map[string]string{}); err != nil {
+				t.Fatalf("%s includes %s: %v", name, part, err)
+			}
 			values, err := constantsOf(src) // a part may use the constants another part defines
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(src, applyConstants(string(text), values)) {
+			if !strings.Contains(src, applyConstants(expanded.String(), values)) {
 				t.Errorf("%s does not contain the text of %s", name, part)
 			}
 		}
@@ -89,6 +96,83 @@ func TestComposeInlinesParts(t *testing.T) {
 	}
 	if _, err := compose("no_such_script.lua"); err == nil {
 		t.Error("compose of a missing file succeeded")
+	}
+}
+
+// A part may include parts, one level deep: the nested part's text lands in place, its
+// constants apply to the whole script, and composition refuses a part that a part includes
+// when it includes another, a part included twice in one script, and a nested part that
+// carries a shebang line.
+func TestComposeNestsPartsOneLevel(t *testing.T) {
+	fsys := fstest.MapFS{
+		"script.lua": {Data: []byte("#!lua flags=no-writes\n-- include: outer.lua\nreturn f()\n")},
+		"outer.lua":  {Data: []byte("local function f()\n-- include: inner.lua\nend\n")},
+		"inner.lua":  {Data: []byte("--const WIDTH 2\nreturn WIDTH\n")},
+
+		"deep.lua":       {Data: []byte("-- include: outer_deep.lua\n")},
+		"outer_deep.lua": {Data: []byte("-- include: inner_deep.lua\n")},
+		"inner_deep.lua": {Data: []byte("-- include: inner.lua\n")},
+
+		"twice.lua": {Data: []byte("-- include: outer.lua\n-- include: inner.lua\n")},
+
+		"flagged.lua":       {Data: []byte("-- include: outer_flagged.lua\n")},
+		"outer_flagged.lua": {Data: []byte("-- include: inner_flagged.lua\n")},
+		"inner_flagged.lua": {Data: []byte("#!lua flags=no-writes\nreturn 1\n")},
+	}
+	got, err := composeFrom(fsys, "script.lua", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "#!lua flags=no-writes\nlocal function f()\n--const WIDTH 2\nreturn 2\nend\nreturn f()\n"; got != want {
+		t.Fatalf("composed\n%q\nwant\n%q", got, want)
+	}
+	if got, err := composeFrom(fsys, "script.lua", map[string]string{"WIDTH": "3"}); err != nil || !strings.Contains(got, "return 3\n") {
+		t.Fatalf("a nested part's constant set to 3: %q, %v", got, err)
+	}
+	for name, want := range map[string]string{
+		"deep.lua":    "parts nest one level",
+		"twice.lua":   "include each part once",
+		"flagged.lua": "carries a shebang line",
+	} {
+		if _, err := composeFrom(fsys, name, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s composed with error %v, want one that says %q", name, err, want)
+		}
+	}
+}
+
+// Only settle.lua reaches the refunds' functions (find, compact: lib_refund.lua), so only it
+// makes them; every script that reads a log has the general path's, which the decisions
+// reach.
+func TestRefundsComposedIntoSettleAlone(t *testing.T) {
+	for name, source := range all {
+		src := source()
+		refunds := strings.Contains(src, "function g.find(") && strings.Contains(src, "function g.compact(")
+		if refunds != (name == "settle.lua") {
+			t.Errorf("%s composed with the refunds' functions: %v, want %v", name, refunds, name == "settle.lua")
+		}
+		if strings.Contains(src, "local function general()") && !strings.Contains(src, "function g.set_cost(") {
+			t.Errorf("%s has general() without the edits merge_slot and insert make (set_cost)", name)
+		}
+	}
+}
+
+// maxLuaLines is the most lines a Lua file holds: one concept per file, small enough to read
+// in one sitting.
+const maxLuaLines = 400
+
+func TestLuaFilesAreSmall(t *testing.T) {
+	names, err := fs.Glob(files, "*.lua")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no Lua files embedded: %v", err)
+	}
+	for _, name := range names {
+		text, err := files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(text), "\n"); n > maxLuaLines {
+			t.Errorf("%s is %d lines, more than %d: split it along its concepts", name, n, maxLuaLines)
+		}
 	}
 }
 

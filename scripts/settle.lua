@@ -34,6 +34,8 @@ local shared = ARGV[5] == 'shared'
 local decided = tonumber(ARGV[6] or '') or t
 
 local g = general()
+-- include: lib_refund.lua
+
 local log = g.read_log(key, read_header(key))
 local back = 0
 local at = nil

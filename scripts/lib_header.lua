@@ -1,0 +1,146 @@
+-- lib_header.lua: a part of the general path, included in general()'s body (lib_log.lua),
+-- where g is the table of its functions: a key's header (lib_log.lua documents its layout)
+-- read into a log, the table every other part works on, and written back.
+--
+-- A log holds the header's fields by their names (total, count, newest, seq, horizon, gone,
+-- closed, oldest, oldest_cost, tail_refunded), its cursors (lib_cursor.lua) and calendar
+-- counters (lib_counters.lua) as lists of tables, and open, the open chunk as a string; key;
+-- exists, whether the key exists; dirty, whether the header must be written. The parts note
+-- more on it as a call goes (the open chunk decoded: lib_entries.lua; what the call did to
+-- the key's expiry: lib_general.lua, lib_decide.lua).
+
+-- read_log makes the log from key's header h (read_header's reply), and refuses a key that
+-- holds anything else (g.refuse_layout).
+function g.read_log(key, h)
+  if type(h) == 'table' then
+    g.refuse_layout(key, h)
+  end
+  if not h then
+    return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = NO_TIME_BEFORE,
+      seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = '',
+      counters = {}}
+  end
+  -- A header opens with its kind: the layout's version and the header's shape (lib_log.lua).
+  local kind = string.byte(h, 1)
+  local counters = {}
+  if kind == KIND_C and #h >= 2 then
+    -- Version 4: the calendar counters, then a header of version 2.
+    local k, pos = struct.unpack('>B', h, 2)
+    if k < 1 or #h < pos + 21 * k then
+      g.refuse_layout(key, h)
+    end
+    for i = 1, k do
+      local c = {}
+      c.start, c.stop, c.events, pos = struct.unpack('>i7i7i7', h, pos)
+      counters[i] = c
+    end
+    h = string.sub(h, pos)
+    kind = string.byte(h, 1)
+    if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H then
+      g.refuse_layout(key, h)
+    end
+  end
+  local small, full = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H
+  if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
+    g.refuse_layout(key, h)
+  end
+  local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
+  local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
+  if small or full then
+    horizon, pos = struct.unpack('>i7', h, pos)
+  elseif kind == KIND_V then
+    -- expires is not kept: this log is written back as version 2, which claims none.
+    horizon, pos = struct.unpack('>i7', h, pos)
+    pos = pos + 7
+  end
+  if full or kind == KIND_F then
+    gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+  end
+  local log = {key = key, exists = true, dirty = false, total = total, count = count,
+    newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
+    oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == KIND_U or kind == KIND_H,
+    counters = counters}
+  for i = 1, ncursors do
+    local c = {}
+    c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+    log.cursors[i] = c
+  end
+  log.open = string.sub(h, pos)
+  return log
+end
+
+-- refuse_layout raises BADLAYOUT for key, whose header read (h) was not a log's: the server's
+-- error (the key holds another type) or a string of no kind this release reads. The message
+-- says what was found, for the operator.
+function g.refuse_layout(key, h)
+  local found
+  if type(h) == 'table' then
+    found = 'a ' .. redis.call('TYPE', key).ok
+  else
+    found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
+      .. 'header of layout 1, 2 or 3', #h, string.byte(h, 1) or 0)
+  end
+  error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
+end
+
+-- save writes the header when it changed: small ('T', or 'U' when the last entry is a
+-- refunded run) when the log has no element but the header and keeps no cursor, else full
+-- ('G' or 'H'); behind the calendar counters when it keeps some. It notes created on a log
+-- whose key it made.
+function g.save(log)
+  if not log.dirty then
+    return
+  end
+  local cursors, parts = log.cursors, {}
+  for k = 1, #cursors do
+    local c = cursors[k]
+    -- When more windows than a policy may hold (MAX_CURSORS) have been counted on this key, keep the
+    -- cursors this call used.
+    if #cursors <= MAX_CURSORS or c.used then
+      parts[#parts + 1] = struct.pack('>i7i7i7i7i7', c.window, c.idx, c.partial, c.before, c.after)
+    end
+  end
+  local header = g.counters_prefix(log)
+  if log.gone == 0 and log.closed == 0 and #parts == 0 then
+    header = header .. (log.tail_refunded and 'U' or 'T') .. struct.pack('>i7i7i7i7i7', log.total, log.count,
+      log.newest, log.seq, log.horizon) .. log.open
+  else
+    header = header .. (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count,
+      log.newest, log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts)
+      .. log.open
+  end
+  if log.exists then
+    redis.call('LSET', log.key, 0, header)
+  else
+    redis.call('RPUSH', log.key, header)
+    log.created = true
+  end
+  log.exists = true
+end
+
+-- counters_prefix is the version 4 prefix of log's header: its calendar counters
+-- (lib_log.lua), '' when it keeps none. When more than MAX_COUNTERS are live, it keeps the ones
+-- this call used, then the latest to end.
+function g.counters_prefix(log)
+  local counters = log.counters
+  if #counters == 0 then
+    return ''
+  end
+  if #counters > MAX_COUNTERS then
+    table.sort(counters, function(a, b)
+      if (a.used or false) ~= (b.used or false) then
+        return a.used or false
+      end
+      return a.stop > b.stop
+    end)
+    for i = #counters, MAX_COUNTERS + 1, -1 do
+      counters[i] = nil
+    end
+  end
+  local parts = {'C', string.char(#counters)}
+  for i = 1, #counters do
+    local c = counters[i]
+    parts[#parts + 1] = struct.pack('>i7i7i7', c.start, c.stop, c.events)
+  end
+  return table.concat(parts)
+end
