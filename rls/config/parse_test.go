@@ -102,7 +102,7 @@ descriptors:
     value: files
     share_threshold: true
     rate_limit: {unit: minute, requests_per_unit: 1}
-`)}, line: 3, reason: "share_threshold can only be used with wildcard values (ending with '*'), but found key 'files_files'"},
+`)}, line: 3, reason: "share_threshold can only be used with wildcard values (containing '*'), but found key 'files_files'"},
 		{name: "unknown key", files: []config.File{yamlFile("f.yaml", `domain: test-domain
 descriptors:
   - key: key1
