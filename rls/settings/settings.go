@@ -28,7 +28,7 @@ var (
 	ErrInvalid = errors.New("settings: invalid value")
 	// ErrRefused is wrapped by FromEnv's error when a setting of the reference asks for what
 	// this service does not do and ignoring it would change what is limited (a separate Redis
-	// for per-second limits, memcached, quota mode).
+	// for per-second limits, memcached).
 	ErrRefused = errors.New("settings: refused")
 )
 
@@ -117,6 +117,7 @@ type Settings struct {
 	LocalCacheSizeInBytes             int     // LOCAL_CACHE_SIZE_IN_BYTES: the deny cache's size; 0 turns it off
 	NearLimitRatio                    float64 // NEAR_LIMIT_RATIO: 0.8
 	ShadowMode                        bool    // SHADOW_MODE: decide and count, always answer OK
+	QuotaMode                         bool    // QUOTA_MODE: every rule in quota mode (rls.WithQuotaMode)
 	MergeDomainConfig                 bool    // MERGE_DOMAIN_CONFIG: files naming one domain are merged (config.WithMergeDomains)
 	HealthyWithAtLeastOneConfigLoaded bool    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
 	LimitResponseHeadersEnabled       bool    // LIMIT_RESPONSE_HEADERS_ENABLED
@@ -337,6 +338,7 @@ func (s *Settings) readLimits(r *reader) {
 		r.invalid("NEAR_LIMIT_RATIO=%g is not between 0 and 1", s.NearLimitRatio)
 	}
 	s.ShadowMode = r.boolean("SHADOW_MODE", false)
+	s.QuotaMode = r.boolean("QUOTA_MODE", false)
 	s.MergeDomainConfig = r.boolean("MERGE_DOMAIN_CONFIG", false)
 	s.HealthyWithAtLeastOneConfigLoaded = r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
 	// Both are what this service always does: a denied request is never counted, and

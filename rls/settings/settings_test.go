@@ -175,7 +175,6 @@ func TestRefused(t *testing.T) {
 	for _, tc := range []struct{ name, value string }{
 		{"REDIS_PERSECOND", "true"},
 		{"BACKEND_TYPE", "memcache"},
-		{"QUOTA_MODE", "true"},
 	} {
 		_, _, err := FromEnv(env(tc.name, tc.value))
 		if !errors.Is(err, ErrRefused) {
@@ -187,8 +186,18 @@ func TestRefused(t *testing.T) {
 		}
 	}
 	// Off, they are what the service does anyway.
-	if _, warnings, err := FromEnv(env("REDIS_PERSECOND", "false", "QUOTA_MODE", "false", "BACKEND_TYPE", "redis")); err != nil || len(warnings) != 0 {
+	if _, warnings, err := FromEnv(env("REDIS_PERSECOND", "false", "BACKEND_TYPE", "redis")); err != nil || len(warnings) != 0 {
 		t.Errorf("the refused settings turned off: %v, %q", err, warnings)
+	}
+}
+
+// QUOTA_MODE, refused before quota mode was implemented, now turns it on.
+func TestQuotaMode(t *testing.T) {
+	for value, want := range map[string]bool{"true": true, "false": false, "": false} {
+		s, _, err := FromEnv(env("QUOTA_MODE", value))
+		if err != nil || s.QuotaMode != want {
+			t.Errorf("QUOTA_MODE=%q: %v, %v; want %v", value, s.QuotaMode, err, want)
+		}
 	}
 }
 
@@ -446,7 +455,7 @@ func TestDocumentedVariables(t *testing.T) {
 			t.Errorf("%s's row does not say it is ignored with a warning: %s", v.name, row)
 		}
 	}
-	for _, name := range []string{"REDIS_PERSECOND", "QUOTA_MODE"} {
+	for _, name := range []string{"REDIS_PERSECOND"} {
 		if row := rows[name]; !strings.Contains(row, "| refused |") {
 			t.Errorf("%s's row does not say it is refused: %s", name, row)
 		}

@@ -146,6 +146,7 @@ func serviceOptions(s settings.Settings, logger *slog.Logger, registry prometheu
 		rls.WithKeyPrefix(s.CacheKeyPrefix),
 		rls.WithNearLimitRatio(s.NearLimitRatio),
 		rls.WithShadowMode(s.ShadowMode),
+		rls.WithQuotaMode(s.QuotaMode),
 		rls.WithCalendar(s.Calendar),
 		rls.WithSlotsPerWindow(s.SlotsPerWindow),
 		rls.WithRequestTimeout(s.RequestTimeout),
