@@ -10,6 +10,9 @@ import (
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // The reference server's own cases, run against the command: each test below takes cases of
@@ -241,6 +244,56 @@ descriptors:
 			{descriptors("d", a, b), "OK: OK 1/MINUTE rem=0 reset; OK 10/MINUTE rem=9 reset", issue},
 			{descriptors("d", a, b), "OK: OVER_LIMIT 1/MINUTE rem=0 reset; OK 10/MINUTE rem=8 reset", issue + "; TestServiceGlobalShadowMode"},
 			{descriptors("d", b), "OK: OK 10/MINUTE rem=7 reset", issue},
+		})
+	})
+}
+
+// healthOf is the gRPC health status the server at addr gives service, or the error.
+func healthOf(t *testing.T, addr, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("grpc client for %s: %v", addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return resp.GetStatus(), err
+}
+
+// TestReferenceGRPCHealth: the gRPC health service answers for the service name "ratelimit",
+// which the reference registers and probes ask for: SERVING once serving
+// (test/server/health_test.go, TestGrpcHealthCheck; test/service/ratelimit_test.go,
+// TestServiceHealthStatus) and, under HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, NOT_SERVING
+// while the configuration has no domain, SERVING once it has one
+// (TestGrpcHealthyWithAtLeastOneConfigLoaded, TestServiceHealthStatusAtLeastOneConfigLoaded).
+func TestReferenceGRPCHealth(t *testing.T) {
+	t.Parallel()
+	forEachServer(t, func(t *testing.T, s target) {
+		t.Parallel()
+		p := s.serveConfig(t, edgeConfig(3))
+		p.waitFor(`gRPC health of "ratelimit" to be SERVING`, func() bool {
+			st, err := healthOf(t, p.grpc, "ratelimit")
+			return err == nil && st == healthpb.HealthCheckResponse_SERVING
+		})
+
+		root := t.TempDir()
+		dir := filepath.Join(root, "ratelimit", "config")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e := fileEnv(t, root)
+		e["HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"] = "true"
+		empty := s.start(t, e)
+		p.waitFor(`gRPC health of "ratelimit" to be NOT_SERVING without a domain`, func() bool {
+			st, err := healthOf(t, empty.grpc, "ratelimit")
+			return err == nil && st == healthpb.HealthCheckResponse_NOT_SERVING
+		})
+		writeFile(t, filepath.Join(dir, "edge.yaml"), edgeConfig(3))
+		empty.waitFor(`gRPC health of "ratelimit" to be SERVING once a domain is loaded`, func() bool {
+			st, err := healthOf(t, empty.grpc, "ratelimit")
+			return err == nil && st == healthpb.HealthCheckResponse_SERVING
 		})
 	})
 }

@@ -389,6 +389,11 @@ func listenGRPC(s settings.Settings) (net.Listener, error) {
 	return ln, nil
 }
 
+// healthServices are the names the gRPC health service answers for, each with the service's
+// health: the server as a whole (""), "ratelimit", the name the reference registers and that
+// probes and meshes configured for it ask for, and the rate limit service's own name.
+var healthServices = []string{"", "ratelimit", pb.RateLimitService_ServiceDesc.ServiceName}
+
 // keepHealth keeps the gRPC health service's status in step with the service's health.
 func keepHealth(ctx context.Context, svc *rls.Service, h *health.Server) {
 	t := time.NewTicker(healthInterval)
@@ -398,8 +403,9 @@ func keepHealth(ctx context.Context, svc *rls.Service, h *health.Server) {
 		if svc.Healthy(ctx) != nil {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
 		}
-		h.SetServingStatus("", st)
-		h.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, st)
+		for _, name := range healthServices {
+			h.SetServingStatus(name, st)
+		}
 		select {
 		case <-ctx.Done():
 			return
