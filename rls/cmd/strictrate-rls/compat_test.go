@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -295,5 +297,71 @@ func TestReferenceGRPCHealth(t *testing.T) {
 			st, err := healthOf(t, empty.grpc, "ratelimit")
 			return err == nil && st == healthpb.HealthCheckResponse_SERVING
 		})
+	})
+}
+
+// httpAnswer is an HTTP answer as the cases write it: "400 text/plain; charset=utf-8
+// \"Bad Request\\n\"", the body left out when body is false (a JSON response's field order and
+// spacing vary).
+func httpAnswer(t *testing.T, method, url, body string, withBody bool) string {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the body: %v", method, url, err)
+	}
+	got := fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	if withBody {
+		got += fmt.Sprintf(" %q", b)
+	}
+	return got
+}
+
+// TestReferenceJSON: /json answers as the reference's handler (test/server/server_impl_test.go,
+// TestJsonHandler, with the real service behind it): 400 "Bad Request\n" for an empty body,
+// for one that is not JSON, for a request the service refuses ({"domain": "foo"}, without
+// descriptors), for any method's empty body (GET), and before any configuration is loaded
+// (FORCE_START_WITHOUT_INITIAL_CONFIG with a rejected file); 200 and 429 with the response in
+// JSON.
+func TestReferenceJSON(t *testing.T) {
+	t.Parallel()
+	const badRequest = `400 text/plain; charset=utf-8 "Bad Request\n"`
+	forEachServer(t, func(t *testing.T, s target) {
+		t.Parallel()
+		p := s.serveConfig(t, edgeConfig(1))
+		url := "http://" + p.http + "/json"
+		const req = `{"domain":"edge","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"}]}]}`
+		for _, c := range []struct {
+			ref, method, body, want string
+			withBody                bool
+		}{
+			{"TestJsonHandler: missing request body", http.MethodPost, "", badRequest, true},
+			{"TestJsonHandler: request body is not valid json", http.MethodPost, "}", badRequest, true},
+			{"TestJsonHandler: ratelimit service error", http.MethodPost, `{"domain": "foo"}`, badRequest, true},
+			{"the handler takes any method: GET without a body", http.MethodGet, "", badRequest, true},
+			{"TestJsonHandler: successful request, not rate limited", http.MethodPost, req, "200 application/json", false},
+			{"TestJsonHandler: successful request, rate limited", http.MethodPost, req, "429 application/json", false},
+		} {
+			if got := httpAnswer(t, c.method, url, c.body, c.withBody); got != c.want {
+				t.Errorf("%s: %s /json %q: %s, want %s", c.ref, c.method, c.body, got, c.want)
+			}
+		}
+
+		root := t.TempDir()
+		writeFile(t, filepath.Join(root, "ratelimit", "config", "bad.yaml"), badUnitConfig)
+		e := fileEnv(t, root)
+		e["FORCE_START_WITHOUT_INITIAL_CONFIG"] = "true"
+		unconfigured := s.start(t, e)
+		if got := httpAnswer(t, http.MethodPost, "http://"+unconfigured.http+"/json", req, true); got != badRequest {
+			t.Errorf("/json before any configuration (TestInitialLoadError): %s, want %s", got, badRequest)
+		}
 	})
 }
