@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/strictrate/strictrate/rls/internal/testpki"
 )
 
 // The reference server's own cases, run against the command: each test below takes cases of
@@ -362,6 +365,64 @@ func TestReferenceJSON(t *testing.T) {
 		unconfigured := s.start(t, e)
 		if got := httpAnswer(t, http.MethodPost, "http://"+unconfigured.http+"/json", req, true); got != badRequest {
 			t.Errorf("/json before any configuration (TestInitialLoadError): %s, want %s", got, badRequest)
+		}
+	})
+}
+
+// TestReferenceCertificateRotation: a server certificate replaced by moving a new pair over the
+// files is served within seconds, as the reference serves it (test/integration/
+// integration_test.go, TestReloadGRPCServerCerts: a client of the first CA connects, then one
+// of the second once the files are replaced, and the first no longer does), here with the
+// two pairs the same size and written in the same clock tick, which a file's size and time
+// cannot tell apart.
+func TestReferenceCertificateRotation(t *testing.T) {
+	t.Parallel()
+	forEachServer(t, func(t *testing.T, s target) {
+		t.Parallel()
+		dir := t.TempDir()
+		firstCA, secondCA := testpki.New(t, "first CA"), testpki.New(t, "other CA")
+		first := firstCA.Issue(t, testpki.LoopbackLeaf("rls-1"))
+		second := secondCA.IssueLike(t, testpki.LoopbackLeaf("rls-2"), first)
+		certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		nextCert, nextKey := filepath.Join(dir, "next", "tls.crt"), filepath.Join(dir, "next", "tls.key")
+		if err := os.Mkdir(filepath.Dir(nextCert), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		testpki.Write(t, first, certFile, keyFile)
+		testpki.Write(t, second, nextCert, nextKey)
+		tick := time.Now().Truncate(time.Second)
+		for _, f := range []string{certFile, keyFile, nextCert, nextKey} {
+			if err := os.Chtimes(f, tick, tick); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		root := t.TempDir()
+		writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(3))
+		e := fileEnv(t, root)
+		e["GRPC_SERVER_USE_TLS"], e["GRPC_SERVER_TLS_CERT"], e["GRPC_SERVER_TLS_KEY"] = "true", certFile, keyFile
+		p := s.start(t, e)
+		connects := func(ca *testpki.CA) error {
+			conn, err := tls.Dial("tcp", p.grpc, &tls.Config{RootCAs: ca.Pool, ServerName: "localhost", NextProtos: []string{"h2"}})
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		}
+		if err := connects(firstCA); err != nil {
+			t.Fatalf("WithInitialCert: %v", err)
+		}
+		if err := connects(secondCA); err == nil {
+			t.Fatalf("WithNewCertFail: a client of the second CA connects before the rotation")
+		}
+		for _, mv := range [][2]string{{nextCert, certFile}, {nextKey, keyFile}} {
+			if err := os.Rename(mv[0], mv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p.waitFor("WithNewCertOK: a client of the second CA to connect", func() bool { return connects(secondCA) == nil })
+		if err := connects(firstCA); err == nil {
+			t.Errorf("WithInitialCertFail: a client of the first CA still connects")
 		}
 	})
 }
