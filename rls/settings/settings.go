@@ -146,6 +146,15 @@ type Settings struct {
 	RedisTLSSkipHostnameVerification bool          // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: verify the chain, not the name
 	RedisPipelineWindow              time.Duration // REDIS_PIPELINE_WINDOW: the client's MaxFlushDelay; 0
 	RedisTimeout                     time.Duration // REDIS_TIMEOUT: dial and write timeout; 10s
+	// At start, a Valkey that cannot be reached is tried again, the wait doubling from
+	// RedisStartupInitialInterval (REDIS_STARTUP_INITIAL_INTERVAL, 1s) up to
+	// RedisStartupMaxInterval (REDIS_STARTUP_MAX_INTERVAL, 30s), for at most
+	// RedisStartupMaxElapsedTime (REDIS_STARTUP_MAX_ELAPSED_TIME), after which the start
+	// fails; 0 tries until it answers. The reference's newer names; its default for the last
+	// is 0, this service's 30s, so that a wrong address stops the start, naming it.
+	RedisStartupInitialInterval time.Duration
+	RedisStartupMaxInterval     time.Duration
+	RedisStartupMaxElapsedTime  time.Duration
 
 	// Tracing (OpenTelemetry). The exporter reads its own OTEL_EXPORTER_OTLP_* variables.
 	TracingEnabled           bool    // TRACING_ENABLED
@@ -378,6 +387,16 @@ func (s *Settings) readRedis(r *reader) {
 	s.RedisTLSSkipHostnameVerification = r.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)
 	s.RedisPipelineWindow = r.duration("REDIS_PIPELINE_WINDOW", 0)
 	s.RedisTimeout = r.duration("REDIS_TIMEOUT", 10*time.Second)
+	s.RedisStartupInitialInterval = r.duration("REDIS_STARTUP_INITIAL_INTERVAL", time.Second)
+	s.RedisStartupMaxInterval = r.duration("REDIS_STARTUP_MAX_INTERVAL", 30*time.Second)
+	s.RedisStartupMaxElapsedTime = r.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", 30*time.Second)
+	if s.RedisStartupInitialInterval <= 0 || s.RedisStartupMaxInterval < s.RedisStartupInitialInterval {
+		r.invalid("REDIS_STARTUP_INITIAL_INTERVAL=%s and REDIS_STARTUP_MAX_INTERVAL=%s: the first wait must be above 0 and the longest at least as long",
+			s.RedisStartupInitialInterval, s.RedisStartupMaxInterval)
+	}
+	if s.RedisStartupMaxElapsedTime < 0 {
+		r.invalid("REDIS_STARTUP_MAX_ELAPSED_TIME=%s is negative (0 tries until Valkey answers)", s.RedisStartupMaxElapsedTime)
+	}
 
 	if s.RedisUseTLS && (s.RedisTLSClientCert == "") != (s.RedisTLSClientKey == "") {
 		r.invalid("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together: set both or neither")

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/rls/internal/testpki"
 )
 
@@ -423,6 +424,56 @@ func TestReferenceCertificateRotation(t *testing.T) {
 		p.waitFor("WithNewCertOK: a client of the second CA to connect", func() bool { return connects(secondCA) == nil })
 		if err := connects(firstCA); err == nil {
 			t.Errorf("WithInitialCertFail: a client of the first CA still connects")
+		}
+	})
+}
+
+// TestReferenceStartWithoutValkey: a Valkey that cannot be reached at start, or that refuses
+// the credentials, stops the command with a non-zero exit that names the cause, as the
+// reference stops (test/redis/driver_impl_test.go, testNewClientImpl: "connection refused",
+// "auth fail" with NOAUTH, "auth fail with user" with WRONGPASS), instead of retrying
+// without a port open. Credentials are refused at once; an address is retried for
+// REDIS_STARTUP_MAX_ELAPSED_TIME (the reference's newer name), here 2 s.
+func TestReferenceStartWithoutValkey(t *testing.T) {
+	t.Parallel()
+	ports, err := valkeytest.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreachable := "127.0.0.1:" + ports[0] // free a moment ago: nothing listens there
+	locked := valkeytest.New(t, valkeytest.OwnServer())
+	admin := locked.Client(t) // authenticated before the password is set, it stays so
+	if err := admin.Do(context.Background(), admin.B().ConfigSet().ParameterValue().ParameterValue("requirepass", "default-pw").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	acl := valkeytest.New(t, valkeytest.OwnServer())
+	acl.NewUser(t, "rls", "rls-pw", "+@all")
+	forEachServer(t, func(t *testing.T, s target) {
+		t.Parallel()
+		root := t.TempDir()
+		writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(3))
+		for _, c := range []struct {
+			ref, url, auth string
+			within         time.Duration // the exit comes within it
+			says           string        // the output names it
+		}{
+			{"connection refused", unreachable, "", 10 * time.Second, unreachable},
+			{"auth fail (NOAUTH)", locked.Addr, "", 5 * time.Second, "NOAUTH"},
+			{"auth fail with user (WRONGPASS)", acl.Addr, "rls:wrong-pw", 5 * time.Second, "WRONGPASS"},
+		} {
+			e := fileEnv(t, root)
+			e["REDIS_URL"], e["REDIS_AUTH"] = c.url, c.auth
+			e["REDIS_STARTUP_MAX_ELAPSED_TIME"] = "2s"
+			for k, v := range s.env {
+				e[k] = v
+			}
+			p := launchBinary(t, s.bin, e)
+			if code := p.wait(c.within); code == 0 {
+				t.Errorf("%s: the command exited 0", c.ref)
+			}
+			if out := p.log.String(); !strings.Contains(out, c.says) {
+				t.Errorf("%s: the output does not say %q:\n%s", c.ref, c.says, out)
+			}
 		}
 	})
 }
