@@ -477,3 +477,53 @@ func TestReferenceStartWithoutValkey(t *testing.T) {
 		}
 	})
 }
+
+// newerConfig is a file in the reference's newer format: wildcards in the middle of a value
+// (test/config/wildcard.yaml's midWild and multiWild, share_threshold.yaml's midpath) and
+// descriptors with metadata (metadata.yaml), which the pinned reference, like this command
+// before, refuses (an unknown key) or reads literally.
+const newerConfig = `domain: test-domain
+descriptors:
+  - {key: midWild, value: bar*b, rate_limit: {unit: minute, requests_per_unit: 20}}
+  - {key: multiWild, value: foo*bar*baz, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: midpath, value: /api*v1, share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - key: key1
+    value: value1
+    descriptors:
+      - {key: subkey1, rate_limit: {unit: second, requests_per_unit: 5}, metadata: {name: service_1}}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata:
+      service_with_quota: {name: service_2}
+`
+
+// TestReferenceNewerConfig: a file of the reference's newer format loads, and its rules apply
+// as the newer reference's tests find them (test/config/config_test.go, TestWildcardConfig,
+// TestShareThreshold's middle wildcard, TestMetadata), each request answered by the rule its
+// lookup finds. The pinned reference refuses the file, so these run against the command
+// alone.
+func TestReferenceNewerConfig(t *testing.T) {
+	t.Parallel()
+	p := target{name: "strictrate-rls", bin: binary}.serveConfig(t, newerConfig)
+	c := dial(t, p.grpc)
+	const td = "test-domain"
+	one := func(kv ...string) *pb.RateLimitRequest { return descriptors(td, kv) }
+	runSteps(t, c, []step{
+		{one("midWild", "barab"), "OK: OK 20/MINUTE rem=19 reset", "TestWildcardConfig: bar*b matches barab"},
+		{one("midWild", "bar123b"), "OK: OK 20/MINUTE rem=19 reset", "TestWildcardConfig: bar*b matches bar123b, a counter of its own"},
+		{one("midWild", "barb"), "OK: OK 20/MINUTE rem=19 reset", "TestWildcardConfig: '*' matches nothing too"},
+		{one("midWild", "bara"), "OK: OK rem=0", "TestWildcardConfig: no suffix, no rule"},
+		{one("midWild", "xbarb"), "OK: OK rem=0", "TestWildcardConfig: no prefix, no rule"},
+		{one("multiWild", "foo123bar456baz"), "OK: OK 10/MINUTE rem=9 reset", "TestWildcardConfig: foo*bar*baz"},
+		{one("multiWild", "bar456baz"), "OK: OK rem=0", "TestWildcardConfig: foo*bar*baz without foo"},
+		{one("midpath", "/api/v1"), "OK: OK 2/MINUTE rem=1 reset", "TestShareThreshold: /api*v1 shared"},
+		{one("midpath", "/apiXYZv1"), "OK: OK 2/MINUTE rem=0 reset", "TestShareThreshold: /api*v1 shared"},
+		{one("midpath", "/api-beta-v1"), "OVER_LIMIT: OVER_LIMIT 2/MINUTE rem=0 reset", "TestShareThreshold: /api*v1 shared"},
+		{one("midpath", "/api/v2"), "OK: OK rem=0", "TestShareThreshold: /api/v2 is not /api*v1"},
+		{one("key1", "value1", "subkey1", "something"), "OK: OK 5/SECOND rem=4 reset", "TestMetadata"},
+		{one("key2", "something"), "OK: OK 20/MINUTE rem=19 reset", "TestMetadata"},
+	})
+	if cfg := p.rlconfig(); !strings.Contains(cfg, "test-domain.midWild_bar*b: unit=MINUTE requests_per_unit=20") {
+		t.Errorf("/rlconfig does not list the middle wildcard's rule:\n%s", cfg)
+	}
+}
