@@ -127,9 +127,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // shouldRateLimitMethod is the gRPC method's name in the metrics' grpc_method label.
 const shouldRateLimitMethod = "ShouldRateLimit"
 
+// spanName names a decision's span as the reference names it, for the traces' queries.
+const spanName = "ShouldRateLimit Execution"
+
 // decide decides a request, traced, and counts an error by its kind.
 func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	ctx, span := s.opts.tracer.Start(ctx, "ShouldRateLimit", trace.WithAttributes(
+	ctx, span := s.opts.tracer.Start(ctx, spanName, trace.WithAttributes(
 		attribute.String("domain", req.GetDomain()), attribute.Int("descriptors", len(req.GetDescriptors()))))
 	defer span.End()
 	resp, err := s.shouldRateLimit(ctx, req)

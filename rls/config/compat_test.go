@@ -18,12 +18,8 @@ import (
 // xDS), its later commits. Each case is the reference's configuration, request and answer,
 // re-expressed (a rule's stats key is Match.StatKey; a rejection's reason is Error.Reason,
 // which the reference prints after the file's name), and names the reference test it comes
-// from. Every one answers as the reference does.
-//
-//	reference test file                               cases  same  documented difference  otherwise
-//	test/config/config_test.go (rejected files)         14     14
-//	test/config/config_test.go (lookups)               103    103
-//	test/provider/xds_grpc_sotw_provider_test.go          5      5
+// from. Every one answers as the reference does; rls/compat_test.go counts them with the
+// other ported files'.
 
 // refReject is a file set the reference refuses, and its reason.
 type refReject struct {

@@ -18,25 +18,19 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/rls/internal/compattest"
 	"github.com/strictrate/strictrate/rls/internal/testpki"
 )
 
 // The reference server's own cases, run against the command: each test below takes cases of
 // envoyproxy/ratelimit's tests (at the version docs/rls.md pins; the newer configuration from
 // its later commits), re-expressed here (its configuration, its requests and its answers),
-// and names the reference test each comes from. The service's own package ports the rest
-// (rls/compat_test.go, with the totals).
+// and names the reference test each comes from. The service's own package ports the rest;
+// rls/compat_test.go counts them all.
 //
 // With RLS_REFERENCE_BINARY set to the reference's service_cmd (built as docs/rls.md says),
 // every case also runs against it, on loopback and the tests' Valkey, so that the answers
 // written here are the reference's own; CI runs the command alone.
-//
-//	reference test file                       cases  same  documented difference  otherwise
-//	src/service/ratelimit_test.go (quota)        5      5
-//	test/service/ratelimit_test.go (shadow)      1      1
-//	issue 32's a/b case (SHADOW_MODE)            3      3
-//
-// TODO: the table is completed with the tests below.
 
 // referenceBinary is the reference's service_cmd, when the compat cases are to run against it
 // too.
@@ -112,32 +106,10 @@ func respond(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest
 	return resp
 }
 
-// answer is a response as the cases write it: the overall code, then each descriptor's code,
-// its limit, its limit_remaining and "reset" when it carries a duration_until_reset:
-// "OVER_LIMIT: OVER_LIMIT 5/MINUTE rem=0 reset; OK 3/MINUTE rem=0". A descriptor without a
-// limit is its code and remaining alone. Durations, which differ by design (a sliding window's
-// exact time against a fixed window's end), are left out.
-func answer(resp *pb.RateLimitResponse) string {
-	parts := make([]string, len(resp.GetStatuses()))
-	for i, st := range resp.GetStatuses() {
-		var b strings.Builder
-		b.WriteString(st.GetCode().String())
-		if l := st.GetCurrentLimit(); l != nil {
-			fmt.Fprintf(&b, " %d/%s", l.GetRequestsPerUnit(), l.GetUnit())
-		}
-		fmt.Fprintf(&b, " rem=%d", st.GetLimitRemaining())
-		if st.GetDurationUntilReset() != nil {
-			b.WriteString(" reset")
-		}
-		parts[i] = b.String()
-	}
-	return resp.GetOverallCode().String() + ": " + strings.Join(parts, "; ")
-}
-
 // step is one request of a case and the reference's answer to it.
 type step struct {
 	req  *pb.RateLimitRequest
-	want string // as answer writes it
+	want string // as compattest.Answer writes it
 	ref  string // the reference test the step comes from, for messages
 }
 
@@ -145,7 +117,7 @@ type step struct {
 func runSteps(t *testing.T, c pb.RateLimitServiceClient, steps []step) {
 	t.Helper()
 	for i, s := range steps {
-		if got := answer(respond(t, c, s.req)); got != s.want {
+		if got := compattest.Answer(respond(t, c, s.req)); got != s.want {
 			t.Errorf("step %d (%s): %s\n  want %s", i+1, s.ref, got, s.want)
 		}
 	}
@@ -526,4 +498,37 @@ func TestReferenceNewerConfig(t *testing.T) {
 	if cfg := p.rlconfig(); !strings.Contains(cfg, "test-domain.midWild_bar*b: unit=MINUTE requests_per_unit=20") {
 		t.Errorf("/rlconfig does not list the middle wildcard's rule:\n%s", cfg)
 	}
+}
+
+// TestReferenceConfigReload: a file added to the configuration's directory is loaded, its
+// rules applying to the next request, and its removal is loaded too
+// (test/integration/integration_test.go, testConfigReload, with its reload.yaml).
+func TestReferenceConfigReload(t *testing.T) {
+	t.Parallel()
+	const reload = `domain: reload
+descriptors:
+  - {key: key1, rate_limit: {unit: second, requests_per_unit: 50}}
+  - {key: block, rate_limit: {unit: second, requests_per_unit: 0}}
+  - {key: one_per_minute, rate_limit: {unit: minute, requests_per_unit: 1}}
+`
+	forEachServer(t, func(t *testing.T, s target) {
+		t.Parallel()
+		root := t.TempDir()
+		dir := filepath.Join(root, "ratelimit", "config")
+		writeFile(t, filepath.Join(dir, "basic.yaml"), edgeConfig(50))
+		p := s.start(t, fileEnv(t, root))
+		c := dial(t, p.grpc)
+		loads := func() float64 { return p.metric("/metrics", "ratelimit_service_config_load_success") }
+		const ref = "testConfigReload"
+		runSteps(t, c, []step{{descriptors("reload", d("block", "foo")), "OK: OK rem=0", ref + ": before reload.yaml"}})
+		before := loads()
+		writeFile(t, filepath.Join(dir, "reload.yaml"), reload)
+		p.waitFor("reload.yaml to be loaded", func() bool { return loads() > before })
+		runSteps(t, c, []step{{descriptors("reload", d("key1", "foo")), "OK: OK 50/SECOND rem=49 reset", ref + ": with reload.yaml"}})
+		before = loads()
+		if err := os.Remove(filepath.Join(dir, "reload.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		p.waitFor("the removal of reload.yaml to be loaded", func() bool { return loads() > before })
+	})
 }
