@@ -46,14 +46,14 @@ import (
 //	test/config/config_test.go                         config      117   117
 //	                                                   command      14    14
 //	test/provider/xds_grpc_sotw_provider_test.go       config        5     5
-//	test/service/ratelimit_test.go                     service      20    13     7 (4, 13, 15, 18)
+//	test/service/ratelimit_test.go                     service      20    13     7 (4, 14, 16, 19)
 //	                                                   command      40    40
 //	test/redis/fixed_cache_impl_test.go                service      16    15     1 (2)
 //	test/redis/driver_impl_test.go                     command       3     3
 //	test/server/server_impl_test.go                    command       5     5
 //	test/server/health_test.go                         service       7     7
 //	                                                   command       3     3
-//	test/integration/integration_test.go               service     193   178    15 (3)
+//	test/integration/integration_test.go               service     193   178    15 (3, 7)
 //	                                                   command       8     8
 //	issue 32's cases (quota_mode, SHADOW_MODE, /json)  command       9     9
 //	total                                                          440   417    23
@@ -116,14 +116,18 @@ func runRef(t *testing.T, c pb.RateLimitServiceClient, reg *prometheus.Registry,
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i+1, s.ref, err)
 		}
+		note := ""
+		if s.diff != 0 {
+			note = fmt.Sprintf(" (the reference's differs: docs/rls.md's difference %d)", s.diff)
+		}
 		if got := compattest.Answer(resp); s.want != "" && got != s.want {
-			t.Errorf("step %d (%s): %s\n  want %s", i+1, s.ref, got, s.want)
+			t.Errorf("step %d (%s): %s\n  want %s%s", i+1, s.ref, got, s.want, note)
 		}
 		for key, want := range s.counts {
 			after, b := countsOf(t, reg, key), before[key]
 			got := ruleCounts{after.total - b.total, after.over - b.over, after.near - b.near, after.within - b.within, after.localCache - b.localCache}
 			if got != want {
-				t.Errorf("step %d (%s): %s counted %+v, want %+v", i+1, s.ref, key, got, want)
+				t.Errorf("step %d (%s): %s counted %+v, want %+v%s", i+1, s.ref, key, got, want, note)
 			}
 		}
 	}
@@ -239,7 +243,7 @@ descriptors:
 		})
 	})
 	t.Run("TestServiceQuotaModeWithMetadata", func(t *testing.T) {
-		// RESPONSE_DYNAMIC_METADATA is not supported (difference 15): the statuses are the
+		// RESPONSE_DYNAMIC_METADATA is not supported (difference 16): the statuses are the
 		// reference's, and the response carries no dynamic metadata.
 		r := newRefService(t, yamlFiles(`domain: quota-domain
 descriptors:
@@ -249,7 +253,7 @@ descriptors:
 		regular, quota := descriptor("regular", "limit"), descriptor("quota", "limit")
 		runRef(t, r.client, r.reg, []refStep{
 			{ref: "TestServiceQuotaModeWithMetadata: setting up", req: refRequest("quota-domain", 0, withHits(regular, 4), withHits(quota, 5))},
-			{ref: "TestServiceQuotaModeWithMetadata", req: refRequest("quota-domain", 0, regular, quota), want: "OK: OK 10/MINUTE rem=5 reset; OK 5/MINUTE rem=0", diff: 15},
+			{ref: "TestServiceQuotaModeWithMetadata", req: refRequest("quota-domain", 0, regular, quota), want: "OK: OK 10/MINUTE rem=5 reset; OK 5/MINUTE rem=0", diff: 16},
 		})
 	})
 }
@@ -258,7 +262,7 @@ descriptors:
 // configuration, and one Valkey cannot answer fail with the reference's messages, counted as
 // it counts them (test/service/ratelimit_test.go, TestEmptyDomain, TestEmptyDescriptors,
 // TestInitialLoadError, TestCacheError); their gRPC codes say what failed, where the
-// reference's are all UNKNOWN (difference 18).
+// reference's are all UNKNOWN (difference 19).
 func TestReferenceServiceErrors(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := start(t, enginetest.New(t, server.Client(t)), "", rls.WithMetrics(reg))
@@ -283,7 +287,7 @@ func TestReferenceServiceErrors(t *testing.T) {
 		resp, err := c.client.ShouldRateLimit(context.Background(), c.req)
 		st := status.Convert(err)
 		if err == nil || st.Code() != c.code || c.message != "" && st.Message() != c.message {
-			t.Errorf("%s: %v, %v; want %s %q (the reference: UNKNOWN, difference 18)", c.ref, resp, err, c.code, c.message)
+			t.Errorf("%s: %v, %v; want %s %q (the reference: UNKNOWN, difference 19)", c.ref, resp, err, c.code, c.message)
 		}
 	}
 	if got := metricValue(t, reg, "ratelimit_service_should_rate_limit_error", map[string]string{"err_type": "service_error"}); got != 3 {
@@ -294,7 +298,7 @@ func TestReferenceServiceErrors(t *testing.T) {
 // TestReferenceHeaders: with LIMIT_RESPONSE_HEADERS_ENABLED, the reference adds its three
 // headers for the descriptor closest to its limit (test/service/ratelimit_test.go,
 // TestServiceWithCustomRatelimitHeaders, TestServiceWithDefaultRatelimitHeaders). Here they
-// are the IETF fields unless STRICTRATE_LEGACY_HEADERS (difference 13), and the reset is the
+// are the IETF fields unless STRICTRATE_LEGACY_HEADERS (difference 14), and the reset is the
 // time until the oldest hit leaves the window, not to the clock's minute (difference 4).
 func TestReferenceHeaders(t *testing.T) {
 	const dom = "different-domain"

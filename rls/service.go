@@ -40,7 +40,9 @@ import (
 // entries', shared by a rule and a request's override of its unit), whose rule's unit is a
 // sliding window of that length. The descriptors of one request, however many, are decided
 // all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
-// in every one; a denied request consumes nothing of any descriptor.
+// in every one; a denied request consumes nothing of any descriptor. A descriptor that never
+// denies (a shadow or quota rule, or any under WithShadowMode) is recorded when it has room,
+// whatever the others decide.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
