@@ -186,12 +186,7 @@ func TestServerTLSReloadsSameSizeSameTime(t *testing.T) {
 	nextCert, nextKey := filepath.Join(dir, "next.crt"), filepath.Join(dir, "next.key")
 	testpki.Write(t, first, certFile, keyFile)
 	testpki.Write(t, second, nextCert, nextKey)
-	tick := time.Now().Truncate(time.Second)
-	for _, f := range []string{certFile, keyFile, nextCert, nextKey} {
-		if err := os.Chtimes(f, tick, tick); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testpki.SameTick(t, certFile, keyFile, nextCert, nextKey)
 	for _, pair := range [][2]string{{certFile, nextCert}, {keyFile, nextKey}} {
 		a, errA := os.Stat(pair[0])
 		b, errB := os.Stat(pair[1])

@@ -94,18 +94,6 @@ func descriptors(domain string, ds ...[]string) *pb.RateLimitRequest {
 // d is a descriptor's key and value pairs, for descriptors.
 func d(kv ...string) []string { return kv }
 
-// respond sends req with a 5 s deadline; the call must succeed.
-func respond(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest) *pb.RateLimitResponse {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := c.ShouldRateLimit(ctx, req)
-	if err != nil {
-		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
-	}
-	return resp
-}
-
 // step is one request of a case and the reference's answer to it.
 type step struct {
 	req  *pb.RateLimitRequest
@@ -363,12 +351,7 @@ func TestReferenceCertificateRotation(t *testing.T) {
 		}
 		testpki.Write(t, first, certFile, keyFile)
 		testpki.Write(t, second, nextCert, nextKey)
-		tick := time.Now().Truncate(time.Second)
-		for _, f := range []string{certFile, keyFile, nextCert, nextKey} {
-			if err := os.Chtimes(f, tick, tick); err != nil {
-				t.Fatal(err)
-			}
-		}
+		testpki.SameTick(t, certFile, keyFile, nextCert, nextKey)
 
 		root := t.TempDir()
 		writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(3))

@@ -368,13 +368,19 @@ func request(domain string, kv ...string) *pb.RateLimitRequest {
 // decide sends req with a 5 s deadline and returns the overall code; the call must succeed.
 func decide(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest) pb.RateLimitResponse_Code {
 	t.Helper()
+	return respond(t, c, req).GetOverallCode()
+}
+
+// respond sends req with a 5 s deadline and returns the response; the call must succeed.
+func respond(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest) *pb.RateLimitResponse {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := c.ShouldRateLimit(ctx, req)
 	if err != nil {
 		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
 	}
-	return resp.GetOverallCode()
+	return resp
 }
 
 // decisions sends req n times and returns the overall codes, joined: "OK OK OVER_LIMIT".
