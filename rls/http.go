@@ -6,10 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -19,11 +19,15 @@ const maxJSONBody = 1 << 20
 
 // HTTPHandler serves the reference's HTTP endpoints:
 //
-//   - POST /json: a RateLimitRequest in proto3 JSON, decided as ShouldRateLimit decides it;
-//     the RateLimitResponse in proto3 JSON, with status 200 when OK, 429 when OVER_LIMIT, 400
-//     for a body that is not a request, and 500 (or 503 when Valkey cannot answer) for an
-//     error.
-//   - GET /healthcheck: 200 "OK" while the service is healthy (Healthy), else 500.
+//   - /json: a RateLimitRequest in proto3 JSON (with any method, as the reference takes it),
+//     decided as ShouldRateLimit decides it; the RateLimitResponse in proto3 JSON, with status
+//     200 when OK and 429 when OVER_LIMIT. Anything else is answered as the reference answers
+//     it, 400 "Bad Request": a body that is not a request, a request the service refuses, a
+//     decision that could not be taken (before any configuration, or with Valkey unreachable).
+//     The reason is in the answer's Strictrate-Error header, which the reference's clients do
+//     not read.
+//   - GET /healthcheck: 200 "OK" while the service is healthy (Healthy), else 500 with no
+//     body, as the reference answers, the reason in the Strictrate-Error header.
 func (s *Service) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/json", s.serveJSON)
@@ -50,36 +54,24 @@ func (s *Service) DebugHandler() http.Handler {
 }
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "POST a RateLimitRequest in JSON", http.StatusMethodNotAllowed)
-		return
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if err != nil {
-		http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
+		badRequest(w, "reading the body: "+err.Error())
 		return
 	}
 	var req pb.RateLimitRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
-		http.Error(w, "not a RateLimitRequest: "+err.Error(), http.StatusBadRequest)
+		badRequest(w, "not a RateLimitRequest: "+err.Error())
 		return
 	}
 	resp, err := s.decide(r.Context(), &req)
 	if err != nil {
-		code := http.StatusInternalServerError
-		switch st, _ := status.FromError(err); st.Code() {
-		case codes.InvalidArgument:
-			code = http.StatusBadRequest
-		case codes.Unavailable:
-			code = http.StatusServiceUnavailable
-		}
-		http.Error(w, err.Error(), code)
+		badRequest(w, status.Convert(err).Message())
 		return
 	}
 	out, err := protojson.Marshal(resp)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -89,9 +81,42 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 	w.Write(out)
 }
 
+// errorHeader carries the reason of an answer whose body is the reference's, which says none:
+// /json's 400 "Bad Request", /healthcheck's 500.
+const errorHeader = "Strictrate-Error"
+
+// badRequest answers a /json request as the reference answers every request it cannot
+// decide, 400 "Bad Request\n", with the reason in errorHeader.
+func badRequest(w http.ResponseWriter, reason string) {
+	w.Header().Set(errorHeader, headerText(reason))
+	http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+}
+
+// maxErrorHeader bounds errorHeader's value, which can quote the request's body.
+const maxErrorHeader = 256
+
+// headerText is a reason as a header's value: printable ASCII (what a parser's message quotes
+// of a body is the client's), one line, at most maxErrorHeader bytes.
+func headerText(reason string) string {
+	reason = strings.Map(func(r rune) rune {
+		if r < ' ' || r > '~' {
+			return ' '
+		}
+		return r
+	}, reason)
+	reason = strings.Join(strings.Fields(reason), " ")
+	if len(reason) > maxErrorHeader {
+		reason = reason[:maxErrorHeader]
+	}
+	return reason
+}
+
+// serveHealth answers as the reference's health check: 200 "OK", or 500 with no body, the
+// reason in errorHeader.
 func (s *Service) serveHealth(w http.ResponseWriter, r *http.Request) {
 	if err := s.Healthy(r.Context()); err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		w.Header().Set(errorHeader, headerText(err.Error()))
+		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
 	io.WriteString(w, "OK")

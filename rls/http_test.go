@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -30,7 +31,9 @@ func post(t *testing.T, srv *httptest.Server, body string) (int, string) {
 }
 
 // /json takes the request in proto3 JSON and answers the response the same way: 200 when
-// OK, 429 when over the limit, 400 for what is not a request.
+// OK, 429 when over the limit, 400 "Bad Request" for what is not a request or is refused, as
+// the reference answers, with the reason in a header of its own (one line of printable ASCII,
+// whatever the body quoted).
 func TestJSON(t *testing.T) {
 	_, svc := newService(t, basicConfig, nil)
 	srv := httptest.NewServer(svc.HTTPHandler())
@@ -48,15 +51,27 @@ func TestJSON(t *testing.T) {
 	if code != http.StatusTooManyRequests || !strings.Contains(body, `"OVER_LIMIT"`) {
 		t.Fatalf("second: %d %s", code, body)
 	}
-	for _, bad := range []string{`{"domain":`, `{"domain":"edge","nope":1}`, `{"descriptors":[]}`} {
-		if code, body := post(t, srv, bad); code != http.StatusBadRequest {
-			t.Fatalf("%s: %d %s, want 400", bad, code, body)
+	for bad, reason := range map[string]string{
+		`{"domain":`:                   "not a RateLimitRequest: proto: unexpected EOF",
+		`{"domain":"edge","nope":1}`:   `not a RateLimitRequest: proto: (line 1:18): unknown field "nope"`,
+		`{"descriptors":[]}`:           "rate limit domain must not be empty",
+		"{\"domain\":\"\x01\u00e9\n\"": "not a RateLimitRequest: proto: syntax error (line 1:11): invalid character",
+	} {
+		resp, err := http.Post(srv.URL+"/json", "application/json", strings.NewReader(bad))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Get("Strictrate-Error"); resp.StatusCode != http.StatusBadRequest || string(b) != "Bad Request\n" || !strings.HasPrefix(got, reason) {
+			t.Errorf("%q: %d %q, reason %q; want 400 \"Bad Request\" as the reference answers, the reason starting %q", bad, resp.StatusCode, b, got, reason)
 		}
 	}
 }
 
-// /healthcheck is 200 only with a configuration loaded (when asked), while the storage
-// answers, and until Stop.
+// /healthcheck is 200 "OK" only with a configuration loaded (when asked), while the storage
+// answers, and until Stop; else 500 with no body, as the reference answers, and the reason in a
+// header.
 func TestHealthcheck(t *testing.T) {
 	e := enginetest.New(t, server.Client(t))
 	var pingErr error
@@ -64,30 +79,30 @@ func TestHealthcheck(t *testing.T) {
 		rls.WithPing(func(context.Context) error { return pingErr }))
 	srv := httptest.NewServer(svc.HTTPHandler())
 	defer srv.Close()
-	health := func() int {
+	check := func(what string, want string) {
+		t.Helper()
 		resp, err := http.Get(srv.URL + "/healthcheck")
 		if err != nil {
 			t.Fatal(err)
 		}
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		return resp.StatusCode
+		got := fmt.Sprintf("%d %q", resp.StatusCode, b)
+		if reason := resp.Header.Get("Strictrate-Error"); reason != "" {
+			got += " (" + reason + ")"
+		}
+		if got != want {
+			t.Fatalf("/healthcheck %s: %s, want %s", what, got, want)
+		}
 	}
-	if got := health(); got != http.StatusInternalServerError {
-		t.Fatalf("without a configuration: %d", got)
-	}
+	check("without a configuration", `500 "" (no rate limit configuration loaded)`)
 	svc.SetConfig(mustConfig(t, basicConfig))
-	if got := health(); got != http.StatusOK {
-		t.Fatalf("with a configuration: %d", got)
-	}
+	check("with a configuration", `200 "OK"`)
 	pingErr = errors.New("connection refused")
-	if got := health(); got != http.StatusInternalServerError {
-		t.Fatalf("storage down: %d", got)
-	}
+	check("storage down", `500 "" (storage unreachable: connection refused)`)
 	pingErr = nil
 	svc.Stop()
-	if got := health(); got != http.StatusInternalServerError {
-		t.Fatalf("after Stop: %d", got)
-	}
+	check("after Stop", `500 "" (shutting down)`)
 }
 
 // The debug handler's /rlconfig prints the loaded rules.

@@ -56,7 +56,9 @@ func TestRemainingAndResetExact(t *testing.T) {
 
 // Global shadow mode answers OK to what is over a limit and counts it
 // (global_shadow_mode), but still decides every request: one within its limit is recorded,
-// one over it is not, and the descriptors' own statuses say OVER_LIMIT.
+// one over it is not, and the descriptors' own statuses say OVER_LIMIT. A descriptor over its
+// limit does not stop the request's others from recording theirs (the reference records
+// them), and records nothing itself.
 func TestGlobalShadowMode(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := start(t, enginetest.New(t, server.Client(t)), basicConfig, rls.WithShadowMode(true), rls.WithMetrics(reg))
@@ -77,16 +79,87 @@ func TestGlobalShadowMode(t *testing.T) {
 	if got := metricValue(t, reg, "ratelimit_service_global_shadow_mode", nil); got != 2 {
 		t.Fatalf("global_shadow_mode = %v, want 2", got)
 	}
-	// All or nothing still holds: the request the full descriptor would deny records nothing
-	// in the other one.
+	// The full descriptor, over its limit, does not stop the other one from recording its
+	// hit, and records nothing itself.
 	other := descriptor("ten_per_minute", "shadow")
 	resp := ask(t, r.client, "edge", 0, d, other)
 	wantCode(t, "the full descriptor beside another", resp, ok, over, ok)
-	if got := enginetest.StoredEvents(t, c, r.key("edge", "ten_per_minute", "shadow")); got != 0 {
-		t.Fatalf("the other descriptor holds %d events after a shadow-admitted request, want 0", got)
+	if got := enginetest.StoredEvents(t, c, r.key("edge", "ten_per_minute", "shadow")); got != 1 {
+		t.Fatalf("the other descriptor holds %d events after a shadow-admitted request, want 1", got)
+	}
+	if got := enginetest.StoredEvents(t, c, key); got != 3 {
+		t.Fatalf("the full descriptor holds %d events after a shadow-admitted request, want its 3", got)
 	}
 	if got := metricValue(t, reg, "ratelimit_service_global_shadow_mode", nil); got != 3 {
 		t.Fatalf("global_shadow_mode = %v, want 3", got)
+	}
+}
+
+// Under global shadow mode, and for descriptors in quota mode, 64 concurrent requests carrying
+// a small limit and a larger one are all answered OK, and each counter holds exactly the hits
+// its own limit admits: the small one its 5, the larger one its 20 (the small one's denials do
+// not stop it), never more. Turned off (a
+// service on the same counters without the mode), both deny at once: the counts are the ones
+// the limits would have kept.
+func TestAdvisoryModesCountExactly(t *testing.T) {
+	const quotaConfig = `
+domain: edge
+descriptors:
+  - {key: five_per_minute, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: twenty_per_minute, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 20}}
+`
+	const plainConfig = `
+domain: edge
+descriptors:
+  - {key: five_per_minute, rate_limit: {unit: minute, requests_per_unit: 5}}
+  - {key: twenty_per_minute, rate_limit: {unit: minute, requests_per_unit: 20}}
+`
+	for _, mode := range []struct {
+		name string
+		yaml string
+		opts []rls.Option
+	}{
+		{"SHADOW_MODE", plainConfig, []rls.Option{rls.WithShadowMode(true)}},
+		{"QUOTA_MODE", plainConfig, []rls.Option{rls.WithQuotaMode(true)}},
+		{"quota_mode", quotaConfig, nil},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			e := enginetest.New(t, server.Client(t))
+			r := start(t, e, mode.yaml, mode.opts...)
+			small, large := descriptor("five_per_minute", "x"), descriptor("twenty_per_minute", "x")
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 8 {
+						resp, err := askCtx(context.Background(), r.client, "edge", small, large)
+						if err == nil && resp.OverallCode != ok {
+							err = fmt.Errorf("overall %s, want OK: %v", resp.OverallCode, resp)
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			c := server.Client(t)
+			for key, want := range map[string]int64{r.key("edge", "five_per_minute", "x"): 5, r.key("edge", "twenty_per_minute", "x"): 20} {
+				if got := enginetest.StoredEvents(t, c, key); got != want {
+					t.Errorf("%s holds %d events after 64 requests, want %d", key, got, want)
+				}
+			}
+			off := start(t, e, plainConfig, rls.WithKeyPrefix(r.prefix))
+			wantCode(t, "the small limit with the mode off", ask(t, off.client, "edge", 0, small), over, over)
+			wantCode(t, "the large limit with the mode off", ask(t, off.client, "edge", 0, large), over, over)
+		})
 	}
 }
 

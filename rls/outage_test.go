@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,8 @@ import (
 )
 
 // While Valkey is paused or down, a request with a 200 ms deadline is answered before it: UNAVAILABLE
-// (so that Envoy's failure_mode_deny decides), counted as a redis_error, and 503 on /json;
+// (so that Envoy's failure_mode_deny decides), counted as a redis_error, and 400 on /json (as
+// the reference answers);
 // under the engine's fail-open, OK. Once Valkey is back, decisions resume, exact again.
 func TestValkeyRestart(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
@@ -84,8 +86,13 @@ func TestValkeyRestart(t *testing.T) {
 	}
 	srv := httptest.NewServer(closed.svc.HTTPHandler())
 	defer srv.Close()
-	if code, body := post(t, srv, `{"domain":"edge","descriptors":[{"entries":[{"key":"three_per_minute","value":"restart"}]}]}`); code != http.StatusServiceUnavailable {
-		t.Fatalf("/json with Valkey down: %d %s, want 503", code, body)
+	resp, err := http.Post(srv.URL+"/json", "application/json", strings.NewReader(`{"domain":"edge","descriptors":[{"entries":[{"key":"three_per_minute","value":"restart"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Strictrate-Error") == "" {
+		t.Fatalf("/json with Valkey down: %d, reason %q; want 400, as the reference answers, with a reason", resp.StatusCode, resp.Header.Get("Strictrate-Error"))
 	}
 	if got := metricValue(t, reg, "ratelimit_service_should_rate_limit_error", map[string]string{"err_type": "redis_error"}); got != 6 {
 		t.Fatalf("should_rate_limit_error{redis_error} = %v, want 6", got)

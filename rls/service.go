@@ -40,7 +40,9 @@ import (
 // entries', shared by a rule and a request's override of its unit), whose rule's unit is a
 // sliding window of that length. The descriptors of one request, however many, are decided
 // all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
-// in every one; a denied request consumes nothing of any descriptor.
+// in every one; a denied request consumes nothing of any descriptor. A descriptor that never
+// denies (a shadow or quota rule, or any under WithShadowMode) is recorded when it has room,
+// whatever the others decide.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
@@ -105,7 +107,11 @@ type descriptorPlan struct {
 	req      int           // index in the engine requests (one per key); -1 when not sent
 	over     bool          // denied without a call: the key's hits in this request are above its limit
 	metrics  *ruleCounters // the rule's counters
-	shadow   bool
+	shadow   bool          // the rule's shadow_mode: over its limit, it answers OK
+	quota    bool          // quota mode (the rule's quota_mode, or WithQuotaMode): over its limit, it answers OK without a reset
+	// advisory descriptors never deny the request (a shadow or quota rule, or any rule under
+	// WithShadowMode): each is recorded when it has room, whatever the others decide.
+	advisory bool
 	present  bool // the descriptor is limited (a rule that is neither nil nor unlimited)
 }
 
@@ -123,9 +129,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // shouldRateLimitMethod is the gRPC method's name in the metrics' grpc_method label.
 const shouldRateLimitMethod = "ShouldRateLimit"
 
+// spanName names a decision's span as the reference names it, for the traces' queries.
+const spanName = "ShouldRateLimit Execution"
+
 // decide decides a request, traced, and counts an error by its kind.
 func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	ctx, span := s.opts.tracer.Start(ctx, "ShouldRateLimit", trace.WithAttributes(
+	ctx, span := s.opts.tracer.Start(ctx, spanName, trace.WithAttributes(
 		attribute.String("domain", req.GetDomain()), attribute.Int("descriptors", len(req.GetDescriptors()))))
 	defer span.End()
 	resp, err := s.shouldRateLimit(ctx, req)
@@ -161,7 +170,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	var results []engine.Result
 	allowed := true
 	for _, p := range plans {
-		if p.over && !p.shadow {
+		if p.over && !p.advisory {
 			allowed = false
 		}
 	}
@@ -228,8 +237,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // a request's override of the same unit: see counterOf). Every limit on a key holds on every
 // event of the key, so each is judged against its own limit with the hits of all of them: a
 // descriptor is over when the key's hits in this request are above its limit, and the engine
-// decides the key under the smallest limit of those that can deny (a shadow rule's only when
-// every one is shadow), which has room exactly when every one of them has. The order the
+// decides the key under the smallest limit of those that can deny (an advisory one's only when
+// every one is advisory), which has room exactly when every one of them has. The order the
 // descriptors come in changes nothing.
 func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
 	plans := make([]descriptorPlan, len(req.Descriptors))
@@ -257,6 +266,8 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		}
 		p.present = true
 		p.shadow = r.ShadowMode
+		p.quota = r.QuotaMode || s.opts.quota
+		p.advisory = p.shadow || p.quota || s.opts.shadow
 		p.metrics = s.metrics.rule(p.match.StatKey)
 		p.limit = s.limitOf(r)
 		p.key = s.counterOf(cfg, req.Domain, p)
@@ -296,16 +307,16 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		for _, i := range members {
 			plans[i].req = len(reqs)
 		}
-		reqs = append(reqs, engine.Request{Key: l.key, Policy: engine.Policy{l.limit}, N: n, Advisory: l.shadow})
+		reqs = append(reqs, engine.Request{Key: l.key, Policy: engine.Policy{l.limit}, N: n, Advisory: l.advisory})
 	}
 	return plans, reqs
 }
 
 // tighter reports whether p's limit, rather than lead's, is the one its key is decided under:
-// a limit that can deny before a shadow rule's, then the smaller.
+// a limit that can deny before an advisory one's, then the smaller.
 func tighter(p, lead *descriptorPlan) bool {
-	if p.shadow != lead.shadow {
-		return !p.shadow
+	if p.advisory != lead.advisory {
+		return !p.advisory
 	}
 	return p.limit.Max < lead.limit.Max
 }
@@ -488,8 +499,14 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 		}
 	}
 	st.DurationUntilReset = durationpb.New(untilReset(p.limit, res))
-	if st.Code == pb.RateLimitResponse_OVER_LIMIT && p.shadow {
+	switch {
+	case st.Code != pb.RateLimitResponse_OVER_LIMIT:
+	case p.shadow:
 		st.Code = pb.RateLimitResponse_OK
+	case p.quota:
+		// The reference's quota mode answers an exceeded quota with its limit and no time
+		// to reset; a shadow rule in quota mode answers as a shadow rule, as there.
+		st.Code, st.DurationUntilReset = pb.RateLimitResponse_OK, nil
 	}
 	return st, h
 }

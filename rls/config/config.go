@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // MaxRequestsPerUnit is the largest requests_per_unit a rule may have: the most events the
@@ -30,11 +32,15 @@ type RateLimit struct {
 	Replaces []string
 	// ShadowMode rules are decided and counted, but always answer OK.
 	ShadowMode bool
-	// QuotaMode is the reference's quota_mode: accepted and kept; what it changes is the
-	// service's to decide.
+	// QuotaMode rules never deny a request: over the limit, the descriptor answers OK (the
+	// reference's quota_mode; the service decides what it answers).
 	QuotaMode bool
 	// DetailedMetric rules are metered under the request's own values (see Match.StatKey).
 	DetailedMetric bool
+	// Metadata is the descriptor's metadata (a key of the reference's newer versions, which
+	// return it to Envoy in the response's dynamic metadata): nil when it has none. Shared
+	// with every Match of the rule: never modify it.
+	Metadata *structpb.Struct
 }
 
 // Entry is one entry of a request's descriptor, as Envoy sends it.
@@ -51,8 +57,8 @@ type Config struct {
 type node struct {
 	compositeKey   string // the key this node is found under in its parent
 	children       map[string]*node
-	order          []*node  // children in the order they were loaded, for String
-	wildcards      []string // children's composite keys that end in '*', in load order
+	order          []*node    // children in the order they were loaded, for String
+	wildcards      []wildcard // children whose composite keys hold a '*', in load order
 	limit          *RateLimit
 	valueToMetric  bool
 	shareThreshold bool
@@ -177,15 +183,16 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 				ShadowMode:      d.shadowMode,
 				QuotaMode:       d.quotaMode,
 				DetailedMetric:  d.detailedMetric,
+				Metadata:        d.metadata,
 			}
 		}
-		wildcard := strings.HasSuffix(ck, "*")
-		if d.shareThreshold && !wildcard {
+		isWildcard := strings.Contains(ck, "*")
+		if d.shareThreshold && !isWildcard {
 			return invalid(file, d.line,
-				"share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", ck)
+				"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", ck)
 		}
-		if wildcard {
-			n.wildcards = append(n.wildcards, ck)
+		if isWildcard {
+			n.wildcards = append(n.wildcards, newWildcard(ck))
 		}
 		if err := child.load(file, fullKey+".", d.descriptors); err != nil {
 			return err

@@ -26,13 +26,13 @@ type step struct {
 
 // Match finds the rule for a descriptor's entries in domain, as the reference does. At each
 // level, for the entry at that depth, it looks for the child "key_value"; failing that, the
-// first wildcard child (in the order loaded) that "key_value" starts with, less its '*';
-// failing that, the child "key" (the key without a value). The rule applies when the last
-// entry lands on a child with a rate_limit. There is no backtracking: when an entry lands on a
-// child without children while entries remain, or on none, nothing applies. So a key and
-// value without rate_limit, listed beside the key alone, exempts that value; a request with
-// fewer entries than the tree is limited only by a rule at its own depth; one with more, by
-// nothing.
+// first wildcard child (in the order loaded) that "key_value" matches, each '*' of its key
+// standing for any run of bytes ("bar*b", "files/*"); failing that, the child "key" (the key
+// without a value). The rule applies when the last entry lands on a child with a rate_limit.
+// There is no backtracking: when an entry lands on a child without children while entries
+// remain, or on none, nothing applies. So a key and value without rate_limit, listed beside
+// the key alone, exempts that value; a request with fewer entries than the tree is limited
+// only by a rule at its own depth; one with more, by nothing.
 func (c *Config) Match(domain string, entries []Entry) Match {
 	if c == nil {
 		return Match{}
@@ -51,9 +51,8 @@ func (c *Config) Match(domain string, entries []Entry) Match {
 		s := step{}
 		if next == nil {
 			for _, w := range level.wildcards {
-				p := w[:len(w)-1]
-				if len(ck) >= len(p) && string(ck[:len(p)]) == p {
-					next, s.wildcard = level.children[w], w
+				if w.matches(ck) {
+					next, s.wildcard = level.children[w.compositeKey], w.compositeKey
 					break
 				}
 			}

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 
@@ -36,6 +37,8 @@ type want struct {
 	counter   []config.Entry // nil: the request's entries
 	name      string
 	shadow    bool
+	quota     bool
+	metadata  map[string]any // the rule's metadata, as structpb.Struct.AsMap gives it; nil for none
 }
 
 type matchCase struct {
@@ -66,8 +69,15 @@ func runMatches(t *testing.T, c *config.Config, cases []matchCase) {
 			w := tc.want
 			l := m.Limit
 			if l.RequestsPerUnit != w.rpu || l.Unit != w.unit || l.Unlimited != w.unlimited ||
-				l.Name != w.name || l.ShadowMode != w.shadow {
+				l.Name != w.name || l.ShadowMode != w.shadow || l.QuotaMode != w.quota {
 				t.Errorf("rule = %+v, want %+v", *l, *w)
+			}
+			var metadata map[string]any
+			if l.Metadata != nil {
+				metadata = l.Metadata.AsMap()
+			}
+			if !reflect.DeepEqual(metadata, w.metadata) {
+				t.Errorf("Metadata = %v, want %v", metadata, w.metadata)
 			}
 			if m.StatKey != w.statKey {
 				t.Errorf("StatKey = %q, want %q", m.StatKey, w.statKey)
@@ -200,8 +210,8 @@ func TestMatchBasic(t *testing.T) {
 	}
 }
 
-func TestMatchWildcard(t *testing.T) {
-	c := parse(t, yamlFile("wildcard.yaml", `
+// wildcardYAML is the reference's wildcard layout, then cases of our own.
+const wildcardYAML = `
 domain: test-domain
 descriptors:
   - key: wild
@@ -215,6 +225,9 @@ descriptors:
   - key: midWild
     value: bar*b
     rate_limit: {unit: minute, requests_per_unit: 23}
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 25}
   - key: nestedWild
     value: val1
     descriptors:
@@ -242,7 +255,10 @@ descriptors:
     value: foo*
     value_to_metric: true
     rate_limit: {unit: second, requests_per_unit: 6}
-`))
+`
+
+func TestMatchWildcard(t *testing.T) {
+	c := parse(t, yamlFile("wildcard.yaml", wildcardYAML))
 	runMatches(t, c, []matchCase{
 		{name: "key alone", entries: e("noVal", "foo1"),
 			want: &want{rpu: 22, unit: config.Minute, statKey: "test-domain.noVal"}},
@@ -254,7 +270,15 @@ descriptors:
 			want: &want{rpu: 24, unit: config.Minute, statKey: "test-domain.nestedWild_val1.wild_goo*"}},
 		{name: "wildcard does not match", entries: e("wild", "bar")},
 		{name: "plain value is no prefix", entries: e("noWild", "foo1")},
-		{name: "'*' only at the end", entries: e("midWild", "barab")},
+		{name: "'*' in the middle", entries: e("midWild", "barab"),
+			want: &want{rpu: 23, unit: config.Minute, statKey: "test-domain.midWild_bar*b"}},
+		{name: "'*' in the middle matches nothing too", entries: e("midWild", "barb"),
+			want: &want{rpu: 23, unit: config.Minute, statKey: "test-domain.midWild_bar*b"}},
+		{name: "'*' in the middle, suffix missing", entries: e("midWild", "bara")},
+		{name: "several '*', in order", entries: e("multiWild", "fooXbarYbaz"),
+			want: &want{rpu: 25, unit: config.Minute, statKey: "test-domain.multiWild_foo*bar*baz"}},
+		{name: "several '*', out of order", entries: e("multiWild", "foobazbar")},
+		{name: "several '*', the parts overlapping", entries: e("multiWild", "foobaz")},
 		{name: "exact value first", entries: e("order", "abc"),
 			want: &want{rpu: 3, unit: config.Second, statKey: "test-domain.order_abc"}},
 		{name: "first listed wildcard", entries: e("order", "abd"),
@@ -268,6 +292,8 @@ descriptors:
 	})
 }
 
+// shareYAML is the reference's share_threshold layout (its newer one, with wildcards in the
+// middle of values).
 const shareYAML = `
 domain: test-domain
 descriptors:
@@ -331,6 +357,14 @@ descriptors:
     value: test*
     share_threshold: true
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - {key: midpath, value: /api*v1, share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 100}}
+  - {key: multiroute, value: svc*ep*rpc, share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 50}}
+  - {key: midroute, value: /api*v2, share_threshold: true, value_to_metric: true, rate_limit: {unit: minute, requests_per_unit: 80}}
+  - key: tenant
+    value: t*prod
+    share_threshold: true
+    descriptors:
+      - {key: resource, value: res*v2, share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 60}}
 `
 
 func TestMatchShareThreshold(t *testing.T) {

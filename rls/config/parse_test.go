@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -102,7 +103,7 @@ descriptors:
     value: files
     share_threshold: true
     rate_limit: {unit: minute, requests_per_unit: 1}
-`)}, line: 3, reason: "share_threshold can only be used with wildcard values (ending with '*'), but found key 'files_files'"},
+`)}, line: 3, reason: "share_threshold can only be used with wildcard values (containing '*'), but found key 'files_files'"},
 		{name: "unknown key", files: []config.File{yamlFile("f.yaml", `domain: test-domain
 descriptors:
   - key: key1
@@ -159,6 +160,10 @@ descriptors:
 			line: 1, reason: "error loading config file: cannot unmarshal !!seq into string"},
 		{name: "alias containing itself", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors: &a\n  - key: k\n    descriptors: *a\n")},
 			reason: "error loading config file: maps nested more than 256 deep"},
+		{name: "metadata that is not a map", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n")},
+			line: 4, reason: "error loading config file: cannot unmarshal !!seq into a metadata map"},
+		{name: "metadata holding binary that is not text", files: []config.File{yamlFile("f.yaml", "domain: d\ndescriptors:\n  - key: k\n    metadata: {b: !!binary /w==}\n")},
+			line: 4, reason: "error parsing metadata: a binary value is not UTF-8 text"},
 		{name: "the first bad file is named", files: []config.File{yamlFile("a.yaml", "domain: a\nunknown: 1\n"), yamlFile("b.yaml", "x: 1\n")},
 			file: "a.yaml", line: 2, reason: "config error, unknown key 'unknown'"},
 	}
@@ -200,6 +205,41 @@ descriptors:
 				t.Errorf("message %q does not name the file", err)
 			}
 		})
+	}
+}
+
+// A descriptor's metadata (the reference's newer format) is any map, its keys not checked
+// against the known ones, kept with its rule as the reference keeps it; anywhere else it is
+// accepted and ignored, as every known key is.
+func TestParseMetadata(t *testing.T) {
+	c := parse(t, yamlFile("metadata.yaml", `
+domain: d
+metadata: {ignored: at the top}
+descriptors:
+  - key: k
+    metadata: &meta
+      service: {name: svc, ratelimit: [1, 2.5, yes, "yes", ~, 2026-01-02]}
+      <<: {merged: true}
+    rate_limit: {unit: minute, requests_per_unit: 1, metadata: ignored}
+  - key: alias
+    metadata: *meta
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: empty
+    metadata: {}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`))
+	want := map[string]any{
+		"service": map[string]any{"name": "svc", "ratelimit": []any{1.0, 2.5, true, "yes", nil, "2026-01-02"}},
+		"merged":  true,
+	}
+	for _, key := range []string{"k", "alias"} {
+		m := c.Match("d", e(key, "x"))
+		if m.Limit == nil || m.Limit.Metadata == nil || !reflect.DeepEqual(m.Limit.Metadata.AsMap(), want) {
+			t.Errorf("%s's metadata = %v, want %v", key, m.Limit, want)
+		}
+	}
+	if m := c.Match("d", e("empty", "x")); m.Limit == nil || m.Limit.Metadata != nil {
+		t.Errorf("an empty metadata map is kept: %v", m.Limit)
 	}
 }
 

@@ -5,12 +5,15 @@ import (
 	"strings"
 
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // FromProto builds a Config from xDS RateLimitConfig resources (as Envoy Gateway sends them),
 // checked as files are, each resource named by its name in messages. The resources carry no
-// quota_mode, value_to_metric or share_threshold, which stay off. A unit is read by its
-// number, so week, month and year are accepted whether or not the sender's proto names them.
+// value_to_metric or share_threshold, which stay off; quota_mode and metadata are read as the
+// reference's newer versions read them. A unit is read by its number, so week, month and
+// year are accepted whether or not the sender's proto names them.
 func FromProto(cfgs []*rlsconfv3.RateLimitConfig, opts ...Option) (*Config, error) {
 	roots := make([]namedRoot, 0, len(cfgs))
 	for _, c := range cfgs {
@@ -37,7 +40,9 @@ func descriptorsFromProto(ds []*rlsconfv3.RateLimitDescriptor) []rawDescriptor {
 			rateLimit:      rateLimitFromProto(d.GetRateLimit()),
 			descriptors:    descriptorsFromProto(d.GetDescriptors()),
 			shadowMode:     d.GetShadowMode(),
+			quotaMode:      d.GetQuotaMode(),
 			detailedMetric: d.GetDetailedMetric(),
+			metadata:       protoMetadata(d.GetMetadata()),
 		})
 	}
 	return out
@@ -67,4 +72,13 @@ func unitName(n int32) string {
 		return strings.ToUpper(u.String())
 	}
 	return strconv.Itoa(int(n))
+}
+
+// protoMetadata is a descriptor's metadata as a file's would be: nil when empty, and a copy,
+// so that the Config does not share what the xDS client holds.
+func protoMetadata(m *structpb.Struct) *structpb.Struct {
+	if len(m.GetFields()) == 0 {
+		return nil
+	}
+	return proto.CloneOf(m)
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // The file's content as the reference reads it, before the rules are checked and built; the
@@ -25,6 +26,7 @@ type rawDescriptor struct {
 	detailedMetric bool
 	valueToMetric  bool
 	shareThreshold bool
+	metadata       *structpb.Struct
 }
 
 type rawRateLimit struct {
@@ -37,14 +39,14 @@ type rawRateLimit struct {
 	replaces        []string
 }
 
-// knownKeys are the keys the reference accepts, at any depth of a file: it checks every key
-// against one set, so a key in the wrong place ("unit" beside "key", say) is accepted and
-// ignored, as it is here.
+// knownKeys are the keys the reference accepts (metadata since its newer versions), at any
+// depth of a file: it checks every key against one set, so a key in the wrong place ("unit"
+// beside "key", say) is accepted and ignored, as it is here.
 var knownKeys = map[string]bool{
 	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
 	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
 	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
-	"value_to_metric": true, "share_threshold": true,
+	"value_to_metric": true, "share_threshold": true, "metadata": true,
 }
 
 // maxNodes bounds the nodes a file may expand to through aliases, so that a small file of
@@ -184,6 +186,9 @@ func (r *yamlReader) checkKeys(m *yaml.Node, depth int) error {
 		}
 		if !knownKeys[p.key.Value] {
 			return invalid(r.file, p.key.Line, "config error, unknown key '%s'", p.key.Value)
+		}
+		if p.key.Value == "metadata" {
+			continue // free-form, as the newer reference leaves it: read with its descriptor
 		}
 		v, err := r.deref(p.value)
 		if err != nil {
@@ -330,6 +335,8 @@ func (r *yamlReader) descriptor(m *yaml.Node) (rawDescriptor, error) {
 			d.valueToMetric, err = r.boolean(p.value)
 		case "share_threshold":
 			d.shareThreshold, err = r.boolean(p.value)
+		case "metadata":
+			d.metadata, err = r.metadata(p.value)
 		}
 		if err != nil {
 			return d, err
@@ -436,6 +443,16 @@ var yaml11Bools = map[string]bool{
 	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
 }
 
+// yaml11Bool reads a plain (unquoted, untagged) word of yaml11Bools as the boolean it is in
+// YAML 1.1.
+func yaml11Bool(n *yaml.Node) (value, ok bool) {
+	if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle|yaml.TaggedStyle) != 0 {
+		return false, false
+	}
+	value, ok = yaml11Bools[n.Value]
+	return value, ok
+}
+
 func (r *yamlReader) boolean(n *yaml.Node) (bool, error) {
 	n, err := r.deref(n)
 	if err != nil {
@@ -452,7 +469,7 @@ func (r *yamlReader) boolean(n *yaml.Node) (bool, error) {
 				return b, nil
 			}
 		case "!!str":
-			if b, ok := yaml11Bools[n.Value]; ok && n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle|yaml.TaggedStyle) == 0 {
+			if b, ok := yaml11Bool(n); ok {
 				return b, nil
 			}
 		}

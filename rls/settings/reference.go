@@ -132,8 +132,4 @@ func (r *reader) refuseUnsupported() {
 		r.refuse("REDIS_PERSECOND=true: a separate Redis for per-second limits is not supported; " +
 			"remove it to keep per-second limits in the Valkey of REDIS_URL with every other limit")
 	}
-	if r.boolean("QUOTA_MODE", false) {
-		r.refuse("QUOTA_MODE=true: quota mode (OK past a limit, the excess reported in metadata) is not supported; " +
-			"ignoring it would deny requests it admits: remove it, or use SHADOW_MODE to observe without denying")
-	}
 }

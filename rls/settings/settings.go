@@ -28,7 +28,7 @@ var (
 	ErrInvalid = errors.New("settings: invalid value")
 	// ErrRefused is wrapped by FromEnv's error when a setting of the reference asks for what
 	// this service does not do and ignoring it would change what is limited (a separate Redis
-	// for per-second limits, memcached, quota mode).
+	// for per-second limits, memcached).
 	ErrRefused = errors.New("settings: refused")
 )
 
@@ -117,6 +117,7 @@ type Settings struct {
 	LocalCacheSizeInBytes             int     // LOCAL_CACHE_SIZE_IN_BYTES: the deny cache's size; 0 turns it off
 	NearLimitRatio                    float64 // NEAR_LIMIT_RATIO: 0.8
 	ShadowMode                        bool    // SHADOW_MODE: decide and count, always answer OK
+	QuotaMode                         bool    // QUOTA_MODE: every rule in quota mode (rls.WithQuotaMode)
 	MergeDomainConfig                 bool    // MERGE_DOMAIN_CONFIG: files naming one domain are merged (config.WithMergeDomains)
 	HealthyWithAtLeastOneConfigLoaded bool    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
 	LimitResponseHeadersEnabled       bool    // LIMIT_RESPONSE_HEADERS_ENABLED
@@ -145,6 +146,15 @@ type Settings struct {
 	RedisTLSSkipHostnameVerification bool          // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: verify the chain, not the name
 	RedisPipelineWindow              time.Duration // REDIS_PIPELINE_WINDOW: the client's MaxFlushDelay; 0
 	RedisTimeout                     time.Duration // REDIS_TIMEOUT: dial and write timeout; 10s
+	// At start, a Valkey that cannot be reached is tried again, the wait doubling from
+	// RedisStartupInitialInterval (REDIS_STARTUP_INITIAL_INTERVAL, 1s) up to
+	// RedisStartupMaxInterval (REDIS_STARTUP_MAX_INTERVAL, 30s), for at most
+	// RedisStartupMaxElapsedTime (REDIS_STARTUP_MAX_ELAPSED_TIME), after which the start
+	// fails; 0 tries until it answers. The reference's newer names; its default for the last
+	// is 0, this service's 30s, so that a wrong address stops the start, naming it.
+	RedisStartupInitialInterval time.Duration
+	RedisStartupMaxInterval     time.Duration
+	RedisStartupMaxElapsedTime  time.Duration
 
 	// Tracing (OpenTelemetry). The exporter reads its own OTEL_EXPORTER_OTLP_* variables.
 	TracingEnabled           bool    // TRACING_ENABLED
@@ -337,6 +347,7 @@ func (s *Settings) readLimits(r *reader) {
 		r.invalid("NEAR_LIMIT_RATIO=%g is not between 0 and 1", s.NearLimitRatio)
 	}
 	s.ShadowMode = r.boolean("SHADOW_MODE", false)
+	s.QuotaMode = r.boolean("QUOTA_MODE", false)
 	s.MergeDomainConfig = r.boolean("MERGE_DOMAIN_CONFIG", false)
 	s.HealthyWithAtLeastOneConfigLoaded = r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
 	// Both are what this service always does: a denied request is never counted, and
@@ -376,6 +387,16 @@ func (s *Settings) readRedis(r *reader) {
 	s.RedisTLSSkipHostnameVerification = r.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)
 	s.RedisPipelineWindow = r.duration("REDIS_PIPELINE_WINDOW", 0)
 	s.RedisTimeout = r.duration("REDIS_TIMEOUT", 10*time.Second)
+	s.RedisStartupInitialInterval = r.duration("REDIS_STARTUP_INITIAL_INTERVAL", time.Second)
+	s.RedisStartupMaxInterval = r.duration("REDIS_STARTUP_MAX_INTERVAL", 30*time.Second)
+	s.RedisStartupMaxElapsedTime = r.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", 30*time.Second)
+	if s.RedisStartupInitialInterval <= 0 || s.RedisStartupMaxInterval < s.RedisStartupInitialInterval {
+		r.invalid("REDIS_STARTUP_INITIAL_INTERVAL=%s and REDIS_STARTUP_MAX_INTERVAL=%s: the first wait must be above 0 and the longest at least as long",
+			s.RedisStartupInitialInterval, s.RedisStartupMaxInterval)
+	}
+	if s.RedisStartupMaxElapsedTime < 0 {
+		r.invalid("REDIS_STARTUP_MAX_ELAPSED_TIME=%s is negative (0 tries until Valkey answers)", s.RedisStartupMaxElapsedTime)
+	}
 
 	if s.RedisUseTLS && (s.RedisTLSClientCert == "") != (s.RedisTLSClientKey == "") {
 		r.invalid("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together: set both or neither")

@@ -42,6 +42,7 @@ func TestDefaults(t *testing.T) {
 		BackendType: "redis", NearLimitRatio: 0.8,
 		HeaderRateLimitLimit: "RateLimit-Limit", HeaderRateLimitRemaining: "RateLimit-Remaining", HeaderRateLimitReset: "RateLimit-Reset",
 		RedisSocketType: "unix", RedisType: RedisSingle, RedisURL: "/var/run/nutcracker/ratelimit.sock", RedisTimeout: 10 * time.Second,
+		RedisStartupInitialInterval: time.Second, RedisStartupMaxInterval: 30 * time.Second, RedisStartupMaxElapsedTime: 30 * time.Second,
 		TracingServiceName: "RateLimit", TracingSamplingRate: 1, TracingExporterProtocol: "http",
 		Batching: true, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
 	}
@@ -175,7 +176,6 @@ func TestRefused(t *testing.T) {
 	for _, tc := range []struct{ name, value string }{
 		{"REDIS_PERSECOND", "true"},
 		{"BACKEND_TYPE", "memcache"},
-		{"QUOTA_MODE", "true"},
 	} {
 		_, _, err := FromEnv(env(tc.name, tc.value))
 		if !errors.Is(err, ErrRefused) {
@@ -187,8 +187,39 @@ func TestRefused(t *testing.T) {
 		}
 	}
 	// Off, they are what the service does anyway.
-	if _, warnings, err := FromEnv(env("REDIS_PERSECOND", "false", "QUOTA_MODE", "false", "BACKEND_TYPE", "redis")); err != nil || len(warnings) != 0 {
+	if _, warnings, err := FromEnv(env("REDIS_PERSECOND", "false", "BACKEND_TYPE", "redis")); err != nil || len(warnings) != 0 {
 		t.Errorf("the refused settings turned off: %v, %q", err, warnings)
+	}
+}
+
+// QUOTA_MODE, refused before quota mode was implemented, now turns it on.
+func TestQuotaMode(t *testing.T) {
+	for value, want := range map[string]bool{"true": true, "false": false, "": false} {
+		s, _, err := FromEnv(env("QUOTA_MODE", value))
+		if err != nil || s.QuotaMode != want {
+			t.Errorf("QUOTA_MODE=%q: %v, %v; want %v", value, s.QuotaMode, err, want)
+		}
+	}
+}
+
+// The start's retries of an unreachable Valkey: the reference's newer settings, with a
+// bounded total by default.
+func TestRedisStartup(t *testing.T) {
+	s := mustSettings(t)
+	if s.RedisStartupInitialInterval != time.Second || s.RedisStartupMaxInterval != 30*time.Second || s.RedisStartupMaxElapsedTime != 30*time.Second {
+		t.Errorf("defaults %v %v %v, want 1s 30s 30s", s.RedisStartupInitialInterval, s.RedisStartupMaxInterval, s.RedisStartupMaxElapsedTime)
+	}
+	if s := mustSettings(t, "REDIS_STARTUP_MAX_ELAPSED_TIME", "0"); s.RedisStartupMaxElapsedTime != 0 {
+		t.Errorf("REDIS_STARTUP_MAX_ELAPSED_TIME=0 read as %v", s.RedisStartupMaxElapsedTime)
+	}
+	for _, kv := range [][]string{
+		{"REDIS_STARTUP_INITIAL_INTERVAL", "0s"},
+		{"REDIS_STARTUP_INITIAL_INTERVAL", "1m"}, // above the longest wait
+		{"REDIS_STARTUP_MAX_ELAPSED_TIME", "-1s"},
+	} {
+		if _, _, err := FromEnv(env(kv...)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), kv[0]) {
+			t.Errorf("%s=%s: %v, want ErrInvalid naming it", kv[0], kv[1], err)
+		}
 	}
 }
 
@@ -385,6 +416,7 @@ var referenceVariables = []string{
 	"REDIS_PERSECOND_TLS", "REDIS_SENTINEL_AUTH", "REDIS_PERSECOND_SENTINEL_AUTH", "REDIS_PERSECOND_PIPELINE_WINDOW",
 	"REDIS_PERSECOND_PIPELINE_LIMIT", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "REDIS_TIMEOUT", "REDIS_PERSECOND_TIMEOUT",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR", "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME", // newer
 	"MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS",
 	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
 	"SHADOW_MODE", "QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "MERGE_DOMAIN_CONFIG",
@@ -446,7 +478,7 @@ func TestDocumentedVariables(t *testing.T) {
 			t.Errorf("%s's row does not say it is ignored with a warning: %s", v.name, row)
 		}
 	}
-	for _, name := range []string{"REDIS_PERSECOND", "QUOTA_MODE"} {
+	for _, name := range []string{"REDIS_PERSECOND"} {
 		if row := rows[name]; !strings.Contains(row, "| refused |") {
 			t.Errorf("%s's row does not say it is refused: %s", name, row)
 		}

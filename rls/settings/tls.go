@@ -1,12 +1,15 @@
 package settings
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"sync"
+	"time"
 )
 
 // ServerTLS returns the gRPC server's TLS configuration, or nil without GRPC_SERVER_USE_TLS.
@@ -141,19 +144,29 @@ func certPool(file string, withSystem bool) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// keyPair is a certificate and key read from files and read again when either file changes,
-// checked at each handshake (two stats), so that rotated files reach the next connection.
-// A pair that fails to load (the certificate written, the key not yet) keeps the last good
-// one until the files load together.
+// keyPair is a certificate and key read from files and read again when they change, checked
+// at each handshake so that rotated files reach the next connection. A change is told by the
+// files' content: a pair replaced by one of the same size, written in the same clock tick (two
+// EC pairs can be both), has the old files' sizes and modification times. The files are
+// stated at each handshake and read again when their size or time changed, and at least once
+// every contentCheck; they are small, and a flood of handshakes reads them at most that often.
+// A pair that fails to load (the certificate written, the key not yet) keeps the last good one
+// until the files load together.
 type keyPair struct {
 	certFile, keyFile string
 
-	mu     sync.Mutex
-	cert   *tls.Certificate
-	stamps [2]fileStamp // of certFile and keyFile when cert was loaded
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	sum     [sha256.Size]byte // of the files cert was loaded from
+	stamps  [2]fileStamp      // of certFile and keyFile when they were last read
+	checked time.Time         // when the files were last read
 }
 
-// fileStamp tells a file's versions apart.
+// contentCheck is how often the files are read when neither their size nor their time
+// changed: the reference serves a replaced certificate within about a second.
+const contentCheck = time.Second
+
+// fileStamp tells a file's versions apart, when they differ in time or size.
 type fileStamp struct {
 	mod  int64 // modification time, Unix nanoseconds
 	size int64
@@ -176,21 +189,53 @@ func (p *keyPair) get() (*tls.Certificate, error) {
 	stamps, statErr := p.stat()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cert != nil && (statErr != nil || stamps == p.stamps) {
+	if p.cert != nil && (statErr != nil || stamps == p.stamps && time.Since(p.checked) < contentCheck) {
 		return p.cert, nil
 	}
 	if statErr != nil {
 		return nil, statErr
 	}
-	cert, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
+	certPEM, certErr := os.ReadFile(p.certFile)
+	keyPEM, keyErr := os.ReadFile(p.keyFile)
+	if err := errors.Join(certErr, keyErr); err != nil {
+		if p.cert != nil {
+			return p.cert, nil
+		}
+		return nil, err
+	}
+	p.checked = time.Now()
+	sum := pairSum(certPEM, keyPEM)
+	if p.cert != nil && sum == p.sum {
+		p.stamps = stamps
+		return p.cert, nil
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		if p.cert != nil {
+			// Read again when the files change, or at the next check: the other file may be
+			// on its way.
+			p.stamps = stamps
 			return p.cert, nil
 		}
 		return nil, fmt.Errorf("load %s and %s: %w", p.certFile, p.keyFile, err)
 	}
-	p.cert, p.stamps = &cert, stamps
+	p.cert, p.sum, p.stamps = &cert, sum, stamps
 	return p.cert, nil
+}
+
+// pairSum is the SHA-256 of a pair's files: each one's length, then its bytes, so that no
+// two pairs of contents give one input.
+func pairSum(certPEM, keyPEM []byte) [sha256.Size]byte {
+	h := sha256.New()
+	for _, b := range [][]byte{certPEM, keyPEM} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 func (p *keyPair) stat() ([2]fileStamp, error) {

@@ -1,13 +1,18 @@
 package settings
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/rls/internal/testpki"
 )
 
 // serverCerts is a CA, a server certificate for localhost and a client certificate it issued.
@@ -165,6 +170,56 @@ func TestServerTLSReloadsRotatedCertificate(t *testing.T) {
 	touchLater(t, 2*time.Hour, c.serverCert)
 	if got := served(); got != "rotated" {
 		t.Fatalf("after a broken rotation %q, want rotated kept", got)
+	}
+}
+
+// A pair replaced by one of the same size, written in the same clock tick (so that its files'
+// sizes and modification times are the old ones'), and moved over the old files as a
+// deployment rotates them, is served within a second or so, as the reference serves it: the
+// files are told apart by their content.
+func TestServerTLSReloadsSameSizeSameTime(t *testing.T) {
+	dir := t.TempDir()
+	oldCA, newCA := testpki.New(t, "old CA"), testpki.New(t, "new CA")
+	first := oldCA.Issue(t, testpki.LoopbackLeaf("first"))
+	second := newCA.IssueLike(t, testpki.LoopbackLeaf("secnd"), first)
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	nextCert, nextKey := filepath.Join(dir, "next.crt"), filepath.Join(dir, "next.key")
+	testpki.Write(t, first, certFile, keyFile)
+	testpki.Write(t, second, nextCert, nextKey)
+	testpki.SameTick(t, certFile, keyFile, nextCert, nextKey)
+	for _, pair := range [][2]string{{certFile, nextCert}, {keyFile, nextKey}} {
+		a, errA := os.Stat(pair[0])
+		b, errB := os.Stat(pair[1])
+		if errA != nil || errB != nil || a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime()) {
+			t.Fatalf("%s and %s differ in size or time: %v %v", pair[0], pair[1], a, b)
+		}
+	}
+
+	s := mustSettings(t, "GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", certFile, "GRPC_SERVER_TLS_KEY", keyFile)
+	serverCfg, err := s.ServerTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := func() string {
+		t.Helper()
+		res := handshake(t, serverCfg, &tls.Config{InsecureSkipVerify: true})
+		if res.clientErr != nil || res.serverErr != nil {
+			t.Fatalf("server %v, client %v", res.serverErr, res.clientErr)
+		}
+		return res.client.PeerCertificates[0].Subject.CommonName
+	}
+	if got := served(); got != "first" {
+		t.Fatalf("first certificate %q, want first", got)
+	}
+	for _, mv := range [][2]string{{nextCert, certFile}, {nextKey, keyFile}} {
+		if err := os.Rename(mv[0], mv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := valkeytest.WaitFor(context.Background(), 10*time.Second, "the replaced certificate to be served", func() (bool, error) {
+		return served() == "secnd", nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -127,7 +127,10 @@ func baseEnv(t *testing.T) env {
 // on free loopback ports unless e places them, and returns without waiting for it to serve.
 // The process is stopped at the end of the test (SIGTERM, and it must exit 0), unless it has
 // exited before; its output is logged when the test fails.
-func launch(t *testing.T, e env) *process {
+func launch(t *testing.T, e env) *process { return launchBinary(t, binary, e) }
+
+// launchBinary is launch of another server's binary (the reference's, see compat_test.go).
+func launchBinary(t *testing.T, bin string, e env) *process {
 	t.Helper()
 	ports, err := valkeytest.FreePorts(4)
 	if err != nil {
@@ -154,13 +157,13 @@ func launch(t *testing.T, e env) *process {
 		prometheus: full["PROMETHEUS_ADDR"],
 		done:       make(chan struct{}),
 	}
-	p.cmd = exec.Command(binary)
+	p.cmd = exec.Command(bin)
 	for k, v := range full {
 		p.cmd.Env = append(p.cmd.Env, k+"="+v)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", binary, err)
+		t.Fatalf("start %s: %v", bin, err)
 	}
 	go func() {
 		err := p.cmd.Wait()
@@ -187,7 +190,13 @@ func launch(t *testing.T, e env) *process {
 // open by then).
 func start(t *testing.T, e env) *process {
 	t.Helper()
-	p := launch(t, e)
+	return startBinary(t, binary, e)
+}
+
+// startBinary is start of another server's binary.
+func startBinary(t *testing.T, bin string, e env) *process {
+	t.Helper()
+	p := launchBinary(t, bin, e)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		resp, err := http.Get("http://" + p.http + "/healthcheck")
@@ -359,13 +368,19 @@ func request(domain string, kv ...string) *pb.RateLimitRequest {
 // decide sends req with a 5 s deadline and returns the overall code; the call must succeed.
 func decide(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest) pb.RateLimitResponse_Code {
 	t.Helper()
+	return respond(t, c, req).GetOverallCode()
+}
+
+// respond sends req with a 5 s deadline and returns the response; the call must succeed.
+func respond(t *testing.T, c pb.RateLimitServiceClient, req *pb.RateLimitRequest) *pb.RateLimitResponse {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := c.ShouldRateLimit(ctx, req)
 	if err != nil {
 		t.Fatalf("ShouldRateLimit(%v): %v", req, err)
 	}
-	return resp.GetOverallCode()
+	return resp
 }
 
 // decisions sends req n times and returns the overall codes, joined: "OK OK OVER_LIMIT".

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -92,28 +93,95 @@ func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer
 	return serve(ctx, s, svc, registry, logger)
 }
 
-// connect makes the Valkey client, retrying until Valkey answers or ctx ends: a service
-// started before its storage waits for it (its health check fails meanwhile).
+// connect makes the Valkey client. Credentials the server refuses are a configuration error:
+// the start stops at once, naming them. A server that cannot be reached is tried again (a
+// service started before its storage waits for it), the wait doubling from
+// REDIS_STARTUP_INITIAL_INTERVAL up to REDIS_STARTUP_MAX_INTERVAL, for at most
+// REDIS_STARTUP_MAX_ELAPSED_TIME (0: until it answers), after which the start stops, naming
+// the address; no port is open meanwhile.
 func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (valkey.Client, error) {
 	opt, err := s.ValkeyOption()
 	if err != nil {
 		return nil, fmt.Errorf("valkey: %w", err)
 	}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		client, err := valkey.NewClient(opt)
-		if err == nil {
+	addrs := strings.Join(opt.InitAddress, ",")
+	tries := ctx
+	if s.RedisStartupMaxElapsedTime > 0 {
+		var cancel context.CancelFunc
+		tries, cancel = context.WithTimeout(ctx, s.RedisStartupMaxElapsedTime)
+		defer cancel()
+	}
+	var lastErr error // the last answer of the server, or of the network, for the message
+	for wait := s.RedisStartupInitialInterval; ; wait = min(2*wait, s.RedisStartupMaxInterval) {
+		client, err := dialValkey(tries, opt)
+		switch {
+		case err == nil:
 			return client, nil
-		}
-		if client != nil {
-			client.Close()
-		}
-		logger.Warn("valkey unreachable; retrying", "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case <-time.After(wait):
+		case credentialsRefused(err):
+			return nil, fmt.Errorf("valkey at %s refuses the credentials (REDIS_AUTH, or REDIS_URL's user and password): %w", addrs, err)
+		case tries.Err() == nil || lastErr == nil: // not the deadline's own error after a real one
+			lastErr = err
+		}
+		if tries.Err() == nil {
+			logger.Warn("valkey unreachable; retrying", "addr", addrs, "err", err, "retry_in", wait)
+			select {
+			case <-tries.Done():
+			case <-time.After(wait):
+				continue
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("valkey at %s (REDIS_URL) unreachable for %s (REDIS_STARTUP_MAX_ELAPSED_TIME): %w", addrs, s.RedisStartupMaxElapsedTime, lastErr)
+	}
+}
+
+// dialValkey is valkey.NewClient, given up on when ctx ends first, its error then ctx's
+// (a client that comes later is closed).
+func dialValkey(ctx context.Context, opt valkey.ClientOption) (valkey.Client, error) {
+	type dialed struct {
+		client valkey.Client
+		err    error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		client, err := valkey.NewClient(opt)
+		if err != nil && client != nil {
+			client.Close()
+			client = nil
+		}
+		done <- dialed{client, err}
+	}()
+	select {
+	case d := <-done:
+		return d.client, d.err
+	case <-ctx.Done():
+		go func() {
+			if d := <-done; d.client != nil {
+				d.client.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// credentialsRefused reports whether err is the server refusing the connection's credentials
+// (AUTH, or HELLO's): none given where some are needed (NOAUTH), wrong ones (WRONGPASS), or a
+// user not allowed to connect as it asked (NOPERM). Trying again cannot help.
+func credentialsRefused(err error) bool {
+	var verr *valkey.ValkeyError
+	if !errors.As(err, &verr) {
+		return false
+	}
+	for _, prefix := range []string{"NOAUTH", "WRONGPASS", "NOPERM"} {
+		if strings.HasPrefix(verr.Error(), prefix) {
+			return true
 		}
 	}
+	return false
 }
 
 // engineOptions are the engine's options from the settings.
@@ -146,6 +214,7 @@ func serviceOptions(s settings.Settings, logger *slog.Logger, registry prometheu
 		rls.WithKeyPrefix(s.CacheKeyPrefix),
 		rls.WithNearLimitRatio(s.NearLimitRatio),
 		rls.WithShadowMode(s.ShadowMode),
+		rls.WithQuotaMode(s.QuotaMode),
 		rls.WithCalendar(s.Calendar),
 		rls.WithSlotsPerWindow(s.SlotsPerWindow),
 		rls.WithRequestTimeout(s.RequestTimeout),
@@ -388,6 +457,11 @@ func listenGRPC(s settings.Settings) (net.Listener, error) {
 	return ln, nil
 }
 
+// healthServices are the names the gRPC health service answers for, each with the service's
+// health: the server as a whole (""), "ratelimit", the name the reference registers and that
+// probes and meshes configured for it ask for, and the rate limit service's own name.
+var healthServices = []string{"", "ratelimit", pb.RateLimitService_ServiceDesc.ServiceName}
+
 // keepHealth keeps the gRPC health service's status in step with the service's health.
 func keepHealth(ctx context.Context, svc *rls.Service, h *health.Server) {
 	t := time.NewTicker(healthInterval)
@@ -397,8 +471,9 @@ func keepHealth(ctx context.Context, svc *rls.Service, h *health.Server) {
 		if svc.Healthy(ctx) != nil {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
 		}
-		h.SetServingStatus("", st)
-		h.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, st)
+		for _, name := range healthServices {
+			h.SetServingStatus(name, st)
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -86,6 +86,34 @@ func (ca *CA) Issue(t testing.TB, l Leaf) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
+// IssueLike is Issue of a certificate as long as like's, so that the two pairs' files are the
+// same size (a P-256 key in PKCS #8 always is): a rotation that a file's size, and time when
+// both are written in one clock tick, cannot tell apart. l's names must be as long as like's.
+func (ca *CA) IssueLike(t testing.TB, l Leaf, like tls.Certificate) tls.Certificate {
+	t.Helper()
+	// The serial's and the signature's encodings vary by a few bytes: a few tries match.
+	for range 1000 {
+		if c := ca.Issue(t, l); len(c.Certificate[0]) == len(like.Certificate[0]) {
+			return c
+		}
+	}
+	t.Fatalf("testpki: no certificate for %s as long as the one given (%d bytes)", l.CN, len(like.Certificate[0]))
+	return tls.Certificate{}
+}
+
+// SameTick gives files one modification time, the start of the current second, as files
+// written in one tick of a coarse clock have: with IssueLike's equal sizes, a rotation that
+// neither the files' sizes nor their times tell.
+func SameTick(t testing.TB, files ...string) {
+	t.Helper()
+	tick := time.Now().Truncate(time.Second)
+	for _, f := range files {
+		if err := os.Chtimes(f, tick, tick); err != nil {
+			t.Fatalf("testpki: %v", err)
+		}
+	}
+}
+
 // WriteCA writes the CA's certificate to file in PEM.
 func (ca *CA) WriteCA(t testing.TB, file string) {
 	t.Helper()
