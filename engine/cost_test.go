@@ -21,77 +21,18 @@ import (
 	"github.com/strictrate/strictrate/pipelined"
 )
 
-// scriptUsecPerCall runs calls decisions, each on a fresh key, and returns the decision
-// script's server time per call from INFO commandstats, on a server of the test's own.
-func scriptUsecPerCall(t *testing.T, c valkey.Client, e *engine.Engine, l engine.Limit, n, calls int) float64 {
-	t.Helper()
-	ctx := context.Background()
-	if err := c.Do(ctx, c.B().ConfigResetstat().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < calls; i++ {
-		if r := enginetest.MustAllowN(t, e, enginetest.NewKey(t), l, n); !r.Allowed {
-			t.Fatalf("AllowN(%d) on a fresh key with %s: denied", n, l)
-		}
-	}
-	info, err := valkeytest.ReadInfo(ctx, c, "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	stats := info.CommandStats()["evalsha"]
-	if stats.Calls != int64(calls) {
-		t.Fatalf("evalsha calls %d, want %d", stats.Calls, calls)
-	}
-	return stats.Usec / float64(stats.Calls)
-}
-
-// A cost of a million is one entry: admitted, a log of one entry and well under a kilobyte,
-// and the script's server time no larger than for a cost of one (the first layout took 2 s).
-func TestHugeCostIsOneEntry(t *testing.T) {
-	own := valkeytest.New(t, valkeytest.OwnServer())
-	c := own.Client(t)
-	e := enginetest.New(t, c)
-	l := engine.Limit{Max: 10_000_000, Window: time.Hour}
-
-	key := enginetest.NewKey(t)
-	r := enginetest.MustAllowN(t, e, key, l, 1_000_000)
-	enginetest.Want(t, "AllowN(1e6): allowed", r.Allowed, true)
-	enginetest.Want(t, "AllowN(1e6): remaining", r.Remaining, 9_000_000)
-	log := enginetest.Log(t, c, enginetest.Prefix, key)
-	enginetest.Want(t, "entries", log.Count, 1)
-	enginetest.Want(t, "events", log.Events, 1_000_000)
-	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(enginetest.Prefix+key).Samples(0).Build()).AsInt64()
-	if err != nil || size >= 1024 {
-		t.Fatalf("MEMORY USAGE %d (%v), want under 1 KB", size, err)
-	}
-
-	// The same number of calls of each, alternated so that a busy machine hurts both alike.
-	var one, million float64
-	for round := 0; round < 3; round++ {
-		one += scriptUsecPerCall(t, c, e, l, 1, 100)
-		million += scriptUsecPerCall(t, c, e, l, 1_000_000, 100)
-	}
-	t.Logf("server µs per call: AllowN(1) %.1f, AllowN(1e6) %.1f", one/3, million/3)
-	if million > 1.5*one+3*20 {
-		t.Fatalf("AllowN(1e6) costs the server %.1f µs per call, AllowN(1) %.1f: cost grows with n", million/3, one/3)
-	}
-}
-
-// denialUsec runs calls denials of cost n against l on key and returns the least server
-// time one of them took, in µs, from the server's slow log (which the test's own server logs
-// every call to): the least, since a busy machine only ever adds to a call's time. It returns
-// the last denial too.
-func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l engine.Limit, n, calls int) (int64, engine.Result) {
+// leastScriptUsec runs calls decisions (decide, given each call's number) and returns the least
+// server time one of their script calls took, in µs, from the server's slow log, which a
+// test's own server logs every call to (slowLogged): the least, since a busy machine only ever
+// adds to a call's time, where a mean or a sum takes every preemption in.
+func leastScriptUsec(t *testing.T, c valkey.Client, calls int, decide func(i int)) int64 {
 	t.Helper()
 	ctx := context.Background()
 	if err := c.Do(ctx, c.B().SlowlogReset().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	var r engine.Result
-	for i := 0; i < calls; i++ {
-		if r = enginetest.MustAllowN(t, e, key, l, n); r.Allowed {
-			t.Fatalf("a request of cost %d against %s on a full log: admitted", n, l)
-		}
+	for i := range calls {
+		decide(i)
 	}
 	logged, err := c.Do(ctx, c.B().SlowlogGet().Count(-1).Build()).ToArray()
 	if err != nil {
@@ -118,6 +59,59 @@ func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l e
 	if seen != calls {
 		t.Fatalf("the slow log holds %d script calls, want %d", seen, calls)
 	}
+	return least
+}
+
+// slowLogged is a server of the test's own that logs every call's time (leastScriptUsec).
+func slowLogged(t *testing.T) *valkeytest.Server {
+	return valkeytest.New(t, valkeytest.ServerArgs("--slowlog-log-slower-than", "0", "--slowlog-max-len", "1000"))
+}
+
+// A cost of a million is one entry: admitted, a log of one entry and well under a kilobyte,
+// and the script's server time no larger than for a cost of one (the first layout took 2 s).
+func TestHugeCostIsOneEntry(t *testing.T) {
+	own := slowLogged(t)
+	c := own.Client(t)
+	e := enginetest.New(t, c)
+	l := engine.Limit{Max: 10_000_000, Window: time.Hour}
+
+	key := enginetest.NewKey(t)
+	r := enginetest.MustAllowN(t, e, key, l, 1_000_000)
+	enginetest.Want(t, "AllowN(1e6): allowed", r.Allowed, true)
+	enginetest.Want(t, "AllowN(1e6): remaining", r.Remaining, 9_000_000)
+	log := enginetest.Log(t, c, enginetest.Prefix, key)
+	enginetest.Want(t, "entries", log.Count, 1)
+	enginetest.Want(t, "events", log.Events, 1_000_000)
+	size, err := c.Do(context.Background(), c.B().MemoryUsage().Key(enginetest.Prefix+key).Samples(0).Build()).AsInt64()
+	if err != nil || size >= 1024 {
+		t.Fatalf("MEMORY USAGE %d (%v), want under 1 KB", size, err)
+	}
+
+	// The least of 100 admissions of each, each on a fresh key.
+	admit := func(n int) func(int) {
+		return func(int) {
+			if r := enginetest.MustAllowN(t, e, enginetest.NewKey(t), l, n); !r.Allowed {
+				t.Fatalf("AllowN(%d) on a fresh key with %s: denied", n, l)
+			}
+		}
+	}
+	one, million := leastScriptUsec(t, c, 100, admit(1)), leastScriptUsec(t, c, 100, admit(1_000_000))
+	t.Logf("least server µs per call: AllowN(1) %d, AllowN(1e6) %d", one, million)
+	if million > 2*one+20 {
+		t.Fatalf("AllowN(1e6) costs the server %d µs per call, AllowN(1) %d: cost grows with n", million, one)
+	}
+}
+
+// denialUsec runs calls denials of cost n against l on key and returns the least server time
+// one of them took (leastScriptUsec), with the last denial.
+func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l engine.Limit, n, calls int) (int64, engine.Result) {
+	t.Helper()
+	var r engine.Result
+	least := leastScriptUsec(t, c, calls, func(int) {
+		if r = enginetest.MustAllowN(t, e, key, l, n); r.Allowed {
+			t.Fatalf("a request of cost %d against %s on a full log: admitted", n, l)
+		}
+	})
 	return least, r
 }
 
@@ -127,8 +121,7 @@ func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l e
 // to walk 10,000 entries: 1.5 ms, against 20 µs). Their RetryAfter is then the wait until the
 // 32nd oldest entry of the window leaves, before which they cannot be admitted.
 func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
-	own := valkeytest.New(t, valkeytest.ServerArgs("--slowlog-log-slower-than", "0", "--slowlog-max-len", "1000"))
-	c := own.Client(t)
+	c := slowLogged(t).Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	const entries, perMilli = 20_000, 100
 	full := engine.Limit{Max: entries, Window: time.Hour}
