@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -363,8 +364,8 @@ func (b *bencher) newFloorRun(ctx context.Context) (*floorRun, error) {
 	}
 	c := b.clients[0]
 	for name, src := range map[string]string{"return": bareReturnScript, "write": bareWriteScript, "timewrite": bareTimeWriteScript,
-		"textbook": textbookScript, "decide": scripts.Decide(), "batch": scripts.DecideBatch(), "peek": scripts.Peek(),
-		"decide3": scripts.DecideWriting(3), "batch3": scripts.DecideBatchWriting(3)} {
+		"textbook": textbookScript, "decide": scripts.Source("decide", 0), "batch": scripts.Source("decide_batch", 0), "peek": scripts.Source("peek", 0),
+		"decide3": scripts.Source("decide", 3), "batch3": scripts.Source("decide_batch", 3)} {
 		sha, err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString()
 		if err != nil {
 			return nil, fmt.Errorf("SCRIPT LOAD %s: %w", name, err)
@@ -492,8 +493,13 @@ func writeFloor(w io.Writer, rows []FloorRow) {
 	}
 }
 
-// singleArg is decide.lua's (and peek.lua's) one argument for a request of one event on the
-// server's clock against max per window µs.
+// singleArg is decide.lua's (and peek.lua's) one argument (its header documents it) for a
+// request of one event on the server's clock (SERVER_CLOCK, 2^60) against max per window µs:
+// 8-byte big-endian integers.
 func singleArg(window int64, max int) string {
-	return string(scripts.AppendRequest(nil, scripts.ServerClock, 1, []int64{window, int64(max)}))
+	var b []byte
+	for _, v := range []int64{1 << 60, 1, window, int64(max)} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return string(b)
 }

@@ -244,7 +244,7 @@ type storedLog struct{ Events, Count, Layout int }
 
 func readLog(t *testing.T, e *Engine, key string) storedLog {
 	t.Helper()
-	reply, _ := loader.NewReadOnly("inspect", scripts.Inspect()).Exec(context.Background(), e.client,
+	reply, _ := loader.NewReadOnly("inspect", scripts.Source("inspect", 0)).Exec(context.Background(), e.client,
 		loader.Call{Keys: []string{e.prefix + key}, Args: []string{"1"}})
 	vals, err := reply.AsIntSlice()
 	if err != nil || len(vals) < 3 {

@@ -93,7 +93,7 @@ func TestCluster(t *testing.T) {
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		enginetest.New(t, rc)
-		shas := []string{loader.New("", scripts.Decide()).SHA1(), loader.New("", scripts.Peek()).SHA1()}
+		shas := []string{loader.New("", scripts.Source("decide", 0)).SHA1(), loader.New("", scripts.Source("peek", 0)).SHA1()}
 		if len(rc.Nodes()) != 6 {
 			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
 		}
@@ -429,7 +429,7 @@ func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Nod
 	var err error
 	if werr := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every event", func() (bool, error) {
 		// The inspect script, read-only, on the replica: its reply opens with the log's events.
-		inspect := rc.B().EvalRo().Script(scripts.Inspect()).Numkeys(1).Key(enginetest.Prefix + key).Arg("1").Build()
+		inspect := rc.B().EvalRo().Script(scripts.Source("inspect", 0)).Numkeys(1).Key(enginetest.Prefix + key).Arg("1").Build()
 		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), inspect)
 		var log []int64
 		if log, err = rs[1].AsIntSlice(); err == nil {

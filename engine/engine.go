@@ -148,7 +148,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, err
 		}
 		if o.preload {
-			src := scripts.Probe()
+			src := scripts.Source("probe", 0)
 			probe := [...]*loader.Script{loader.New("probe", src), loader.NewReadOnly("probe", src)}
 			if err := loader.Preload(ctx, client, append(e.scripts(), probe[0])...); err != nil {
 				return nil, classify(ctx, "strictrate: new engine", err)
@@ -207,21 +207,21 @@ func (e *Engine) newCommits(layout int) {
 		slots = newSlotMap(e.client)
 	}
 	e.decides = newCommit(e, kind[request]{op: opAllow, acked: true,
-		single: loader.New("decide", scripts.DecideWriting(layout)), batch: loader.New("decide_batch", scripts.DecideBatchWriting(layout)),
+		single: loader.New("decide", scripts.Source("decide", layout)), batch: loader.New("decide_batch", scripts.Source("decide_batch", layout)),
 		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, slots)
 	e.peeks = newCommit(e, kind[request]{op: opPeek,
-		single: loader.NewReadOnly("peek", scripts.Peek()), batch: loader.NewReadOnly("peek_batch", scripts.PeekBatch()),
+		single: loader.NewReadOnly("peek", scripts.Source("peek", 0)), batch: loader.NewReadOnly("peek_batch", scripts.Source("peek_batch", 0)),
 		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, nil)
-	all := loader.New("decide_all", scripts.DecideAllWriting(layout))
+	all := loader.New("decide_all", scripts.Source("decide_all", layout))
 	e.groups = newCommit(e, kind[*allCall]{op: opPolicy, acked: true, single: all, batch: all,
 		encode: encodeGroups, decode: decodeGroups, size: groupSize}, slots)
-	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Settle()),
+	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Source("settle", 0)),
 		encode: encodeSettle, decode: decodeSettle}, nil)
-	e.acquires = newCommit(e, kind[leaseReq]{op: opAcquire, acked: true, single: loader.New("lease_acquire", scripts.LeaseAcquire()),
+	e.acquires = newCommit(e, kind[leaseReq]{op: opAcquire, acked: true, single: loader.New("lease_acquire", scripts.Source("lease_acquire", 0)),
 		encode: encodeLease, decode: decodeLease}, nil)
-	e.extends = newCommit(e, kind[leaseReq]{op: opExtend, acked: true, single: loader.New("lease_extend", scripts.LeaseExtend()),
+	e.extends = newCommit(e, kind[leaseReq]{op: opExtend, acked: true, single: loader.New("lease_extend", scripts.Source("lease_extend", 0)),
 		encode: encodeLease, decode: decodeLease}, nil)
-	e.releases = newCommit(e, kind[leaseReq]{op: opRelease, single: loader.New("lease_release", scripts.LeaseRelease()),
+	e.releases = newCommit(e, kind[leaseReq]{op: opRelease, single: loader.New("lease_release", scripts.Source("lease_release", 0)),
 		encode: encodeLease, decode: decodeRelease}, nil)
 }
 

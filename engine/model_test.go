@@ -61,7 +61,7 @@ const coverWalk = 32
 
 // The model reads as far as the scripts do: lib_log.lua's COVER_WALK is coverWalk.
 func TestCoverWalkIsTheScripts(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const COVER_WALK (\d+)$`).FindStringSubmatch(scripts.Decide())
+	m := regexp.MustCompile(`(?m)^--const COVER_WALK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
 	if m == nil {
 		t.Fatal("lib_log.lua defines no COVER_WALK")
 	}

@@ -83,11 +83,22 @@ func TestPolicyTag(t *testing.T) {
 // The log keeps a cursor for every window a policy may count at once: lib_log.lua's
 // MAX_CURSORS is MaxPolicyLimits.
 func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const MAX_CURSORS (\d+)$`).FindStringSubmatch(scripts.Decide())
+	m := regexp.MustCompile(`(?m)^--const MAX_CURSORS (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
 	if m == nil {
 		t.Fatal("lib_log.lua defines no MAX_CURSORS")
 	}
 	if got, _ := strconv.Atoi(m[1]); got != MaxPolicyLimits {
 		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, MaxPolicyLimits %d", got, MaxPolicyLimits)
+	}
+}
+
+// The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
+func TestServerClockIsTheScripts(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	if m == nil {
+		t.Fatal("decide.lua defines no SERVER_CLOCK")
+	}
+	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
+		t.Fatalf("decide.lua's SERVER_CLOCK is %d, the engine's %d", got, serverClock)
 	}
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,8 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
-
-	"github.com/strictrate/strictrate/scripts"
 )
 
 // The wire: what every script call sends and what its reply says, for each kind of request
@@ -107,7 +106,7 @@ func (s *limitSet) setValues(values []int64) {
 	for i, v := range values {
 		s.nums[i] = strconv.FormatInt(v, 10)
 	}
-	s.oneNow = string(scripts.AppendRequest(nil, scripts.ServerClock, 1, values))
+	s.oneNow = string(appendRequest(nil, serverClock, 1, values))
 }
 
 // at is s for a request decided near t: s itself when it holds no calendar limit, else s with
@@ -218,9 +217,26 @@ func (r *request) singleArg() string {
 		if r.n == 1 {
 			return r.set.oneNow
 		}
-		now = scripts.ServerClock
+		now = serverClock
 	}
-	return string(scripts.AppendRequest(make([]byte, 0, 16+8*len(r.set.pairs)), now, r.n, r.set.pairs))
+	return string(appendRequest(make([]byte, 0, 16+8*len(r.set.pairs)), now, r.n, r.set.pairs))
+}
+
+// serverClock stands for "the server's clock" in place of now in a single decision script's
+// argument (decide.lua's SERVER_CLOCK, which a test ties to it): outside the years any
+// caller's time may name.
+const serverClock = 1 << 60
+
+// appendRequest appends the one argument of decide.lua and peek.lua (decide.lua documents it)
+// for a request of n events at now, in integer microseconds (or serverClock), against limits,
+// flat (window in microseconds, max) pairs with windows ascending: 8-byte big-endian integers.
+func appendRequest(b []byte, now int64, n int, limits []int64) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(now))
+	b = binary.BigEndian.AppendUint64(b, uint64(n))
+	for _, v := range limits {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return b
 }
 
 // decisionSize is the size rule of decisions and peeks: one request, and the bytes of its key

@@ -62,7 +62,7 @@ type Period struct {
 }
 
 // script is inspect.lua, read-only: it may be served where only reads are allowed.
-var script = loader.NewReadOnly("inspect", scripts.Inspect())
+var script = loader.NewReadOnly("inspect", scripts.Source("inspect", 0))
 
 // Read returns the log stored at key, the key in Valkey (an engine's prefix, "strictrate:" by
 // default, then the key it decides on), with its newest entries, at most most of them (0:

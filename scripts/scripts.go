@@ -1,6 +1,6 @@
 // Package scripts holds strictrate's Lua scripts, embedded from the .lua files beside it. It
-// is the engine's: each function returns a script the engine runs, and programs have no
-// reason to import it.
+// is the engine's: Source returns a script the engine runs, and programs have no reason to
+// import it.
 //
 // Each script file opens with a comment that lists its KEYS, ARGV and reply; the engine
 // package is the only code that should depend on those shapes. The decision scripts share one
@@ -18,16 +18,14 @@
 //
 //	--const OPEN_CHUNK_MAX 32
 //
-// The functions here return the composed text: each include line replaced by the part it
-// names, and each constant's name replaced by its value in every line of code (comment lines
-// keep the name). That text is what the server loads and what its SHA-1 digest is taken of. A
+// Source returns the composed text: each include line replaced by the part it names, and each
+// constant's name replaced by its value in every line of code (comment lines keep the name). That text is what the server loads and what its SHA-1 digest is taken of. A
 // constant written out costs a call nothing; a Lua local would be an upvalue of every
 // function that uses it, made anew on each call.
 package scripts
 
 import (
 	"embed"
-	"encoding/binary"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -51,99 +49,27 @@ const constPrefix = "--const "
 // line first, and refuses a part that carries one, which would land mid-script.
 const shebangPrefix = "#!"
 
-// Decide returns the source of the atomic decision script: trim the log, count every limit's
-// window, add the request's entry only when every limit has room, and set the key's expiry,
-// all in one call.
-func Decide() string { return mustCompose("decide.lua") }
-
-// Peek returns the source of the read-only script that takes the same decision as Decide
-// without recording anything.
-func Peek() string { return mustCompose("peek.lua") }
-
-// DecideBatch returns the source of the script that takes several decisions in one call, each
-// as Decide takes it, in order: the engine's group commit.
-func DecideBatch() string { return mustCompose("decide_batch.lua") }
-
-// DecideAll returns the source of the script that decides several keys all or nothing in one
-// call: it peeks every request, and records each one with room only when every request that
-// is not advisory has room (the engine's AllowAll).
-func DecideAll() string { return mustCompose("decide_all.lua") }
-
-// DecideAllWriting returns the source of DecideAll composed to write the given layout version,
-// as DecideWriting.
-func DecideAllWriting(layout int) string { return mustComposeWriting("decide_all.lua", layout) }
-
-// DecideWriting returns the source of Decide composed to write the given layout version: 2,
-// what Decide writes, or 3, whose small header keeps the key's expiry so that most decisions
-// of a busy key set none (lib_log.lua). Both read every layout this release knows. It panics
-// for another version: the engine checks its option first.
-func DecideWriting(layout int) string { return mustComposeWriting("decide.lua", layout) }
-
-// DecideBatchWriting returns the source of DecideBatch composed to write the given layout
-// version, as DecideWriting.
-func DecideBatchWriting(layout int) string { return mustComposeWriting("decide_batch.lua", layout) }
-
-// ServerClock stands for "the server's clock" in place of now in a single decision script's
-// argument (decide.lua's SERVER_CLOCK): outside the years any caller's time may name.
-const ServerClock = 1 << 60
-
-// AppendRequest appends the one argument of decide.lua and peek.lua (decide.lua documents it)
-// for a request of n events at now, in integer microseconds (or ServerClock), against limits,
-// flat (window in microseconds, max) pairs with windows ascending: 8-byte big-endian integers.
-func AppendRequest(b []byte, now int64, n int, limits []int64) []byte {
-	b = binary.BigEndian.AppendUint64(b, uint64(now))
-	b = binary.BigEndian.AppendUint64(b, uint64(n))
-	for _, v := range limits {
-		b = binary.BigEndian.AppendUint64(b, uint64(v))
+// Source returns the script name (its file's name without ".lua": "decide", "decide_batch",
+// "peek", "peek_batch", "decide_all", "settle", "inspect", "lease_acquire", "lease_extend",
+// "lease_release" or "probe") composed: each include line replaced by its part, each constant
+// by its value. layout sets the layout version the decision scripts write (lib_small.lua's
+// WRITE_LAYOUT): 2, or 3, whose small header keeps the key's expiry so that most decisions of
+// a busy key set none; 0 leaves the file's own, 2. Every composition reads every layout this
+// release knows. It is composed once per process. Source panics for a name or layout the
+// package does not have: the engine names its scripts and checks its layout option first,
+// and the package's tests compose every one.
+func Source(name string, layout int) string {
+	if layout != 0 && layout != 2 && layout != 3 {
+		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2 or 3", layout))
 	}
-	return b
+	return composedOnce(name+".lua", layout)
 }
 
 // writeLayoutConst is the constant (lib_small.lua) that says which layout version a decision
 // writes.
 const writeLayoutConst = "WRITE_LAYOUT"
 
-// mustComposeWriting composes an embedded script with writeLayoutConst set to layout.
-func mustComposeWriting(name string, layout int) string {
-	if layout != 2 && layout != 3 {
-		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2 or 3", layout))
-	}
-	return composedOnce(name, layout)
-}
-
-// PeekBatch returns the source of the read-only script that takes several peeks in one call.
-func PeekBatch() string { return mustCompose("peek_batch.lua") }
-
-// Settle returns the source of the script that lowers an admitted request's entry to the cost
-// it ended with, or refunds it.
-func Settle() string { return mustCompose("settle.lua") }
-
-// Inspect returns the source of the read-only script that returns a key's log as stored: its
-// header's totals and each entry's time and cost.
-func Inspect() string { return mustCompose("inspect.lua") }
-
-// LeaseAcquire returns the source of the script that takes a slot of a key's in-flight limit:
-// drop the expired leases, count the rest, add the new lease only when fewer than max are
-// held, and keep the key until its last lease expires, all in one call.
-func LeaseAcquire() string { return mustCompose("lease_acquire.lua") }
-
-// LeaseExtend returns the source of the script that moves a held lease's expiry, and refuses
-// one that has expired or was released.
-func LeaseExtend() string { return mustCompose("lease_extend.lua") }
-
-// LeaseRelease returns the source of the script that removes one lease by its id.
-func LeaseRelease() string { return mustCompose("lease_release.lua") }
-
-// Probe returns probe.lua: which commands the scripts run the caller's user may not run, for
-// the engine's check in New.
-func Probe() string { return mustCompose("probe.lua") }
-
-// mustCompose returns an embedded script composed (once per process: composedOnce). The files
-// are compiled in, so a missing part is a defect of the build that the package's tests catch;
-// it panics rather than return a script that cannot run.
-func mustCompose(name string) string { return composedOnce(name, 0) }
-
-// scriptFiles are the scripts the functions above return, each composed once per process on
+// scriptFiles are the scripts Source returns, each composed once per process on
 // first use (composedOnce): the text depends on the embedded files alone, and composing it
 // takes a few regular expressions, which a program making many engines (or a test) would
 // otherwise pay for each one.

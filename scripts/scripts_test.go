@@ -26,19 +26,16 @@ func TestMain(m *testing.M) {
 	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
 }
 
-var all = map[string]func() string{
-	"decide.lua":       Decide,
-	"peek.lua":         Peek,
-	"decide_batch.lua": DecideBatch,
-	"peek_batch.lua":   PeekBatch,
-	"decide_all.lua":   DecideAll,
-	"settle.lua":       Settle,
-	"inspect.lua":      Inspect,
-
-	"lease_acquire.lua": LeaseAcquire,
-	"lease_extend.lua":  LeaseExtend,
-	"lease_release.lua": LeaseRelease,
-}
+// all is every script Source composes, by file name, as the engine reads it.
+var all = func() map[string]func() string {
+	m := map[string]func() string{}
+	for _, name := range scriptFiles {
+		if name != "probe.lua" {
+			m[name] = func() string { return Source(strings.TrimSuffix(name, ".lua"), 0) }
+		}
+	}
+	return m
+}()
 
 // Composition replaces every include line with its part, and each constant's name in code
 // with its value; nothing else changes.
@@ -80,7 +77,7 @@ func TestComposeInlinesParts(t *testing.T) {
 	}
 	// No line of code still names a constant; the comments that define them still do.
 	constant := regexp.MustCompile(`\b(OPEN_CHUNK_MAX|MAX_CURSORS|NO_TIME_BEFORE|NO_TIME_AFTER|KIND_[A-Z])\b`)
-	src := Decide()
+	src := Source("decide", 0)
 	for _, line := range strings.Split(src, "\n") {
 		if !strings.HasPrefix(strings.TrimSpace(line), "--") && constant.MatchString(line) {
 			t.Errorf("decide.lua composed still names a constant: %q", line)
@@ -242,8 +239,16 @@ func TestComposedScriptsRun(t *testing.T) {
 		"two limits": {window / 2, max + 1, window, max},
 	} {
 		key := "scripts-test:" + name + ":" + uuid.NewString()
-		// args is the single scripts' one argument (decide.lua): 8-byte integers, now, n, limits.
-		args := func(at int64, n int) []string { return []string{string(AppendRequest(nil, at, n, limits))} }
+		// args is the single scripts' one argument (decide.lua): 8-byte big-endian integers, now,
+		// n, the limits.
+		args := func(at int64, n int) []string {
+			b := binary.BigEndian.AppendUint64(nil, uint64(at))
+			b = binary.BigEndian.AppendUint64(b, uint64(n))
+			for _, v := range limits {
+				b = binary.BigEndian.AppendUint64(b, uint64(v))
+			}
+			return []string{string(b)}
+		}
 		for i := int64(0); i < max; i++ {
 			if remaining, retry := decided(runDecision("decide.lua", key, args(now+i, 1)...)); remaining != max-1-i || retry != 0 {
 				t.Fatalf("%s: event %d: %d remaining, retry after %d; want admitted with %d remaining", name, i+1, remaining, retry, max-1-i)
@@ -310,7 +315,7 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 			args = append(args, "1", "1") // cost 1, set 1
 		}
 	}
-	sum := sha1.Sum([]byte(DecideBatch()))
+	sum := sha1.Sum([]byte(Source("decide_batch", 0)))
 	got, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +373,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	key := "scripts-test:leases:" + uuid.NewString()
 	acquire := func(at int64, id string) []int64 {
-		return ints("acquire "+id, run(LeaseAcquire(), key, itoa(at), itoa(max), itoa(ttl), id))
+		return ints("acquire "+id, run(Source("lease_acquire", 0), key, itoa(at), itoa(max), itoa(ttl), id))
 	}
 	if got := acquire(now, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now, now + ttl, 1}) {
 		t.Fatalf("first lease: %v", got)
@@ -379,11 +384,11 @@ func TestLeaseScriptsRun(t *testing.T) {
 	if got := acquire(now+20, "c"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 20, 0, 2, now + ttl, now + 10 + ttl}) {
 		t.Fatalf("third lease, key full: %v, want denied until a expires, reset when b does", got)
 	}
-	if err := run(LeaseAcquire(), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
+	if err := run(Source("lease_acquire", 0), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
 		t.Fatal("a lease id already held was accepted twice")
 	}
 	extend := func(at int64, id string) []int64 {
-		return ints("extend "+id, run(LeaseExtend(), key, itoa(at), itoa(ttl), id))
+		return ints("extend "+id, run(Source("lease_extend", 0), key, itoa(at), itoa(ttl), id))
 	}
 	if got := extend(now+50, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now + 50, now + 50 + ttl}) {
 		t.Fatalf("extend a: %v", got)
@@ -396,7 +401,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 		t.Fatalf("extend b after its expiry: %v, want refused", got)
 	}
 	for i, want := range []int64{1, 0} {
-		n, err := run(LeaseRelease(), key, "c").AsInt64()
+		n, err := run(Source("lease_release", 0), key, "c").AsInt64()
 		if err != nil || n != want {
 			t.Fatalf("release c, time %d: %d, %v; want %d", i+1, n, err, want)
 		}
@@ -430,10 +435,10 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 			t.Errorf("%s composed opens with %q, want its flags line %q first and only there", name, src[:min(len(src), 60)], want)
 		}
 	}
-	if src := DecideBatchWriting(3); !strings.HasPrefix(src, flags["decide_batch.lua"]) {
+	if src := Source("decide_batch", 3); !strings.HasPrefix(src, flags["decide_batch.lua"]) {
 		t.Errorf("decide_batch.lua composed to write layout 3 lost its flags line: %q", src[:60])
 	}
-	if src := DecideAllWriting(3); !strings.HasPrefix(src, flags["decide_all.lua"]) {
+	if src := Source("decide_all", 3); !strings.HasPrefix(src, flags["decide_all.lua"]) {
 		t.Errorf("decide_all.lua composed to write layout 3 lost its flags line: %q", src[:60])
 	}
 
@@ -443,7 +448,7 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 		sum := sha1.Sum([]byte(src))
 		return hex.EncodeToString(sum[:])
 	}
-	for _, src := range []string{DecideBatch(), PeekBatch()} {
+	for _, src := range []string{Source("decide_batch", 0), Source("peek_batch", 0)} {
 		if err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -464,11 +469,11 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 		var cmd valkey.Completed
 		switch {
 		case declared && script == "decide":
-			cmd = c.B().Evalsha().Sha1(sha(DecideBatch())).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch", 0))).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 		case script == "decide":
-			cmd = c.B().Evalsha().Sha1(sha(DecideBatch())).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch", 0))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
 		default:
-			cmd = c.B().EvalshaRo().Sha1(sha(PeekBatch())).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+			cmd = c.B().EvalshaRo().Sha1(sha(Source("peek_batch", 0))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
 		}
 		got, err := c.Do(ctx, cmd).ToArray()
 		if err != nil {
@@ -519,7 +524,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 		t.Helper()
 		args := append(append([]string{}, set...), "1", strconv.Itoa(now), mode, strconv.Itoa(len(keys)))
 		args = append(args, reqs...)
-		got, err := c.Do(ctx, c.B().Eval().Script(DecideAll()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+		got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all", 0)).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 		if err != nil {
 			t.Fatalf("decide_all %s %v: %v", mode, reqs, err)
 		}
@@ -544,7 +549,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	}
 	events := func(key string) int64 {
 		t.Helper()
-		return evalInts(t, c, Inspect(), key, "0")[0]
+		return evalInts(t, c, Source("inspect", 0), key, "0")[0]
 	}
 	call("decide", []string{full}, "2", "1", "0")
 	// a has room, full has none: nothing is recorded; a's peek says 2 left (no event: quota
@@ -608,7 +613,7 @@ func TestDecideAllGroupsInOneCall(t *testing.T) {
 	keys = append(keys, poisoned, b)
 	group("", "decide", "1", "1", "0") // b on the server's clock: a log of another time, its own room
 	keys = append(keys, "scripts-test:groups:c:"+id)
-	got, err := c.Do(ctx, c.B().Eval().Script(DecideAll()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+	got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all", 0)).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -645,7 +650,7 @@ func TestDecideAllGroupsInOneCall(t *testing.T) {
 		t.Errorf("group 5: flags %q, remaining %d; want 1 and 1", f, remaining(13))
 	}
 	for key, want := range map[string]int64{a: 2, b: 1} {
-		if n := evalInts(t, c, Inspect(), key, strconv.Itoa(now))[0]; n != want {
+		if n := evalInts(t, c, Source("inspect", 0), key, strconv.Itoa(now))[0]; n != want {
 			t.Errorf("%s holds %d events, want %d", key, n, want)
 		}
 	}
