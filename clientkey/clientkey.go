@@ -29,8 +29,8 @@ import (
 
 // MaxLength is the longest client key, in bytes, that Checked and FromAddr pass (without the
 // prefix and the policy's tag): a longer one is refused, so that a client cannot make the
-// server store arbitrarily large keys. httplimit.MaxKeyLength and grpclimit.MaxKeyLength are
-// this value.
+// server store arbitrarily large keys. httplimit refuses longer keys by it, and
+// grpclimit.MaxKeyLength is this value.
 const MaxLength = 512
 
 // Prefix returns what goes before a client's key in the engine key of a rate limit of policy

@@ -90,7 +90,7 @@ import (
 var ErrKey = errors.New("grpclimit: no rate-limit key for the call")
 
 // MaxKeyLength is the longest key, in bytes, sent to the engine (without the prefix), 512:
-// httplimit.MaxKeyLength is the same. A longer one is refused (ErrKey), so a client cannot
+// httplimit uses the same. A longer one is refused (ErrKey), so a client cannot
 // make the server store arbitrarily large keys.
 const MaxKeyLength = clientkey.MaxLength
 

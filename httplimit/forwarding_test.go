@@ -78,13 +78,13 @@ func TestUnixSocket(t *testing.T) {
 		t.Fatalf("without WithTrustedUnixSocket: error %v; want ErrKey and ErrUnixSocket, naming WithTrustedUnixSocket and WithKeyFunc", got)
 	}
 
-	for _, h := range []httplimit.ForwardedHeader{httplimit.XForwardedFor, httplimit.Forwarded} {
+	for _, h := range []clientaddr.Header{clientaddr.XForwardedFor, clientaddr.Forwarded} {
 		prefix := uniquePrefix(t)
 		client := serveUnix(t, httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(prefix), onError,
 			httplimit.WithTrustedUnixSocket(), httplimit.WithForwardedHeader(h),
 			httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")))(ok))
 		from := func(addr string) http.Header {
-			if h == httplimit.Forwarded {
+			if h == clientaddr.Forwarded {
 				return http.Header{"Forwarded": {`for="` + addr + `"`}}
 			}
 			return http.Header{"X-Forwarded-For": {addr + ", 10.0.0.2"}}
@@ -122,7 +122,7 @@ func TestForwardedFromClient(t *testing.T) {
 	prefix := uniquePrefix(t)
 	var got error
 	h := httplimit.Limit(e, engine.PerMinute(5), httplimit.WithKeyPrefix(prefix),
-		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")), httplimit.WithForwardedHeader(httplimit.Forwarded),
+		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")), httplimit.WithForwardedHeader(clientaddr.Forwarded),
 		httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
 			got = err
 			w.WriteHeader(http.StatusBadRequest)

@@ -108,7 +108,7 @@ import (
 // Request.
 //
 // It is not the same error as grpclimit.ErrKey, though the same checks refuse a key in both
-// packages (and MaxKeyLength is the same): each message names its package and what it
+// packages (and clientkey.MaxLength bounds both): each message names its package and what it
 // limits, a request or a call, in the logs and answers that quote it, and errors.Is(err,
 // ErrKey) is true of this package's errors only.
 var ErrKey = errors.New("httplimit: no rate-limit key for the request")
@@ -119,11 +119,6 @@ var ErrKey = errors.New("httplimit: no rate-limit key for the request")
 // Bad Request.
 var ErrCost = errors.New("httplimit: no valid cost for the request")
 
-// MaxKeyLength is the longest key, in bytes, the middleware sends to the engine (without the
-// prefix), 512: grpclimit.MaxKeyLength is the same. A longer key (a huge header value, say) is
-// refused with ErrKey, so a client cannot make the server store arbitrarily large keys.
-const MaxKeyLength = clientkey.MaxLength
-
 // DeniedHandler writes the response to a denied request. The RateLimit, RateLimit-Policy and
 // Retry-After header fields are already set on w; res is the engine's decision.
 type DeniedHandler func(w http.ResponseWriter, r *http.Request, res engine.Result)
@@ -132,29 +127,6 @@ type DeniedHandler func(w http.ResponseWriter, r *http.Request, res engine.Resul
 // when the request has no key, ErrCost when it has no valid cost, else it is the engine's
 // error (wrapping engine.ErrUnavailable when the server was not reached).
 type ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
-
-// ForwardedHeader selects which header a trusted proxy reports the client's address in.
-type ForwardedHeader = clientaddr.Header
-
-const (
-	// XForwardedFor is the de facto X-Forwarded-For: a comma-separated list of addresses,
-	// each proxy appending the address it received the request from. The default.
-	XForwardedFor = clientaddr.XForwardedFor
-	// Forwarded is RFC 7239's Forwarded header; its for= parameters are read.
-	Forwarded = clientaddr.Forwarded
-)
-
-// FieldsVersion is the revision of draft-ietf-httpapi-ratelimit-headers whose syntax the
-// RateLimit fields follow (see package fields).
-type FieldsVersion = fields.Version
-
-// FieldsDraft10 is draft-ietf-httpapi-ratelimit-headers-10, the default (-08 and -09 have its
-// syntax).
-const FieldsDraft10 = fields.Draft10
-
-// DefaultIPv6Prefix is the prefix length IPv6 clients are keyed by unless WithIPv6Prefix says
-// otherwise: 64 (see clientaddr.DefaultIPv6Prefix for why).
-const DefaultIPv6Prefix = clientaddr.DefaultIPv6Prefix
 
 // Option configures New, Limit and NewConcurrent.
 type Option func(*config)
@@ -233,15 +205,16 @@ func WithTrustedUnixSocket() Option {
 	return func(c *config) { c.addr = append(c.addr, clientaddr.WithTrustedUnixSocket()) }
 }
 
-// WithForwardedHeader selects the header the trusted proxies write: XForwardedFor (the
-// default) or Forwarded. Only that one is read, since a client can send the other itself.
-func WithForwardedHeader(h ForwardedHeader) Option {
+// WithForwardedHeader selects the header the trusted proxies write: clientaddr.XForwardedFor (the
+// default) or clientaddr.Forwarded. Only that one is read, since a client can send the other
+// itself.
+func WithForwardedHeader(h clientaddr.Header) Option {
 	return func(c *config) { c.addr = append(c.addr, clientaddr.WithHeader(h)) }
 }
 
 // WithIPv6Prefix keys IPv6 clients by their /bits network prefix (written "2001:db8::/64") in
 // place of their address: every address a subscriber rotates through inside its prefix counts
-// as one client. The default is DefaultIPv6Prefix, 64: every IPv6 link is a /64, so no two
+// as one client. The default is clientaddr.DefaultIPv6Prefix, 64: every IPv6 link is a /64, so no two
 // subscribers share one, and a /64 holds 2^64 addresses one client can switch between at will.
 // 56 or 48 also close the /56 and /48 that many providers delegate to one subscriber, but count
 // together the customers of providers that give each a /64 of a shared /56 or /48. 128 keys
@@ -262,9 +235,9 @@ func WithCost(f func(*http.Request) (int, error)) Option {
 }
 
 // WithFieldsVersion selects the revision of draft-ietf-httpapi-ratelimit-headers whose syntax
-// RateLimit-Policy and RateLimit follow. The default is FieldsDraft10; New panics for a
+// RateLimit-Policy and RateLimit follow. The default is fields.Draft10; New panics for a
 // revision package fields does not write.
-func WithFieldsVersion(v FieldsVersion) Option { return func(c *config) { c.version = v } }
+func WithFieldsVersion(v fields.Version) Option { return func(c *config) { c.version = v } }
 
 // WithDeniedHandler replaces the default answer to a denied request (429 with a short
 // plain-text body).

@@ -18,6 +18,8 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/clientaddr"
+	"github.com/strictrate/strictrate/clientkey"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/httplimit"
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -373,11 +375,11 @@ func TestClientIPKey(t *testing.T) {
 			http.Header{"X-Forwarded-For": {"[2001:db8::42]:1234, 10.0.0.3:80"}}, "2001:db8::42"},
 		{"Forwarded not read in XFF mode", []httplimit.Option{trusted}, "10.0.0.1:1",
 			http.Header{"Forwarded": {"for=203.0.113.9"}}, "10.0.0.1"},
-		{"Forwarded", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded), perAddress}, "10.0.0.1:1",
+		{"Forwarded", []httplimit.Option{trusted, httplimit.WithForwardedHeader(clientaddr.Forwarded), perAddress}, "10.0.0.1:1",
 			http.Header{"Forwarded": {`for=198.51.100.1;proto=http, For="[2001:db8::1]:4711";by=10.0.0.2, for=10.0.0.5`}}, "2001:db8::1"},
-		{"Forwarded ignores XFF", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+		{"Forwarded ignores XFF", []httplimit.Option{trusted, httplimit.WithForwardedHeader(clientaddr.Forwarded)}, "10.0.0.1:1",
 			http.Header{"X-Forwarded-For": {"203.0.113.9"}}, "10.0.0.1"},
-		{"Forwarded unknown hop from a trusted proxy", []httplimit.Option{trusted, httplimit.WithForwardedHeader(httplimit.Forwarded)}, "10.0.0.1:1",
+		{"Forwarded unknown hop from a trusted proxy", []httplimit.Option{trusted, httplimit.WithForwardedHeader(clientaddr.Forwarded)}, "10.0.0.1:1",
 			http.Header{"Forwarded": {`for=198.51.100.1, for=unknown`}}, "unknown"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -414,7 +416,7 @@ func TestHeaderKey(t *testing.T) {
 	wantStatus(t, "a 3", do(h, "192.0.2.3:1", a), http.StatusTooManyRequests)
 	wantStatus(t, "b 1 from the same address", do(h, "192.0.2.1:1", b), http.StatusOK)
 	wantStatus(t, "no header", do(h, "192.0.2.1:1", nil), http.StatusBadRequest)
-	long := http.Header{"X-Api-Key": {strings.Repeat("k", httplimit.MaxKeyLength+1)}}
+	long := http.Header{"X-Api-Key": {strings.Repeat("k", clientkey.MaxLength+1)}}
 	wantStatus(t, "too long", do(h, "192.0.2.1:1", long), http.StatusBadRequest)
 }
 

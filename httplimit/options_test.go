@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
 	"github.com/strictrate/strictrate/httplimit"
 	"github.com/strictrate/strictrate/internal/enginetest"
 )
@@ -133,13 +134,13 @@ func TestCost(t *testing.T) {
 	}
 }
 
-// WithFieldsVersion(FieldsDraft10) is the default syntax; a revision the fields package does
+// WithFieldsVersion(fields.Draft10) is the default syntax; a revision the fields package does
 // not write is refused when the middleware is made.
 func TestFieldsVersion(t *testing.T) {
 	e, _ := enginetest.Clocked(t, server.Client(t))
 	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
 	def := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
-	v10 := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithFieldsVersion(httplimit.FieldsDraft10))(ok)
+	v10 := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithFieldsVersion(fields.Draft10))(ok)
 	a, b := do(def, "192.0.2.1:1", nil).Header(), do(v10, "192.0.2.1:1", nil).Header()
 	for _, name := range []string{"RateLimit", "RateLimit-Policy"} {
 		if a.Get(name) == "" || a.Get(name) != b.Get(name) {
