@@ -77,7 +77,11 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 	c, ctx := e.decides, context.Background()
 	good := e.oneLimit(Limit{Max: 10, Window: time.Minute})
 	req := func(set *limitSet) request {
-		r, err := newRequest(e.prefix+"batchpanic:"+uuid.NewString(), clockReading{}, 1, true, set)
+		key := e.prefix + "batchpanic:" + uuid.NewString()
+		if set == nil { // a request no caller can make: laying it out panics
+			return request{key: key, n: 1, record: 1}
+		}
+		r, err := newRequest(key, clockReading{}, 1, true, set)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,26 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
 
-// The path of one decision, top-down, in three files:
+// The path of one decision, top-down, in three files: decide.go, commit.go and wire.go.
 //
-//  1. decide.go (this file): an exported method (Allow, AllowN, AllowPolicy, Peek, PeekPolicy,
-//     Check, Record; Wait and local quota's reservations come here too) validates its
-//     arguments, makes its request, asks the deny cache and local quota, and hands the request
-//     to the group commit of its kind (decide).
-//  2. commit.go: the group commit sends it, alone or with others in one call of the batch
-//     script, and exec, the one function that calls a script, runs the call with the
-//     acknowledgements asked for, on the caller's context without its deadline.
-//  3. wire.go: the call's keys and arguments, and its reply, decoded into each request's
-//     decision.
+//  1. decide.go (this file): Allow, AllowN, AllowPolicy, Peek and PeekPolicy (and Check,
+//     Record, Wait, local quota's reservations) check their arguments (a limit the engine has
+//     seen was checked once: checkedLimit), make the request (newRequest), ask the deny cache
+//     and local quota, and hand the request to the group commit of its kind (decide).
+//  2. commit.go: the group commit (commit.do) sends the request alone, or with others in one
+//     call of the batch script; exec, the one function that calls a script, runs the call
+//     with the acknowledgements asked for, on the caller's context without its deadline.
+//  3. wire.go: exec has the call laid out (encode: keys and arguments) and its reply read
+//     into each request's decision and Result (decode). wire.go calls nothing of the engine's.
 //
-// Back here, decide turns the decision into a Result and applies the acknowledgement check,
-// the fail-open policy and the deny cache; finish applies shadow mode and counts the call.
-// Every other kind of script call (AllowAll's groups, settles, leases) takes the same group
-// commit and the same exec, with its own wire functions.
+// Back in decide.go, decide applies the acknowledgement check, the fail-open policy and the
+// deny cache, and finish applies shadow mode and counts the call (record). No file is entered
+// again from one below it. Every other kind of script call (AllowAll's groups, settles,
+// leases) takes the same group commit and the same exec, with wire functions of its own.
 
 // Allow records one event for key if l admits it now.
 func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error) {
@@ -35,11 +36,12 @@ func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result
 	if err := checkContext(ctx); err != nil {
 		return Result{}, err
 	}
-	if err := validate(key, l, n); err != nil {
+	set, err := e.checkedLimit(key, l, n)
+	if err != nil {
 		return Result{}, err
 	}
 	started := time.Now()
-	r, err := e.allowAt(ctx, key, l, n, e.decisionClock())
+	r, err := e.allowSet(ctx, "allow", key, set, n, e.decisionClock())
 	return e.finish(ctx, opAllow, started, r, err)
 }
 
@@ -49,11 +51,12 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 	if err := checkContext(ctx); err != nil {
 		return Result{}, err
 	}
-	if err := validate(key, l, 1); err != nil {
+	set, err := e.checkedLimit(key, l, 1)
+	if err != nil {
 		return Result{}, err
 	}
 	started := time.Now()
-	r, err := e.peekAt(ctx, key, l, 1, e.decisionClock())
+	r, err := e.peekSet(ctx, "peek", key, set, 1, e.decisionClock())
 	return e.finish(ctx, opPeek, started, r, err)
 }
 
@@ -92,11 +95,7 @@ func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (R
 		r, err := e.peekAt(ctx, key, p[0], n, e.decisionClock())
 		return e.finish(ctx, opPeek, started, r, err)
 	}
-	req, err := newRequest(e.prefix+key, e.decisionClock(), n, false, e.policySet(p))
-	if err != nil {
-		return Result{}, err
-	}
-	r, err := e.decide(ctx, e.peeks, "peek_policy", req)
+	r, err := e.peekSet(ctx, "peek_policy", key, e.policySet(p), n, e.decisionClock())
 	return e.finish(ctx, opPeek, started, r, err)
 }
 
@@ -106,11 +105,16 @@ func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clo
 }
 
 func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	req, err := newRequest(e.prefix+key, at, n, false, e.oneLimit(l))
+	return e.peekSet(ctx, "peek", key, e.oneLimit(l), n, at)
+}
+
+// peekSet judges n events of key against set, recording nothing.
+func (e *Engine) peekSet(ctx context.Context, op, key string, set *limitSet, n int, at clockReading) (Result, error) {
+	req, err := newRequest(e.prefix+key, at, n, false, set)
 	if err != nil {
 		return Result{}, err
 	}
-	return e.decide(ctx, e.peeks, "peek", req)
+	return e.decide(ctx, e.peeks, op, req)
 }
 
 // allowPolicyAt takes a validated AllowPolicy.
@@ -163,17 +167,13 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 		}
 	}
 	cl := c.do(ctx, req, c.route(req.key, req.now != ""))
-	out, callErr, ack := cl.req, cl.err, cl.ack
+	r, replyErr, callErr, ack := cl.req.result, cl.req.replyErr, cl.err, cl.ack
 	c.release(cl)
 	switch {
 	case callErr != nil:
 		return e.backendFailure(ctx, classify(ctx, what(), callErr))
-	case out.replyErr != nil:
-		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), out.replyErr))
-	}
-	r, err := out.d.result(&out)
-	if err != nil {
-		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
+	case replyErr != nil:
+		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), replyErr))
 	}
 	if c.ack && r.Allowed {
 		if err := e.ackPolicy.check(ctx, ack); err != nil {
@@ -207,6 +207,12 @@ func (e *Engine) finish(ctx context.Context, op operation, started time.Time, r 
 	return r, err
 }
 
+// record counts one decision and its duration.
+func (m *metrics) record(ctx context.Context, op operation, oc metricOutcome, took time.Duration) {
+	m.decisions.Add(ctx, 1, m.added[op][oc]...)
+	m.duration.Record(ctx, took.Seconds(), m.recorded[op][oc]...)
+}
+
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed
 // (the default): a denying Result and the error. Open: an admitting Result that carries the
 // error, and no error; except when the caller cancelled, which is returned as it is, and for
@@ -218,9 +224,80 @@ func (e *Engine) backendFailure(ctx context.Context, err error) (Result, error) 
 	return Result{Allowed: true, BackendErr: err, At: e.localNow()}, nil
 }
 
+// newRequest is a request for n events of key at at against set: recorded when admitted
+// with record, else judged only (a peek). A caller's time out of the scripts' range is
+// ErrInvalidArgument; a set with calendar limits takes the boundaries around that time.
+func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
+	req := request{key: key, n: n, set: set}
+	near := time.Now
+	if at.set {
+		us, err := at.micros()
+		if err != nil {
+			return request{}, err
+		}
+		req.now, req.nowUS = strconv.FormatInt(us, 10), us
+		near = func() time.Time { return at.t }
+	}
+	if set.calendars > 0 {
+		req.set = set.at(near())
+	}
+	if record {
+		req.record = n
+	}
+	return req, nil
+}
+
+// clockReading is the time a decision is taken at; set is false when the server's clock is used.
+type clockReading struct {
+	t   time.Time
+	set bool
+}
+
+// Caller-supplied times must stay exact as float64 scores after the window is subtracted.
+const maxAbsMicros = 1 << 52
+
+func (c clockReading) micros() (int64, error) {
+	us := c.t.UnixMicro()
+	if us <= -maxAbsMicros || us >= maxAbsMicros {
+		return 0, fmt.Errorf("%w: time %s is outside the years 1827 to 2112", ErrInvalidArgument, c.t.Format(time.RFC3339Nano))
+	}
+	return us, nil
+}
+
+// arg is the reading as the scripts' "now" argument: integer microseconds, or "" for the
+// server's clock.
+func (c clockReading) arg() (string, error) {
+	if !c.set {
+		return "", nil
+	}
+	us, err := c.micros()
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(us, 10), nil
+}
+
 // maxCachedLimits bounds the engine's cache of formatted single limits: a program that makes
 // limits without end (a Max per tenant, say) formats the rest each time.
 const maxCachedLimits = 1024
+
+// checkedLimit checks a request for n events of key against l, and returns l's limit set. A
+// limit in the engine's cache was valid when it went in: only n is checked against it.
+func (e *Engine) checkedLimit(key string, l Limit, n int) (*limitSet, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	if s, ok := e.limitSets.Load(l); ok {
+		if n < 1 || n > l.Max {
+			return nil, l.validate(n)
+		}
+		return s.(*limitSet), nil
+	}
+	if err := l.validate(n); err != nil {
+		return nil, err
+	}
+	return e.oneLimit(l), nil
+}
 
 // oneLimit returns the limit set of l alone, formatted once per engine.
 func (e *Engine) oneLimit(l Limit) *limitSet {

@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"context"
-	"time"
-
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -127,10 +124,4 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// record counts one decision and its duration.
-func (m *metrics) record(ctx context.Context, op operation, oc metricOutcome, took time.Duration) {
-	m.decisions.Add(ctx, 1, m.added[op][oc]...)
-	m.duration.Record(ctx, took.Seconds(), m.recorded[op][oc]...)
 }

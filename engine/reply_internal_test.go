@@ -154,9 +154,8 @@ return r`
 		"single": reply(single(1_000_000, 4)), "batch": reply("1000000", dec(4)),
 	} {
 		cl := read(rep, 1)[0]
-		r, err := cl.req.d.result(&cl.req)
-		if err != nil || r != want {
-			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, err, want)
+		if r := cl.req.result; cl.req.replyErr != nil || r != want {
+			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, cl.req.replyErr, want)
 		}
 	}
 	// One request's error reply is its own; the next request is read after it.
@@ -193,13 +192,10 @@ return r`
 		"limit position 0":   {5, 0, 5, 10, 10, 0},
 		"limit position 3":   {5, 0, 5, 10, 10, 3},
 	} {
+		// A well-formed decision of values no script gives: refused as it becomes a Result.
 		cl := read(reply(single(7, vals[1:]...)), 1)[0]
-		if cl.req.replyErr != nil {
-			t.Errorf("%s: %v", name, cl.req.replyErr)
-			continue
-		}
-		if r, err := cl.req.d.result(&cl.req); err == nil {
-			t.Errorf("%s: made %+v, want an error", name, r)
+		if cl.req.replyErr == nil || !strings.Contains(cl.req.replyErr.Error(), "script reply") {
+			t.Errorf("%s: made %+v, want a reply error", name, cl.req.result)
 		}
 	}
 	// A transport error is every request's.

@@ -27,10 +27,10 @@ type request struct {
 	nowUS  int64     // now as a number; 0 for the server's clock
 	record int       // the cost recorded when admitted; 0 for a peek, which records nothing
 	n      int       // the request's cost (a peek's too)
-	cost   string    // n as the batch scripts read it
 	set    *limitSet // the limits
 
 	d        decision // the decision, once decoded
+	result   Result   // d as a Result (decodeDecisions; AllowAll's groups make theirs)
 	replyErr error    // the reply was not one the scripts give
 }
 
@@ -43,6 +43,7 @@ type request struct {
 // its requests take the set at (at), made once per period.
 type limitSet struct {
 	limits    []Limit
+	windows   []int64 // each limit's window in µs (0 for a calendar limit), for decoding
 	nums      []string
 	pairs     []int64
 	oneNow    string
@@ -80,9 +81,11 @@ func newLimitSet(limits []Limit) *limitSet {
 	if s.res > 0 {
 		values = append(values, -1, s.res)
 	}
-	for _, l := range limits {
+	s.windows = make([]int64, len(limits))
+	for i, l := range limits {
 		if !l.IsCalendar() {
-			values = append(values, l.windowMicros(), int64(l.Max))
+			s.windows[i] = l.windowMicros()
+			values = append(values, s.windows[i], int64(l.Max))
 		}
 	}
 	s.setValues(values)
@@ -94,7 +97,7 @@ func newLimitSet(limits []Limit) *limitSet {
 // admission made from it. s holds no calendar limit (a reservation counts in its decision's
 // period alone, while admissions made from it may fall in the next).
 func (s *limitSet) withHold(hold time.Duration) *limitSet {
-	h := &limitSet{limits: s.limits, res: s.res, hold: ceilMicros(hold)}
+	h := &limitSet{limits: s.limits, windows: s.windows, res: s.res, hold: ceilMicros(hold)}
 	h.setValues(append([]int64{-3, h.hold}, s.pairs...))
 	return h
 }
@@ -119,7 +122,7 @@ func (s *limitSet) at(t time.Time) *limitSet {
 	if d := s.current.Load(); d != nil && !t.Before(d.from) && t.Before(d.to) {
 		return d.set
 	}
-	d := &datedSet{set: &limitSet{limits: s.limits, res: s.res, calendars: s.calendars}}
+	d := &datedSet{set: &limitSet{limits: s.limits, windows: s.windows, res: s.res, calendars: s.calendars}}
 	values := slices.Clone(s.pairs)
 	for i, l := range s.limits[len(s.limits)-s.calendars:] {
 		b := l.boundariesAround(t)
@@ -155,58 +158,7 @@ func (s *limitSet) longest() int64 {
 	if !s.sliding() {
 		return 0
 	}
-	return s.limits[len(s.limits)-1-s.calendars].windowMicros()
-}
-
-// clockReading is the time a decision is taken at; set is false when the server's clock is used.
-type clockReading struct {
-	t   time.Time
-	set bool
-}
-
-// Caller-supplied times must stay exact as float64 scores after the window is subtracted.
-const maxAbsMicros = 1 << 52
-
-func (c clockReading) micros() (int64, error) {
-	us := c.t.UnixMicro()
-	if us <= -maxAbsMicros || us >= maxAbsMicros {
-		return 0, fmt.Errorf("%w: time %s is outside the years 1827 to 2112", ErrInvalidArgument, c.t.Format(time.RFC3339Nano))
-	}
-	return us, nil
-}
-
-// arg is the reading as the scripts' "now" argument: integer microseconds, or "" for the
-// server's clock.
-func (c clockReading) arg() (string, error) {
-	if !c.set {
-		return "", nil
-	}
-	us, err := c.micros()
-	if err != nil {
-		return "", err
-	}
-	return strconv.FormatInt(us, 10), nil
-}
-
-// newRequest is a request for n events of key at at against set: recorded when admitted
-// with record, else judged only (a peek).
-func newRequest(key string, at clockReading, n int, record bool, set *limitSet) (request, error) {
-	now, err := at.arg()
-	if err != nil {
-		return request{}, err
-	}
-	var nowUS int64
-	near := time.Now()
-	if at.set {
-		nowUS = at.t.UnixMicro()
-		near = at.t
-	}
-	set = set.at(near)
-	req := request{key: key, now: now, nowUS: nowUS, n: n, cost: itoa(n), set: set}
-	if record {
-		req.record = n
-	}
-	return req, nil
+	return s.windows[len(s.limits)-1-s.calendars]
 }
 
 // singleArg is decide.lua's (and peek.lua's) one argument for r: made once per limit set for
@@ -243,7 +195,7 @@ func appendRequest(b []byte, now int64, n int, limits []int64) []byte {
 // and arguments.
 func decisionSize(cl *call[request]) (int, int) {
 	r := &cl.req
-	return 1, len(r.key) + len(r.now) + len(r.cost) + 8
+	return 1, len(r.key) + len(r.now) + 20
 }
 
 // encodeDecisions lays out a call of decide.lua or peek.lua (one request: its key, its one
@@ -282,7 +234,7 @@ func encodeDecisions(calls []*call[request], keys, args []string) ([]string, []s
 	}
 	for i, cl := range calls {
 		keys = append(keys, cl.req.key)
-		args = append(args, cl.req.cost, itoa(setOf[i]+1))
+		args = append(args, itoa(cl.req.n), itoa(setOf[i]+1))
 		if clock != "" {
 			args = append(args, cl.req.now)
 		}
@@ -293,8 +245,8 @@ func encodeDecisions(calls []*call[request], keys, args []string) ([]string, []s
 // decodeDecisions reads a decision script's reply into calls, in KEYS order (lib_reply.lua):
 // a single script's string, the server's now (0 when unread) then one decision; or a batch
 // script's array, the server's now, then per request its decision or an error reply. A
-// decision is a count c and c values, with trailing defaults left out. It reports whether any
-// request was admitted.
+// decision is a count c and c values, with trailing defaults left out; each becomes its
+// request's Result. It reports whether any request was admitted.
 func decodeDecisions(reply valkey.ValkeyResult, calls []*call[request]) (admitted bool) {
 	fail := func(err error, isReply bool) bool {
 		for _, cl := range calls {
@@ -307,7 +259,7 @@ func decodeDecisions(reply valkey.ValkeyResult, calls []*call[request]) (admitte
 		return false
 	}
 	for _, cl := range calls {
-		cl.req.d, cl.req.replyErr = decision{}, nil
+		cl.req.d, cl.req.result, cl.req.replyErr = decision{}, Result{}, nil
 	}
 	if err := reply.Error(); err != nil {
 		return fail(err, false)
@@ -321,10 +273,14 @@ func decodeDecisions(reply valkey.ValkeyResult, calls []*call[request]) (admitte
 		if len(calls) != 1 || len(s) < 8 {
 			return fail(fmt.Errorf("script reply: a string of %d bytes for %d requests", len(s), len(calls)), true)
 		}
-		if err := calls[0].req.read(s[8:], int64At(s, 0)); err != nil {
+		r := &calls[0].req
+		if err := r.read(s[8:], int64At(s, 0)); err != nil {
 			return fail(err, true)
 		}
-		return calls[0].req.d.retryAfter == 0
+		if r.result, err = r.d.result(r); err != nil {
+			return fail(err, true)
+		}
+		return r.result.Allowed
 	}
 	vals, err := msg.ToArray()
 	if err != nil {
@@ -350,7 +306,11 @@ func decodeDecisions(reply valkey.ValkeyResult, calls []*call[request]) (admitte
 		if err != nil {
 			return fail(fmt.Errorf("script reply value %d: %w", 1+i, err), true)
 		}
-		admitted = admitted || cl.req.d.retryAfter == 0
+		if cl.req.result, err = cl.req.d.result(&cl.req); err != nil {
+			cl.req.replyErr = fmt.Errorf("script reply value %d: %w", 1+i, err)
+			continue
+		}
+		admitted = admitted || cl.req.result.Allowed
 	}
 	return admitted
 }
@@ -387,7 +347,7 @@ func (r *request) read(s string, serverNow int64) error {
 		return errors.New("script reply: the server's now is missing")
 	}
 	if c < 3 && r.d.tightest >= 1 && r.d.tightest <= int64(len(r.set.limits)) {
-		r.d.quotaAfter = r.set.limits[r.d.tightest-1].windowMicros()
+		r.d.quotaAfter = r.set.windows[r.d.tightest-1]
 	}
 	return nil
 }
@@ -420,8 +380,8 @@ func (d decision) result(req *request) (Result, error) {
 		At:         time.UnixMicro(d.now),
 		Window:     limits[d.tightest-1].Window,
 	}
-	if l := limits[d.tightest-1]; l.IsCalendar() {
-		start, end := l.PeriodAt(r.At)
+	if int(d.tightest) > len(limits)-req.set.calendars { // a calendar limit: its period's length
+		start, end := limits[d.tightest-1].PeriodAt(r.At)
 		r.Window = end.Sub(start)
 	}
 	if r.Allowed && req.record > 0 {
@@ -500,7 +460,7 @@ func encodeGroups(calls []*call[*allCall], keys, args []string) ([]string, []str
 			if p.advisory {
 				advisory = "1"
 			}
-			args = append(args, p.req.cost, itoa(setOf[len(keys)-1]+1), advisory)
+			args = append(args, itoa(p.req.n), itoa(setOf[len(keys)-1]+1), advisory)
 		}
 	}
 	return keys, args
