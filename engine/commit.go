@@ -190,20 +190,15 @@ func (c *commit[T]) do(ctx context.Context, req T, dest destination) *call[T] {
 	cl := c.calls.Get().(*call[T])
 	cl.ctx, cl.req, cl.dest = ctx, req, dest
 	if !c.e.batching || c.kind.batch == nil {
-		c.sendAlone(ctx, cl)
-		return cl
+		return c.sendPromptly(ctx, cl, nil)
 	}
 	c.mu.Lock()
 	q := c.queue(dest)
 	if q.inFlight < maxInFlight && len(q.waiting) == 0 {
 		q.inFlight++
-		c.mu.Unlock()
-		// Counted out however the call ends, a panic included: a call left counted in flight
-		// would hold every later request of this destination in the queue for good.
-		defer c.sentAlone(ctx, q)
 		cl.sent = true
-		c.sendAlone(ctx, cl)
-		return cl
+		c.mu.Unlock()
+		return c.sendPromptly(ctx, cl, q)
 	}
 	q.waiting = append(q.waiting, cl)
 	c.mu.Unlock()
@@ -220,12 +215,60 @@ func (c *commit[T]) do(ctx context.Context, req T, dest destination) *call[T] {
 		}
 		c.mu.Unlock()
 		if sent {
-			// The batch still writes to it: the caller gets a call of its own with the error.
-			cl = c.calls.Get().(*call[T])
-			cl.req = req
+			return c.leftBehind(ctx, req)
 		}
 		cl.err = ctx.Err()
 		return cl
+	}
+}
+
+// leftBehind is the call a caller whose context ended gets once its request was sent: one of
+// its own, with the context's error, since the call sent still writes to the one it left.
+func (c *commit[T]) leftBehind(ctx context.Context, req T) *call[T] {
+	cl := c.calls.Get().(*call[T])
+	cl.req, cl.err = req, ctx.Err()
+	return cl
+}
+
+// sendPromptly sends cl alone, and returns when it comes back or when ctx ends, whichever is
+// first; q, when not nil, is the queue that counts it in flight (sentAlone counts it out).
+// A context that can end gets the call sent on a goroutine of its own while its caller
+// waits: valkey-go honours a context while a call waits in a connection's queue, but not
+// while the connection it needs is dialled and greets the server (HELLO), which on a server
+// that takes connections and does not answer (paused, or overloaded) lasts the dial timeout,
+// nor while a call waits for another's dial of that connection. The caller that leaves gets
+// its context's error; the call, once sent, may still be applied, once, as for a caller that
+// leaves a batch.
+func (c *commit[T]) sendPromptly(ctx context.Context, cl *call[T], q *queue[T]) *call[T] {
+	if ctx.Done() == nil {
+		if q != nil {
+			// Counted out however the call ends, a panic included: a call left counted in
+			// flight would hold every later request of this destination in the queue for good.
+			defer c.sentAlone(ctx, q)
+		}
+		c.sendAlone(ctx, cl)
+		return cl
+	}
+	req := cl.req
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				cl.err = fmt.Errorf("strictrate: the call failed: panic: %v", p)
+			}
+			if q != nil {
+				c.sentAlone(context.WithoutCancel(ctx), q)
+			}
+			// Once signalled, the call is its caller's again, or the collector's if the
+			// caller left: nothing here reads it after.
+			cl.done <- struct{}{}
+		}()
+		c.sendAlone(ctx, cl)
+	}()
+	select {
+	case <-cl.done:
+		return cl
+	case <-ctx.Done():
+		return c.leftBehind(ctx, req)
 	}
 }
 

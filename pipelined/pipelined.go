@@ -115,19 +115,21 @@ func (e *Engine) allowAt(ctx context.Context, key string, l engine.Limit, n int,
 		members[i] = e.nextMember()
 	}
 	pttl := (window + 999) / 1000
-	replies := sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
-		b := e.client.B()
-		add := b.Zadd().Key(full).ScoreMember()
-		for _, m := range members {
-			add = add.ScoreMember(score, m)
-		}
-		return e.client.DoMulti(ctx,
-			b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
-			add.Build(),
-			b.Zcard().Key(full).Build(),
-			b.Pexpire().Key(full).Milliseconds(pttl).Build(),
-		)
-	}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
+	replies := sendctx.Promptly(ctx, func() []valkey.ValkeyResult {
+		return sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
+			b := e.client.B()
+			add := b.Zadd().Key(full).ScoreMember()
+			for _, m := range members {
+				add = add.ScoreMember(score, m)
+			}
+			return e.client.DoMulti(ctx,
+				b.Zremrangebyscore().Key(full).Min("-inf").Max(strconv.FormatInt(now-window, 10)).Build(),
+				add.Build(),
+				b.Zcard().Key(full).Build(),
+				b.Pexpire().Key(full).Milliseconds(pttl).Build(),
+			)
+		}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
+	}, func(err error) []valkey.ValkeyResult { return []valkey.ValkeyResult{valkey.NewErrorResult(err)} })
 	for _, r := range replies {
 		if err := r.Error(); err != nil {
 			return engine.Result{}, e.failed(ctx, "allow", key, err)
@@ -245,9 +247,11 @@ func checkKey(ctx context.Context, key string) error {
 
 // do sends the command build makes, as the engine sends its own (package sendctx).
 func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
-	return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
-		return e.client.Do(ctx, build(e.client.B()))
-	}, valkey.ValkeyResult.Error)
+	return sendctx.Promptly(ctx, func() valkey.ValkeyResult {
+		return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+			return e.client.Do(ctx, build(e.client.B()))
+		}, valkey.ValkeyResult.Error)
+	}, valkey.NewErrorResult)
 }
 
 // failed wraps err, a call's failure on key: WRONGTYPE (the key holds no sorted set) is

@@ -14,11 +14,18 @@
 // calls that wait for the same dial share its outcome: a dial cut short by its caller's
 // context fails them too, before anything of theirs was written. Unsent tells such a failure
 // apart, so that the call can be sent again for a caller whose context is live.
+//
+// What valkey-go does not honour is a context while a connection is being made: the dial's
+// greeting (HELLO) waits for its reply up to the dial timeout, whatever the context, and so
+// do the calls that wait for that dial. A server that takes connections and does not answer
+// (paused, stopped, overloaded) would hold a caller there past its deadline. Promptly runs a
+// call on a goroutine of its own and returns when the caller's context ends.
 package sendctx
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -68,4 +75,30 @@ func Send[T any](ctx context.Context, send func(context.Context) T, errOf func(T
 		reply = send(callCtx)
 	}
 	return reply
+}
+
+// Promptly runs call and returns its reply, or failed(ctx.Err()) as soon as ctx ends, if that
+// comes first: call then goes on, on a goroutine of its own, and its reply is dropped (a
+// writing call may still be applied, once). call must own what it reads: nothing of the
+// caller's may change under it once Promptly returns. A context that cannot end (Done is nil)
+// runs call on the caller's goroutine.
+func Promptly[T any](ctx context.Context, call func() T, failed func(error) T) T {
+	if ctx.Done() == nil {
+		return call()
+	}
+	reply := make(chan T, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				reply <- failed(fmt.Errorf("strictrate: the call failed: panic: %v", p))
+			}
+		}()
+		reply <- call()
+	}()
+	select {
+	case r := <-reply:
+		return r
+	case <-ctx.Done():
+		return failed(ctx.Err())
+	}
 }

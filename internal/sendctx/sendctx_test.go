@@ -103,3 +103,28 @@ func TestSendRetriesOnlyUnsentCalls(t *testing.T) {
 		}
 	}
 }
+
+func TestPromptlyReturnsWhenTheContextEnds(t *testing.T) {
+	failed := func(err error) error { return err }
+	if got := Promptly(context.Background(), func() error { return nil }, failed); got != nil {
+		t.Fatalf("a call on a context that cannot end: %v", got)
+	}
+	live, cancelLive := context.WithCancel(context.Background())
+	defer cancelLive()
+	want := errors.New("the call's own")
+	if got := Promptly(live, func() error { return want }, failed); got != want {
+		t.Fatalf("a call that came back: %v, want its reply", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	returned := make(chan error, 1)
+	go func() { returned <- Promptly(ctx, func() error { <-release; return nil }, failed) }()
+	cancel()
+	if got := <-returned; !errors.Is(got, context.Canceled) {
+		t.Fatalf("a call held while its context ended: %v, want the context's error", got)
+	}
+	close(release)
+	if got := Promptly(live, func() error { panic("boom") }, failed); got == nil {
+		t.Fatal("a call that panicked came back without an error")
+	}
+}
