@@ -34,7 +34,7 @@
 // The programs:
 //
 //   - [github.com/strictrate/strictrate/cmd/strictrate]: the operator's command: "inspect"
-//     shows a key's log and the room each limit has left, "reset" deletes it.
+//     shows a key's log and what each limit has remaining, "reset" deletes it.
 //   - [github.com/strictrate/strictrate/bench]: the benchmark (go run ./bench): the engine
 //     against the pipelined design on a throwaway Valkey; exactness, throughput, memory,
 //     server cost, leases, durability, clusters, quotas, local quota.

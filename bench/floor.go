@@ -217,7 +217,7 @@ func (f *floorRun) single(c valkey.Client, rng *rand.Rand, cmds valkey.Commands,
 	return cmds
 }
 
-// liveInLog counts the entries of an engine log inside the window (Inspect reads the log as
+// liveInLog counts the entries of an engine log inside the window (inspect.Read reads the log as
 // stored, entries not yet trimmed included).
 func liveInLog(ctx context.Context, f *floorRun, key string) (int, error) {
 	log, err := f.b.readLog(ctx, strings.TrimPrefix(key, f.b.prefix), 10*f.b.cfg.Limit)

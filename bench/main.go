@@ -1,9 +1,10 @@
-// Command bench compares strictrate's Atomic and Pipelined modes side by side on one Valkey
-// server, measures how close the engine gets to the server's own ceiling, and what in-flight
-// limits (leases) cost and whether they hold, and where the server's time per decision goes
-// (the floor scenario: the engine's scripts against bare scripts doing the same calls).
+// Command bench compares strictrate's engine with the pipelined design (package pipelined) side by
+// side on one Valkey server, measures how close the engine gets to the server's own ceiling, and
+// what in-flight limits (leases) cost and whether they hold, and where the server's time per
+// decision goes (the floor scenario: the engine's scripts against bare scripts doing the same
+// calls).
 //
-//	go run ./bench                  # every scenario, both modes, a throwaway server
+//	go run ./bench                  # every scenario, engine and pipelined, a throwaway server
 //	go run ./bench -scenario memory # one scenario
 //	go run ./bench -scenario leases # acquire+release pairs/s and the holders-at-once audit
 //	go run ./bench -scenario floor  # server µs per call: bare scripts, the textbook one, the engine's

@@ -68,7 +68,7 @@ type QuotaMemoryRow struct {
 	Limit    string `json:"limit"`
 	Requests int    `json:"requests"`
 	Admitted int    `json:"admitted"`
-	// Entries, Events and Counters are the key's log as Inspect reads it: its entries, their
+	// Entries, Events and Counters are the key's log as inspect.Read reads it: its entries, their
 	// events, its calendar counters.
 	Entries  int64 `json:"log_entries"`
 	Events   int64 `json:"log_events"`
@@ -91,7 +91,7 @@ type QuotaCostRow struct {
 	// them admitted.
 	Decisions int64 `json:"decisions"`
 	Admitted  int64 `json:"admitted"`
-	// Entries and Events are per key, as Inspect reads them at the row's end (the log trims
+	// Entries and Events are per key, as inspect.Read reads them at the row's end (the log trims
 	// what left the window at each decision).
 	Entries float64 `json:"log_entries_per_key"`
 	Events  float64 `json:"log_events_per_key"`
@@ -246,7 +246,7 @@ func (b *bencher) quotaSpread(ctx context.Context, key string, l engine.Limit, r
 	return row, clock, nil
 }
 
-// measureKey fills in row's bytes (MEMORY USAGE, every element sampled) and log (Inspect).
+// measureKey fills in row's bytes (MEMORY USAGE, every element sampled) and log (inspect.Read).
 func (b *bencher) measureKey(ctx context.Context, key string, row *QuotaMemoryRow) error {
 	c := b.clients[0]
 	size, err := c.Do(ctx, c.B().MemoryUsage().Key(b.prefix+key).Samples(0).Build()).AsInt64()

@@ -375,7 +375,7 @@ var (
 	batched   = []engine.Option{engine.WithBatching(true)}
 )
 
-// logSize returns the events key's log holds, and its entries: the engine's Inspect for an
+// logSize returns the events key's log holds, and its entries: inspect.Read for an
 // engine's log (one entry per admitted request), ZCARD for the pipelined sorted set (one
 // member per event, admitted or not).
 func (b *bencher) logSize(ctx context.Context, pipe bool, key string) (events, entries int64, err error) {

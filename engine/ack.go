@@ -8,13 +8,13 @@ import (
 	"github.com/valkey-io/valkey-go"
 )
 
-// ackPolicy is what an admission waits for before its caller hears yes: replicas that hold it
-// (WithReplicaAck: WAIT) and copies of it fsynced to an append-only file (WithDurableAck:
+// ackPolicy is what an admission waits for before its caller sees it admitted: replicas that hold
+// it (WithReplicaAck: WAIT) and copies of it fsynced to an append-only file (WithDurableAck:
 // WAITAOF). Both wait for the writes of the connection they are sent on, so both go on the
-// connection of the call that decided, and one of each serves every decision of a batch. WAIT
-// goes in the same round trip as the call, whatever it decides (one per call); WAITAOF goes
-// right after the reply, on the same connection, and only when the call admitted something: a
-// call that only denied sends none and never waits for a disk.
+// connection of the call that decided, and one of each serves every decision of a batch. WAIT goes
+// in the same round trip as the call, whatever it decides (one per call); WAITAOF goes right after
+// the reply, on the same connection, and only when the call admitted something: a call that only
+// denied sends none and never waits for a disk.
 type ackPolicy struct {
 	replicas    int // WAIT numreplicas; below 1, no WAIT
 	timeout     time.Duration

@@ -52,6 +52,8 @@ import (
 // built in, so that a batched decision allocates nothing of its own here; and a committer
 // goroutine that sends a batch sends the next one too, while batches keep coming, instead of
 // starting a goroutine per batch.
+
+// The group commit's bounds, shared by every kind.
 const (
 	// maxBatch is the most requests (for AllowAll groups, keys) one call carries.
 	maxBatch = 128

@@ -63,9 +63,9 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 // AllowPolicy records n events for key if every limit of p admits all n now, and none
 // otherwise: the decision is one atomic script call, exact under any concurrency.
 //
-// The Result speaks for the tightest limit: Remaining is the least room left in any window
-// after this decision; when denied, RetryAfter is the wait until every limit has room for n
-// (if nobody else takes it); ResetAfter is the wait until the log holds no event, that is its
+// The Result speaks for the tightest limit: Remaining is the fewest events any window still
+// admits after this decision; when denied, RetryAfter is the wait until every limit admits n (if nobody else
+// takes the events first); ResetAfter is the wait until the log holds no event, that is its
 // newest event plus the longest window. The key expires then.
 //
 // A Policy of one limit is exactly AllowN with that limit.
@@ -82,8 +82,8 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 }
 
 // PeekPolicy returns the decision AllowPolicy would take for n events of key now, and records
-// nothing: the same Result (Remaining the least room now, RetryAfter the wait until every
-// limit has room for n, QuotaAfter and Window for the tightest limit), with no Entry, and a
+// nothing: the same Result (Remaining the fewest events any window admits now, RetryAfter the
+// wait until every limit admits n, QuotaAfter and Window for the tightest limit), with no Entry, and a
 // ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
 // may be served where only reads are allowed. It validates as AllowPolicy does.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
@@ -125,9 +125,9 @@ func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int,
 	return e.allowSet(ctx, "allow_policy", key, e.policySet(p), n, now)
 }
 
-// allowSet decides n events of key against set, from this process's local quota when it
-// holds room (WithLocalQuota, on the server's clock), else on the server, telling local quota
-// what the server said.
+// allowSet decides n events of key against set, from this process's local quota when its
+// reservation covers n (WithLocalQuota, on the server's clock), else on the server, telling local
+// quota what the server said.
 func (e *Engine) allowSet(ctx context.Context, op, key string, set *limitSet, n int, at clockReading) (Result, error) {
 	var h *holder
 	if e.local != nil && !at.set {

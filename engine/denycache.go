@@ -111,10 +111,11 @@ func (c *denyCache) store(key string, set *limitSet, n int, r Result, sent, retu
 // different limits are asked of it.
 const maxDenialsPerKey = MaxPolicyLimits
 
-// forget drops key's cached denials: its room may have come back.
+// forget drops key's cached denials: events may have been given back to it.
 func (c *denyCache) forget(key string) { c.keys.Remove(key) }
 
-// forgetDenials drops the deny cache's denials of the full key, whose room may have come back.
+// forgetDenials drops the deny cache's denials of the full key, to which events may have been
+// given back.
 func (e *Engine) forgetDenials(fullKey string) {
 	if e.denials != nil {
 		e.denials.forget(fullKey)

@@ -265,8 +265,8 @@ func (e *Engine) Record(ctx context.Context, key string, limit int, window time.
 	return e.classic(ctx, opAllow, key, Limit{Max: limit, Window: window}, now)
 }
 
-// classic takes the article's Check (op peek) or Record (op allow) of one event for key at
-// now, and returns its verdict as the article's interface does.
+// classic takes the Check (op peek) or Record (op allow) of the classic sliding-window-log
+// design for one event of key at now, and returns its verdict as that design's interface does.
 func (e *Engine) classic(ctx context.Context, op operation, key string, l Limit, now time.Time) error {
 	if err := checkContext(ctx); err != nil {
 		return err

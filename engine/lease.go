@@ -71,30 +71,24 @@ type Lease struct {
 	BackendErr error
 }
 
-// Acquire takes one of maxHolders slots of key's in-flight limit for ttl: it is granted while
-// fewer than maxHolders unexpired leases of key exist, in one atomic script call, exact under any
-// concurrency and from any number of processes. Release the lease when the work is done;
-// extend it with Extend before it expires when the work runs longer than ttl.
+// Acquire takes one of maxHolders slots of key's in-flight limit for ttl: granted while fewer
+// than maxHolders unexpired leases of key exist, in one atomic script call, exact under any
+// concurrency and from any number of processes. Release the lease when the work is done, and
+// Extend it before it expires while the work runs on.
 //
-// A full key is denied with a *LeaseDeniedError (errors.Is(err, ErrRateLimitExceeded)): how
-// many hold the key, and when the soonest and the last of their leases expire. A slot is free
-// at NextExpiry at the latest, if nobody else takes it, and a release may free one sooner.
-//
-// The decision uses the server's clock (TIME in the script) unless the engine was made
-// WithClock. Invalid arguments (an empty key, maxHolders < 1, ttl < MinLeaseTTL or above
-// MaxLeaseTTL) are ErrInvalidArgument, before anything is sent. A server that cannot decide is
-// handled as for decisions: an error wrapping ErrUnavailable (fail-closed, the default), or,
-// under WithFailOpen(true), a Lease that holds no slot, with BackendErr set, and no error. With
-// WithReplicaAck or WithDurableAck a lease counts only once it is held where they ask. A key
-// that holds something other than leases is ErrUnknownLayout. Each call is counted in the metrics as operation "acquire".
-//
-// Only a returned Lease holds a slot. When ctx ends before the server's reply, Acquire returns
-// at once with ctx's error (or, when its deadline passed under WithFailOpen(true), a Lease that
-// holds no slot); the call goes on without the caller, and should the server grant the lease
-// after all, it is released once the reply is back. So is a lease whose call failed without
-// saying whether it was granted (a timeout, a lost connection) or that was granted but not
-// acknowledged as asked. A server that does not answer the call within a few seconds of the
-// caller leaving may take the release first, and the lease then expires at its ttl.
+//   - A full key is a *LeaseDeniedError (errors.Is(err, ErrRateLimitExceeded)): how many hold
+//     it, and when the soonest and the last of their leases expire.
+//   - Invalid arguments (an empty key, maxHolders < 1, ttl outside MinLeaseTTL to MaxLeaseTTL)
+//     are ErrInvalidArgument, before anything is sent; a key that holds something other than
+//     leases is ErrUnknownLayout.
+//   - Clock, failures and acknowledgements are as for decisions: the server's clock unless
+//     WithClock; ErrUnavailable, or under WithFailOpen(true) a Lease that holds no slot, with
+//     BackendErr set; under WithReplicaAck or WithDurableAck a lease counts only once held where
+//     they ask. The metrics count the call as operation "acquire".
+//   - Only a returned Lease holds a slot. When ctx ends first, Acquire returns at once with its
+//     error (a fail-open Lease if its deadline passed under WithFailOpen(true)), and a lease the
+//     server grants anyway is released once the reply is back; so is one whose call failed
+//     without saying whether it was granted, or not acknowledged as asked (docs/leases.md).
 func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
@@ -230,7 +224,7 @@ func (e *Engine) releaseAbandoned(ctx context.Context, key string, id uuid.UUID)
 //
 // A lease that has expired, or was released, cannot be extended: its slot may be another
 // holder's by now. Extend then returns an error wrapping ErrLeaseExpired, and the holder must
-// stop its work or Acquire anew. Extend before Expires, with room for the round trip.
+// stop its work or Acquire anew. Extend before Expires, leaving time for the round trip.
 //
 // Clock, validation (a lease with no key or no ID, ttl out of range: ErrInvalidArgument),
 // fail-open and acknowledgements are as for Acquire; under fail-open a server that cannot

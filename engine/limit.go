@@ -13,7 +13,7 @@ import (
 // With a Resolution g, the log keeps at most one entry per g-wide slot of time, so its memory
 // is at most about Window/g entries however many requests it admits, and it still never
 // admits more than Max in any trailing Window; the price is that a denial may come up to g
-// early (docs/limits.md, "Long windows").
+// early (docs/limits.md, "Long quotas in little memory").
 type Limit struct {
 	Max    int           // events admitted in any trailing window (or period); 1 to MaxEvents
 	Window time.Duration // window length; 1ms to MaxWindow, counted in whole microseconds; 0 for a calendar limit

@@ -58,7 +58,8 @@ const (
 // admitted Result has Allowed true and an Entry that names the reservation (Shared, with the
 // request's own cost), so that Refund and Settle give its events back: to the reservation
 // while it is held, else to its entry in the log. Its Remaining is what this process knows of
-// the room: the room at the reservation's decision plus what is left of the reservation.
+// what remains: what remained at the reservation's decision plus what is left of the
+// reservation.
 func WithLocalQuota(q LocalQuota) Option { return func(o *options) { o.localQuota = &q } }
 
 // localQuotas is an engine's local quota: a holder per key and limit set this process asks
@@ -108,7 +109,7 @@ type holder struct {
 	mu          sync.Mutex
 	since       time.Time    // the start of the current demand interval (one hold long)
 	count, last int          // requests in the current interval, and in the one before
-	room        int          // the room the last decision on the key reported; -1 unknown
+	room        int          // Remaining as the last decision on the key reported it; -1 unknown
 	pending     bool         // a reservation's call is in flight
 	cur         *reservation // the current reservation: nil for none yet
 }
@@ -377,7 +378,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 	return r, true
 }
 
-// observe tells h the room a decision the server took for its key reported.
+// observe tells h the Remaining a decision the server took for its key reported.
 func (h *holder) observe(r Result) {
 	if h == nil {
 		return
@@ -399,7 +400,7 @@ func (h *holder) noteDemand(now time.Time, n int, hold time.Duration) {
 }
 
 // size is the next reservation's events for a request of n: this process's demand over one
-// hold, at most half the room the key last reported (so that what one process holds unused
+// hold, at most half the Remaining the key last reported (so that what one process holds unused
 // stays small beside what the others need), at least n, at most the smallest Max. Under h.mu.
 func (h *holder) size(n int) int {
 	k := max(h.count, h.last)

@@ -20,7 +20,7 @@ import (
 //     in a cluster, one per primary (the committer's slot map), in a fixed order. A group of
 //     more than MaxAllowAllRequests is cut into calls of at most that many, in request order.
 //  3. Each call runs decide_all.lua, which peeks every request of the call and records those
-//     with room only when every one that is not advisory has room. readReply decodes its
+//     its limits admit only when every one that is not advisory is admitted. readReply decodes its
 //     reply, each decision with outcome.read, the one decoder of decisions.
 //  4. The calls run one after the other. Once a call denies, the calls after it only peek
 //     (check); what earlier calls recorded is given back (refundAll) before AllowAll returns. allowAll applies the fail-open policy and
@@ -33,78 +33,43 @@ import (
 const MaxAllowAllRequests = 64
 
 // allRefundTimeout bounds the refunds of a decision that did not admit: they run whether or
-// not the caller's context has ended, since the room they give back is other requests'.
+// not the caller's context has ended, since the events they give back are other requests'.
 const allRefundTimeout = 5 * time.Second
 
 // Request is one key's part of a decision over several keys (AllowAll).
 //
-// A request with N == 0 is a check: its limits are judged with a cost of 0 (it has room unless
-// its key already holds more than a limit's Max, which a key shared by several policies can),
-// and nothing is ever recorded for it. An Advisory request (a shadow rule) is decided and
-// recorded with the others when it has room, but its denial denies nothing: its Result says it
-// had no room, and nothing is recorded for it.
+// A request with N == 0 is a check: its limits are judged with a cost of 0 (they admit it
+// unless its key already holds more than a limit's Max, which a key shared by several policies
+// can), and nothing is ever recorded for it. An Advisory request (a shadow rule) is decided and
+// recorded with the others when its limits admit it, but its denial denies nothing: its Result
+// says its limits denied it, and nothing is recorded for it.
 type Request struct {
 	Key      string // the key, as for AllowPolicy (the engine's prefix is added)
 	Policy   Policy // its limits
 	N        int    // its cost in events; 0 checks without recording
-	Advisory bool   // decided and recorded when it has room, but its denial does not deny the others (a shadow rule)
+	Advisory bool   // decided and recorded when its limits admit it, but its denial does not deny the others (a shadow rule)
 }
 
-// AllowAll decides reqs together: they are admitted, and each recorded, only if every non-advisory
-// request has room for its cost; otherwise nothing is recorded for any of them.
-// results[i] is reqs[i]'s: Allowed says whether that request's own limits had room (its Remaining,
-// RetryAfter etc. as AllowPolicy/PeekPolicy report them); Entry is set only for what was recorded.
+// AllowAll decides reqs together, all or nothing: each is recorded only if every non-advisory
+// request's limits admit its cost, and otherwise none is. It is what a request carrying limits
+// on several keys needs (the descriptors of an Envoy rate limit request): a denied request
+// consumes nothing on any key. results[i] is reqs[i]'s.
 //
-// It is what a request that carries several limits on different keys needs (the descriptors
-// of an Envoy rate limit request): a request that one key denies consumes nothing of the
-// others, and a denied request consumes nothing at all. When allowed is true, results[i] of a
-// request recorded is AllowPolicy's Result (Remaining after it, its Entry for Refund and
-// Settle); of a check (N == 0) or an advisory request without room, PeekPolicy's. When allowed
-// is false, every Entry is zero and every Result is PeekPolicy's: those with room have Allowed
-// true and Remaining the room now (see below for a cluster).
+//   - Allowed says whether reqs[i]'s own limits admit it. A recorded request's Result is
+//     AllowPolicy's, with its Entry for Refund and Settle; every other Result is PeekPolicy's.
+//   - Validation is AllowPolicy's for each request (cost N >= 0), with at least one request and
+//     no key twice: ErrInvalidArgument, naming the request, before anything is sent.
+//   - Up to MaxAllowAllRequests keys on one server (in a cluster, on one primary) are one
+//     atomic script call. More keys, or keys on several primaries, take several atomic calls
+//     in a fixed order; when one denies, what earlier calls recorded is refunded before
+//     AllowAll returns. That never admits more than the limits allow, but a concurrent request
+//     may be denied meanwhile; a refunded request's Result has Entry zero.
+//   - Failures, shadow mode and metrics are as for AllowPolicy: fail-closed returns the error
+//     and nil results, fail-open admits every request with BackendErr set. One request with
+//     N > 0 is exactly AllowPolicy's decision.
 //
-// Each key is validated as AllowPolicy validates it, each Policy with cost N (0 <= N), and
-// reqs must hold at least one request, no key twice (merge duplicates first: a key's requests
-// would otherwise each see the room before the others). Every error of these wraps
-// ErrInvalidArgument, names the request, and nothing is sent.
-//
-// On one server, and in a cluster when every key lies on one primary, a decision of at most
-// MaxAllowAllRequests requests is one call of one script: atomic, exact under any
-// concurrency, as AllowPolicy. Otherwise it is several calls, each atomic, one after the other
-// in a fixed order: by primary (by address) when the keys lie on several, and within a
-// primary's requests, calls of at most MaxAllowAllRequests in the order of reqs. When one
-// call's requests deny, the requests the calls before it recorded are refunded before
-// AllowAll returns (and the later calls' are only peeked, for their Results). That never
-// admits more than the limits allow, and a denied request ends up consuming nothing; but
-// between a record and its refund the events are held, so a concurrent request may be denied
-// that a single atomic decision would have admitted. Results of requests refunded so are their
-// decisions with Entry zero and Remaining raised by N, the room given back.
-//
-// A call the server could not take (unreachable, timed out, an error reply such as
-// BADLAYOUT) ends the decision: what earlier calls recorded is refunded, and then, as for
-// AllowPolicy, fail-closed returns the error (results nil) and fail-open (WithFailOpen)
-// admits every request, recording nothing, each Result carrying BackendErr. A call whose
-// connection failed after it was sent may have recorded on its node, which cannot be given
-// back: as for AllowPolicy, that can only under-admit. When a refund itself fails, AllowAll
-// returns the denial, its results, and an error wrapping the refund's that names the keys
-// whose events stay counted until they leave their windows. In a cluster, a key that the
-// node a call went to no longer serves (a slot that moved) makes that call's requests go
-// again, per slot, through the client, which follows MOVED and ASK: that call recorded
-// nothing. A call is refused whole when the server is over maxmemory (ErrUnavailable). Once
-// the group is denied, a later primary's peek that fails leaves its requests' Results zero.
-//
-// Under WithShadow, a group that would be denied records nothing, as AllowPolicy records
-// nothing it denies, and is admitted anyway: allowed is true, and each Result whose own limits
-// had no room has Allowed true and ShadowDenied set. A single request with a cost (N > 0) is
-// AllowPolicy's decision exactly, and goes the same way: through the deny cache
-// (WithDenyCache) and the group commit (WithBatching). Several requests neither ask nor fill
-// the deny cache: a cached denial could tell the group's answer, but not the other requests'
-// Results. With the group commit (WithBatching), concurrent AllowAlls bound for one node share
-// a call, each decided all or nothing in turn, none seeing another half done. The metrics
-// count one decision per AllowAll, of operation policy, whose outcome is the group's:
-// allowed, denied, shadow_denied, fail_open or error. WithClock's clock is read once, and
-// every request is decided at that time; else every call reads the server's clock once for
-// its requests.
+// docs/limits.md, "Several keys at once", has the rest: the order of calls, refunds that fail,
+// clusters, the deny cache, group commit and the clock.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, err error) {
 	if err := e.checkAllowAll(ctx, reqs); err != nil {
 		return false, nil, err
@@ -424,7 +389,7 @@ func (c *allCall) describe() string {
 }
 
 // refundAll gives back every entry parts recorded, at once, and makes each refunded Result
-// say so: Entry zero, Remaining raised by the room given back. It returns an error naming the
+// say so: Entry zero, Remaining raised by the events given back. It returns an error naming the
 // keys whose refund failed, whose events stay counted.
 func (e *Engine) refundAll(ctx context.Context, parts []allPart) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), allRefundTimeout)

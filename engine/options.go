@@ -89,43 +89,25 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ack.replicas, o.ack.timeout = replicas, timeout }
 }
 
-// WithDurableAck makes every admission wait until it is fsynced to disk (WAITAOF local
-// replicas timeout): to the server's own append-only file when local is 1, and to the
-// append-only files of at least replicas replicas. An fsynced admission survives a power loss,
-// not only a crash of the server's process. An admission not fsynced as asked within timeout
-// returns an error wrapping ErrUnavailable instead of yes (the event stays recorded: the error
-// can only under-admit, never over-admit).
+// WithDurableAck makes every admission wait until it is fsynced (WAITAOF local replicas
+// timeout): to the server's own append-only file when local is 1, and to the files of at least
+// replicas replicas, so that it survives a power loss, not only a crash of the server.
 //
-// The WAITAOF goes on the same connection as the call that decided, right after its reply, and
-// only when that call admitted something: one WAITAOF per admitting call, and where decisions
-// are batched (WithBatching) one serves the whole call. A call that only denied sends none, so
-// a denial never waits for a disk, not even when the replicas asked for are missing. That
-// costs an admission one more round trip on the connection (tens of microseconds on a local
-// network, against the milliseconds of an fsync); sending WAITAOF in the call's own round trip
-// instead would make every denial wait too, which under attack, when most calls deny, is the
-// wrong trade.
+//   - An admission not fsynced as asked within timeout returns an error wrapping
+//     ErrUnavailable instead of admitting; its events stay recorded, so it can only
+//     under-admit, never over-admit.
+//   - The WAITAOF follows the reply of a call that admitted something, on its connection: one
+//     per call, however many decisions it carries. A denial never waits for a disk.
+//   - local 1 needs appendonly yes and an appendfsync that fsyncs: New fails with
+//     ErrPersistence otherwise. Run appendfsync always, on the replicas too: under everysec
+//     Valkey acknowledges on its cron tick whether or not the fsync ran, and New logs a warning
+//     (WithPersistenceCheck(Refuse) makes it fail instead).
+//   - local must be 0 or 1 and replicas at least 0; both 0 turn it off (the default). timeout
+//     is rounded up to whole milliseconds, and 0 waits until the context ends. With
+//     WithReplicaAck too, WAIT goes in the call's round trip and WAITAOF after it.
 //
-// When local is 1 the server must run with appendonly yes: New checks every primary (INFO
-// persistence, CONFIG GET appendfsync) and fails with ErrPersistence otherwise, and also under
-// appendfsync no (it never fsyncs, so WAITAOF never acknowledges). Run appendfsync always:
-// under everysec, Valkey (8.0.1, measured with a simulated power loss in
-// TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the fsync ran, so it
-// may acknowledge admissions a power loss then forgets (and slowly: about 100 ms per call at
-// the default hz 10). New accepts everysec but logs a warning (WithPersistenceCheck:
-// Refuse makes it fail with ErrPersistence, Ignore says nothing). A node
-// that refuses INFO or CONFIG is not checked, and the replicas' own appendfsync cannot be
-// checked from the primary: run them with always too.
-//
-// local must be 0 or 1 and replicas at least 0; local 0 and replicas 0 turn it off (the
-// default). timeout is rounded up to whole milliseconds, and 0 means the WAITAOF may block
-// until the context ends. With WithReplicaAck too, WAIT goes in the call's round trip, as without this option, and WAITAOF
-// after it.
-//
-// The cost: under appendfsync always the server has fsynced before it answers, so the WAITAOF
-// returns at once, but the call and its WAITAOF hold a connection of their own, as WAIT does
-// (see the durability table in docs/benchmarks.md). What it adds to appendfsync always alone is that each
-// admission's fsync is confirmed by the server instead of assumed from its configuration, and
-// that replicas' files can be asked for.
+// docs/operating.md, "What a crash forgets", says what each setting loses, why the WAITAOF
+// comes after the reply, and what it costs.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
 	return func(o *options) { o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout = local, replicas, timeout }
 }
@@ -203,8 +185,8 @@ func WithShadow(on bool) Option { return func(o *options) { o.shadow = on } }
 // at once, Result.FromCache set, until the denial's RetryAfter has run from the moment its
 // call was sent (that moment precedes the server's decision, so the cache never denies past
 // the real denial). Its Result counts RetryAfter down. Reset, Refund and Settle through this
-// engine clear the key's denials; through another process they do not: room they give back
-// is seen when the cached RetryAfter runs out. entries < 1 turns it off (the default).
+// engine clear the key's denials; through another process they do not: events they give back
+// are seen when the cached RetryAfter runs out. entries < 1 turns it off (the default).
 func WithDenyCache(entries int) Option { return func(o *options) { o.denyCacheEntries = entries } }
 
 // WithMeterProvider sets where the engine's metrics go (OpenTelemetry's metric API; the

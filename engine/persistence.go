@@ -76,8 +76,8 @@ func checkPersistence(ctx context.Context, client valkey.Client, check CheckLeve
 // its WAITAOF acknowledges it: appendonly yes, and appendfsync other than no (under no it never
 // fsyncs, and every WAITAOF would time out). It reports weak under appendfsync everysec: Valkey
 // (8.0.1 measured, TestPowerLossSimulated) answers WAITAOF on its cron tick whether or not the
-// fsync ran, so an admission told yes can still be lost to a power loss; only always makes the
-// acknowledgement a disk write. A node that refuses CONFIG GET is taken at its INFO's word.
+// fsync ran, so an acknowledged admission can still be lost to a power loss; only always makes
+// the acknowledgement a disk write. A node that refuses CONFIG GET is taken at its INFO's word.
 func checkDurable(ctx context.Context, addr string, node valkey.Client, aof bool) (weak bool, err error) {
 	const advice = "WithDurableAck with a local fsync needs appendonly yes, and appendfsync always to be sure " +
 		"(or ask only replicas: WithDurableAck(0, n, timeout))"

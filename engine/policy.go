@@ -15,7 +15,7 @@ import (
 const MaxPolicyLimits = 16
 
 // Policy is a set of limits on one key that must all hold at once, such as "5 per second and
-// 100 per hour": a request is admitted only when every limit has room for it, and then it
+// 100 per hour": a request is admitted only when every limit admits it, and then it
 // counts against all of them. A sliding window log answers every window from the same entries,
 // so a Policy costs one log and one script call, however many limits it holds.
 //
@@ -104,7 +104,7 @@ func (p Policy) Longest() Limit {
 }
 
 // checkPolicyCall checks a call of op for n events of key against p before anything is sent:
-// its arguments, and that the engine's mode offers it (several limits need the atomic log).
+// the context, the key, and p with cost n.
 func (e *Engine) checkPolicyCall(ctx context.Context, op, key string, p Policy, n int) error {
 	if err := checkContext(ctx); err != nil {
 		return err

@@ -9,7 +9,7 @@ type Result struct {
 	// Remaining is how many events would still be admitted now, after this decision.
 	Remaining int
 	// RetryAfter is, when denied, how long to wait until the same request is admitted if
-	// nobody else takes the room; 0 when allowed. The decision reads at most 32 entries from
+	// nobody else takes the events first; 0 when allowed. The decision reads at most 32 entries from
 	// each end of the window to find it, so that no request buys server time with its cost:
 	// when the events that must leave end deeper in a long log, it is the wait until the 32nd
 	// oldest entry leaves, before which the request is not admitted (ask again then).
@@ -27,8 +27,8 @@ type Result struct {
 	// it: the server's by default, else the caller's. An admitted event is recorded at At.
 	At time.Time
 	// Window is the window of the limit Remaining speaks for: the Limit's own for Allow,
-	// AllowN and Peek; for AllowPolicy, the limit with the least room (the shortest window
-	// among equals). 0 when fail-open admitted without a decision.
+	// AllowN and Peek; for AllowPolicy, the limit with the least remaining (the shortest
+	// window among equals). 0 when fail-open admitted without a decision.
 	Window time.Duration
 	// BackendErr is set only under WithFailOpen(true), when the server could not decide and
 	// the request was admitted anyway: it holds the error, for logs and metrics. Remaining,

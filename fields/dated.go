@@ -188,7 +188,7 @@ func (f *Dated) at(t time.Time) *periodFields {
 }
 
 // named returns the position in p of the limit r speaks for: the one whose Window (for a
-// calendar limit, its current period's length) is r.Window, and whose Max leaves room for
+// calendar limit, its current period's length) is r.Window, and whose Max is at least
 // r.Remaining; a sliding limit before a calendar one of the same length. A Result that names
 // none (one from another policy) gets the limit with the smallest Max.
 func (d *periodFields) named(p engine.Policy, r engine.Result) int {

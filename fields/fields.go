@@ -15,13 +15,13 @@
 // window that is not a whole number of seconds is rounded up: a client pacing itself by q per
 // w never sends faster than the limit allows.
 //
-// RateLimit names one limit, the tightest of the decision (engine.Result.Window: the least room
-// left, the shortest window among equals), with r, its room, and t, a delta in seconds rounded
-// up so that it is never early. On a denial t is the wait until the request would be admitted
-// (engine.Result.RetryAfter); otherwise it is the wait until the named limit next gets quota
-// back, when the oldest event in its window leaves it (engine.Result.QuotaAfter), as draft -10
-// defines it ("the number of seconds until additional quota associated with the quota policy
-// is made available").
+// RateLimit names one limit, the tightest of the decision (engine.Result.Window: the least
+// remaining, the shortest window among equals), with r, its remaining, and t, a delta in seconds
+// rounded up so that it is never early. On a denial t is the wait until the request would be
+// admitted (engine.Result.RetryAfter); otherwise it is the wait until the named limit next gets
+// quota back, when the oldest event in its window leaves it (engine.Result.QuotaAfter), as
+// draft -10 defines it ("the number of seconds until additional quota associated with the quota
+// policy is made available").
 //
 // A policy with calendar limits (engine.Calendar) has fields that depend on the date of the
 // decision: Dated writes them, naming each calendar limit by its period (LimitName: "month",
@@ -68,7 +68,7 @@ type syntax struct {
 	policyField    string // the field that describes the policy
 	rateLimitField string // the field that reports a decision
 	quota, window  string // the policy item's parameters
-	remaining      string // the decision item's room
+	remaining      string // the decision item's remaining quota
 	reset          string // the decision item's delta seconds
 }
 

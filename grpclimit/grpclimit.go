@@ -2,57 +2,28 @@
 // a unary and a stream server interceptor over one engine.Policy.
 //
 // Each call (a unary call, or a stream when it opens) costs one event of its key against the
-// policy, decided in one atomic call to Valkey. The key is the client's address by default
-// (the peer, or behind trusted proxies the address they forward, an IPv6 client's /64: the
-// same rules as httplimit, from package clientaddr), or a metadata value (WithKeyMetadata), or
-// what a function returns (WithKeyFunc). A server on a Unix socket has no peer address: give
-// it WithTrustedUnixSocket to read the forwarding metadata of the proxy on the socket, or key
-// calls another way.
-//
-// # Answers
+// policy, decided in one atomic call to Valkey. The key is the client's address by default, by
+// httplimit's rules (package clientaddr: trusted proxies, an IPv6 client's /64; on a Unix
+// socket, WithTrustedUnixSocket), or a metadata value (WithKeyMetadata), or what a function
+// returns (WithKeyFunc).
 //
 //   - Admitted: the call goes on to the handler.
 //   - Denied: codes.ResourceExhausted, with two details a client reads with status.FromError:
-//     google.rpc.RetryInfo, whose retry_delay is the engine's RetryAfter exactly (to the
-//     microsecond: the wait until the same call would be admitted), and google.rpc.QuotaFailure,
-//     whose violation names the limit that denied it (quota_id is its name in the header
-//     metadata: its window, "1m", or a calendar limit's period, "month"; quota_value its Max).
+//     google.rpc.RetryInfo, whose retry_delay is the engine's RetryAfter to the microsecond,
+//     and google.rpc.QuotaFailure, whose violation names the limit that denied it (quota_id as
+//     the fields name it, "1m" or "month"; quota_value its Max).
 //   - No key: codes.InvalidArgument, with ErrKey's message and the reason.
-//   - The engine cannot decide: codes.Unavailable when it fails closed (the default); when it
-//     fails open (engine.WithFailOpen) the call goes through, and the WithFailOpenHook function
-//     sees the error. A caller's cancelled or expired context is codes.Canceled or
+//   - The engine cannot decide: codes.Unavailable when it fails closed (the default); failing
+//     open (engine.WithFailOpen), the call goes through and the WithFailOpenHook function sees
+//     the error. A caller's cancelled or expired context is codes.Canceled or
 //     codes.DeadlineExceeded.
+//   - Every decided call, and every call a fail-open engine let through, gets the header
+//     metadata "ratelimit-policy" and, after a decision, "ratelimit": the values httplimit
+//     sends, written by package fields (WithFieldsVersion chooses the draft revision). A client
+//     reads them with grpc.Header or ClientStream.Header, denied calls included.
 //
-// # Header metadata
-//
-// Every call that was decided, admitted or denied, and every call a fail-open engine let
-// through, gets the header metadata "ratelimit-policy" and, when there was a decision,
-// "ratelimit", with the values httplimit sends in its RateLimit-Policy and RateLimit fields
-// (package fields writes both; WithFieldsVersion chooses the draft revision):
-//
-//	ratelimit-policy: "1s";q=5;w=1, "1h";q=100;w=3600
-//	ratelimit: "1s";r=4;t=1
-//
-// Limits are named as httplimit names them: a sliding limit by its window ("1s", "1h"; with a
-// Resolution or without), a calendar limit (engine.Calendar) by its period ("day", "week",
-// "month", "year"; "month-15" for a Month with billing day 15; "month@Europe/Berlin" when two
-// calendar limits of the policy would share a name, the same period in two time zones), with
-// w the length of its current period in seconds (engine.Limit.PeriodAt at the decision's time,
-// engine.Result.At). That w changes from one period to the next, so for a policy with calendar
-// limits ratelimit-policy is made once per period; for one of sliding limits alone, once. When
-// a calendar limit is the tightest, ratelimit's t is the wait until its period ends:
-//
-//	ratelimit-policy: "1s";q=10;w=1, "month";q=1000000;w=2592000
-//	ratelimit: "month";r=0;t=43200
-//
-// A client reads them with grpc.Header (unary) or ClientStream.Header (streams), for denied
-// calls too.
-//
-// # Module
-//
-// grpclimit is a module of its own, github.com/strictrate/strictrate/grpclimit, so that the
-// core module requires no gRPC: a program that limits HTTP only never has gRPC, protobuf and
-// genproto in its module graph, where their minimum versions would be raised for it.
+// grpclimit is a module of its own, so that the core module requires no gRPC; docs/http-grpc.md
+// has the options and a client's reading of a denial.
 package grpclimit
 
 import (

@@ -27,37 +27,24 @@ type concurrent struct {
 }
 
 // NewConcurrent returns middleware that lets at most max requests of one key run at once: an
-// in-flight limit, for expensive endpoints (reports, exports, model calls) where a rate limit
-// alone does not bound the work under way. Keys are those of New, and the same options apply;
-// the leases live apart from the rate limits' logs (see engine.LeaseNamespace), so both kinds
-// of middleware may share an engine and a key prefix.
+// in-flight limit, for endpoints whose cost is the time they run (reports, exports, model
+// calls). Keys, options and backend failures are New's; the leases live apart from the rate
+// limits' logs ([engine.LeaseNamespace]), so both middlewares may share an engine and a prefix.
 //
-// Each request takes a lease (engine.Acquire) before the handler runs and releases it when the
-// handler returns or panics (the panic goes on after the release). The lease is acquired on the
-// request's context: a client that hangs up before its lease is granted stops waiting, gets no
-// handler (the error handler sees the context's error) and holds no slot, as the engine
-// releases a lease its server grants after the client left. A handler that runs longer
-// than half of ttl has its lease extended every ttl/2, so ttl bounds only how long the slot of
-// a request whose server died stays taken: choose it well above a round trip to Valkey and
-// well below how long clients should wait for such a slot. Should an extension find the lease
-// expired (its slot may be another request's by now: the server was unreachable for longer
-// than the lease, or a failover lost it), the handler's context is cancelled with cause
-// engine.ErrLeaseExpired (context.Cause), so the work can stop.
-//
-// A full key is answered 429 Too Many Requests (or by the WithDeniedHandler function) with
-// Retry-After: the wait, in seconds rounded up, until the soonest lease of the key expires,
-// when a slot is free at the latest; a finishing request usually frees one much sooner. The
-// header fields name the limit ConcurrentPolicyName, in the quota unit of
-// draft-ietf-httpapi-ratelimit-headers for in-flight limits, without a window:
-//
-//	RateLimit-Policy: "concurrency";q=5;qu="concurrent-requests"
-//	RateLimit: "concurrency";r=2
-//
-// where r is the number of further requests of the key that may start now; a denial adds
-// t, the same wait as Retry-After. Backend failures follow the engine's policy, as for New.
+//   - Each request holds a lease ([engine.Engine.Acquire]) while its handler runs, released when
+//     the handler returns or panics. A client that hangs up while it waits gets no handler (the
+//     error handler sees the context's error) and holds no slot.
+//   - A handler that runs longer than ttl/2 has its lease extended every ttl/2, so ttl bounds
+//     only how long a request whose server died keeps its slot: choose it well above a round
+//     trip to Valkey. Should an extension find the lease lost, the handler's context is
+//     cancelled with cause [engine.ErrLeaseExpired].
+//   - A full key gets 429 (or the WithDeniedHandler function) with Retry-After, the wait until
+//     the soonest lease expires, and the fields name [ConcurrentPolicyName] in the draft's unit
+//     for in-flight limits: RateLimit-Policy "concurrency";q=5;qu="concurrent-requests" and
+//     RateLimit "concurrency";r=2, r the requests that may start now (a denial adds t).
 //
 // It panics if e is nil, max is outside 1 to engine.MaxEvents, or ttl is outside
-// engine.MinLeaseTTL to engine.MaxLeaseTTL.
+// engine.MinLeaseTTL to engine.MaxLeaseTTL. docs/leases.md has the details.
 func NewConcurrent(e *engine.Engine, max int, ttl time.Duration, opts ...Option) func(http.Handler) http.Handler {
 	switch {
 	case e == nil:

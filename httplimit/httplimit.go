@@ -1,90 +1,29 @@
 // Package httplimit is net/http middleware that rate-limits requests with a strictrate engine
 // and tells clients where they stand through the IETF RateLimit header fields.
 //
-// Each request costs one event of its key (by default the client's IP address, an IPv6
-// client's /64) against an engine.Policy: one or more limits that must all hold, decided in
-// one atomic call. WithCost gives requests a cost of their own. Admitted requests go to the
-// next handler; denied ones get 429 Too Many Requests and Retry-After.
+//   - Each request costs one event of its key (WithCost: a cost of its own) against an
+//     engine.Policy, decided in one atomic call. Admitted requests go to the next handler;
+//     denied ones get 429 Too Many Requests and Retry-After, in seconds rounded up, never
+//     earlier than the engine's RetryAfter.
+//   - The key is the client's address by package clientaddr's rules: RemoteAddr, or behind
+//     trusted proxies (WithTrustedProxies) the first untrusted hop of their forwarding header,
+//     read from its right end; an IPv6 client's /64. A Forwarded element that must be read and
+//     breaks RFC 7239, or a Unix socket's peer without WithTrustedUnixSocket, is a 400 (ErrKey).
+//     WithKeyHeader and WithKeyFunc key requests otherwise.
+//   - Every response carries the fields as package fields writes them, in the syntax of
+//     draft-ietf-httpapi-ratelimit-headers-10 (WithFieldsVersion chooses the revision):
+//     RateLimit-Policy, every limit with its quota and window ("1s";q=5;w=1, "1h";q=100;w=3600),
+//     and, after a decision, RateLimit, the tightest limit's remaining r and wait t
+//     ("1s";r=0;t=1). WithLegacyHeaders adds the X-RateLimit-* trio.
+//   - When the engine cannot decide: fail-closed (the default) answers 503 (WithErrorHandler
+//     replaces it); fail-open (engine.WithFailOpen) passes the request on with RateLimit-Policy
+//     but no RateLimit, and calls the WithFailOpenHook function.
+//   - Under engine.WithShadow(true) it never answers 429: a request the limit denies reaches the
+//     handler with the real decision's fields (r=0) and no Retry-After.
+//   - NewConcurrent bounds requests in flight instead of how often they arrive; both kinds can
+//     wrap one handler.
 //
-// # Client address
-//
-// The default key follows package clientaddr: RemoteAddr, or, when it is a trusted proxy
-// (WithTrustedProxies), the first untrusted hop of its forwarding header (WithForwardedHeader)
-// read from the right end, so nothing a client writes in the header, not even an unclosed
-// quote in a Forwarded element, reaches the hops the proxies appended; a Forwarded element
-// that must be read and breaks RFC 7239's syntax is a 400 (ErrKey). A server listening on a
-// Unix socket sees no address (RemoteAddr "@"): WithTrustedUnixSocket trusts the proxy on the
-// socket and reads its header; without it, or WithKeyFunc or WithKeyHeader, every request is
-// a 400.
-//
-// # Header fields
-//
-// The fields follow draft-ietf-httpapi-ratelimit-headers-10 (September 2025; its -08 and -09
-// have the same syntax; WithFieldsVersion chooses the revision): two Structured Field Lists
-// (RFC 9651), written by package fields, which grpclimit shares.
-//
-//	RateLimit-Policy: "1s";q=5;w=1, "1h";q=100;w=3600
-//	RateLimit: "1s";r=0;t=1
-//
-// RateLimit-Policy names every limit of the policy (the name is its window: "500ms", "1s",
-// "90m", "1h") with its quota q and its window w in seconds. The draft's w is an integer, so a
-// window that is not a whole number of seconds is rounded up: a client pacing itself by q per
-// w never sends faster than the limit allows. A limit with a Resolution is named and described
-// as the same limit without it ("720h";q=1000000;w=2592000).
-//
-// A calendar limit (engine.Calendar) is named by its period: "day", "week", "month" or
-// "year"; a Month with a billing day other than the 1st is "month-15". When two calendar
-// limits of one policy would share a name (the same period in two time zones), each has its
-// time zone after an "@": "month@Europe/Berlin" (a zone name's bytes that a Structured Field
-// String cannot hold, and '%', are written %XX). Names stay unique within a policy, and never
-// look like a window's, which start with a digit. Its w is the length of the current period
-// (engine.Limit.PeriodAt at the decision's time, engine.Result.At), in seconds, so it changes
-// from one period to the next: 2592000 in a 30-day month, 2678400 in a 31-day one, 82800 on a
-// 23-hour day. For a policy with calendar limits the field is made once per period, not per
-// response; a policy of sliding limits alone has one field, made once.
-//
-//	RateLimit-Policy: "1s";q=10;w=1, "month";q=1000000;w=2592000
-//	RateLimit: "month";r=0;t=43200
-//
-// RateLimit gives, for one limit, the remaining quota r and t, a delta in seconds, rounded up
-// so that it is never early. The limit named is the tightest one of this decision, the one
-// with the least room left (engine.Result.Window; the shortest window among equals), and r is
-// that room. On a denial t is the wait until the request would be admitted (Retry-After,
-// rounded up); otherwise t is, as draft -10 defines it, the wait until the named limit next
-// gets quota back: when the oldest event in its window leaves it (engine.Result.QuotaAfter),
-// which is sooner than its whole quota coming back whenever the window holds several events.
-// A calendar limit gets its quota back all at once, when its period ends: t is the wait until
-// then. (A Result tells a calendar limit by its Window, the current period's length; should a
-// sliding window of the same policy be exactly as long, the field names the sliding limit
-// unless its Max is below r.)
-//
-// Denied responses also carry Retry-After, in seconds, rounded up: never earlier than the
-// engine's RetryAfter. WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
-// X-RateLimit-Reset (a delta in seconds) with the same values as RateLimit.
-//
-// # Backend failures
-//
-// When the engine cannot decide, the middleware follows the engine's policy
-// (engine.WithFailOpen). Fail-closed, the default: the engine returns an error and the
-// middleware answers 503 Service Unavailable (replace it with WithErrorHandler). Fail-open:
-// the engine admits the request and sets Result.BackendErr; the middleware passes the request
-// on with RateLimit-Policy but without RateLimit (there is no count to report), and calls the
-// WithFailOpenHook function, if any, so the failure is logged or counted.
-//
-// # In-flight limits
-//
-// NewConcurrent limits how many requests of one key run at once instead of how often they
-// arrive: each request holds an engine lease while its handler runs. It keys requests, answers
-// denials and fails open as New does, with the quota unit "concurrent-requests" in
-// RateLimit-Policy. Both kinds can wrap one handler: a rate limit and an in-flight limit.
-//
-// # Shadow mode
-//
-// The middleware follows the engine: under engine.WithShadow(true) it never answers 429. A
-// request the limit denies goes through to the handler with the RateLimit fields of the real
-// decision (no room left: r=0) and without Retry-After, so clients and operators see what the
-// limit would do while it is tried out; the engine's Result.ShadowDenied and its metrics
-// count those requests.
+// docs/http-grpc.md has the options, calendar limits' fields and an example server.
 package httplimit
 
 import (
@@ -229,7 +168,7 @@ func WithIPv6Prefix(bits int) Option {
 // tokens asked for, the weight of an endpoint. An error from f, or a cost below 1 or above the
 // policy's smallest Max (it could never be admitted), goes to the error handler wrapped in
 // ErrCost, by default a 400 answer, and nothing is recorded. The cost is all or nothing, as
-// for engine.AllowPolicy.
+// for [engine.Engine.AllowPolicy].
 func WithCost(f func(*http.Request) (int, error)) Option {
 	return func(c *config) { c.cost = f }
 }
@@ -255,7 +194,8 @@ func WithFailOpenHook(f func(r *http.Request, err error)) Option {
 }
 
 // WithLegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (a
-// delta in seconds) for clients that predate the RateLimit fields.
+// delta in seconds), with the same values as RateLimit, for clients that predate the RateLimit
+// fields.
 func WithLegacyHeaders(on bool) Option { return func(c *config) { c.legacy = on } }
 
 // limiter is one configured middleware.

@@ -151,8 +151,8 @@ func (e *Engine) allowAt(ctx context.Context, key string, l engine.Limit, n int,
 }
 
 // Peek returns whether one more event for key would be admitted now: the events in the window
-// (ZCOUNT of the scores after now minus the window, which reads and writes nothing else).
-// Remaining is the room now; RetryAfter (when denied), ResetAfter and QuotaAfter (when the
+// (ZCOUNT of the scores after now minus the window, which reads and writes nothing else). Remaining
+// is what the window admits now; RetryAfter (when denied), ResetAfter and QuotaAfter (when the
 // window holds an event) are the window.
 func (e *Engine) Peek(ctx context.Context, key string, l engine.Limit) (engine.Result, error) {
 	return e.peekAt(ctx, key, l, e.clock())

@@ -81,20 +81,19 @@ func WithKeyPrefix(prefix string) Option { return func(o *options) { o.keyPrefix
 // in the metrics (the reference's NEAR_LIMIT_RATIO); the default is 0.8.
 func WithNearLimitRatio(r float64) Option { return func(o *options) { o.nearLimitRatio = r } }
 
-// WithShadowMode makes every answer OK while still deciding every request (the reference's
-// global SHADOW_MODE): each descriptor's status says whether it was over its limit, and a
-// request some descriptor would have denied is counted in the global_shadow_mode metric. As
-// the reference records the other descriptors' hits of such a request, each limited
-// descriptor is recorded when it has room, whatever the others decide; one over its limit
-// records nothing, so each counter holds only hits its limit admits, and turning shadow mode
-// off denies exactly what the limits deny. Rules have their own shadow_mode in the
-// configuration.
+// WithShadowMode makes every answer OK while still deciding every request (the reference's global
+// SHADOW_MODE): each descriptor's status says whether it was over its limit, and a request some
+// descriptor would have denied is counted in the global_shadow_mode metric. As the reference
+// records the other descriptors' hits of such a request, each limited descriptor is recorded when
+// its limit admits its hits, whatever the others decide; one over its limit records nothing, so
+// each counter holds only hits its limit admits, and turning shadow mode off denies exactly what
+// the limits deny. Rules have their own shadow_mode in the configuration.
 func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } }
 
 // WithQuotaMode puts every rule in quota mode (the reference's global QUOTA_MODE), as a rule's
 // quota_mode does for it: a descriptor over its limit does not deny the request, and its
 // status is OK, with its limit, limit_remaining 0 and no duration_until_reset. Each limited
-// descriptor is recorded when it has room, whatever the others decide.
+// descriptor is recorded when its limit admits its hits, whatever the others decide.
 func WithQuotaMode(on bool) Option { return func(o *options) { o.quota = on } }
 
 // WithResponseHeaders chooses the header fields the responses carry (the reference's

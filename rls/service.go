@@ -39,10 +39,10 @@ import (
 // matches them (package config); each limited descriptor counts on a key in Valkey (its
 // entries', shared by a rule and a request's override of its unit), whose rule's unit is a
 // sliding window of that length. The descriptors of one request, however many, are decided
-// all or nothing (engine.AllowAll): admitted only when every one has room, and then recorded
-// in every one; a denied request consumes nothing of any descriptor. A descriptor that never
-// denies (a shadow or quota rule, or any under WithShadowMode) is recorded when it has room,
-// whatever the others decide.
+// all or nothing ([engine.Engine.AllowAll]): admitted only when every one's limit admits its
+// hits, and then recorded in every one; a denied request consumes nothing of any descriptor. A
+// descriptor that never denies (a shadow or quota rule, or any under WithShadowMode) is
+// recorded when its limit admits its hits, whatever the others decide.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
@@ -110,7 +110,7 @@ type descriptorPlan struct {
 	shadow   bool          // the rule's shadow_mode: over its limit, it answers OK
 	quota    bool          // quota mode (the rule's quota_mode, or WithQuotaMode): over its limit, it answers OK without a reset
 	// advisory descriptors never deny the request (a shadow or quota rule, or any rule under
-	// WithShadowMode): each is recorded when it has room, whatever the others decide.
+	// WithShadowMode): each is recorded when its limit admits its hits, whatever the others decide.
 	advisory bool
 	present  bool // the descriptor is limited (a rule that is neither nil nor unlimited)
 }
@@ -238,7 +238,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // event of the key, so each is judged against its own limit with the hits of all of them: a
 // descriptor is over when the key's hits in this request are above its limit, and the engine
 // decides the key under the smallest limit of those that can deny (an advisory one's only when
-// every one is advisory), which has room exactly when every one of them has. The order the
+// every one is advisory), which admits the hits exactly when every one of them does. The order the
 // descriptors come in changes nothing.
 func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
 	plans := make([]descriptorPlan, len(req.Descriptors))
@@ -463,7 +463,7 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 	limit := uint64(p.limit.Max)
 	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
-	// A key not asked (every limit on it is 0) has room only for a check.
+	// A key not asked (every limit on it is 0) admits only a check.
 	room, hasRoom, keyRecorded := uint64(0), !p.over, false
 	if p.req >= 0 {
 		res = results[p.req]

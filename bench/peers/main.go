@@ -15,7 +15,7 @@
 // and how many times strictrate's batched engine's decisions per second the row's is.
 //
 // strictrate runs as the main bench (../) runs it: four valkey-go clients, the goroutines
-// spread over them, in Atomic mode with batching on, with batching off, and in Pipelined mode.
+// spread over them, the engine with batching on and with batching off, and package pipelined.
 // The peers share one go-redis client whose pool holds a connection per goroutine.
 //
 // The server is always one of its own: valkey-server (or redis-server) from PATH on a free

@@ -5,15 +5,15 @@
 //	go run ./cmd/strictrate reset -addr host:port [-prefix p] [-force] KEY
 //
 // inspect prints the key's calendar counters, if it has any (engine.Calendar limits; the log's
-// layout 4), one line per period: "period <start> .. <end>: <n> events", in RFC 3339, in the
-// zone of a -limit of that period, else in UTC; their events are not in the entries' count.
-// Then the key's entries (time, cost, age), oldest first, and, for each -limit (repeat it for
-// a policy's limits), the events in that window now, the room left and when the log empties;
-// for a calendar -limit, the events in its current period, the room left and when the period
-// ends. When every sliding -limit has a Resolution, the entries are slots (engine.Limit
-// Resolution): inspect says so, and each entry's time is its slot's end, its cost the events of
-// all the slot's requests. It reads the log through the engine (package inspect and
-// engine.Peek), the same code the decisions run, and changes nothing.
+// layout 4), one line per period: "period <start> .. <end>: <n> events", in RFC 3339, in the zone
+// of a -limit of that period, else in UTC; their events are not in the entries' count. Then the
+// key's entries (time, cost, age), oldest first, and, for each -limit (repeat it for a policy's
+// limits), the events in that window now, the events remaining and when the log empties; for a
+// calendar -limit, the events in its current period, the events remaining and when the period ends.
+// When every sliding -limit has a Resolution, the entries are slots (engine.Limit.Resolution):
+// inspect says so, and each entry's time is its slot's end, its cost the events of all the slot's
+// requests. It reads the log through the engine ([inspect.Read] and [engine.Engine.Peek]), the same
+// code the decisions run, and changes nothing.
 //
 // A -limit is written as engine.Limit.String writes it: "100/1m" (Max, then the window as a Go
 // duration), "100/1h~1m" (with a Resolution of a minute), or a calendar limit: "1000/month",
@@ -22,7 +22,7 @@
 // other than the 1st, the day after a ":" ("1000/month:15@UTC"; "month-15", the name the
 // RateLimit fields give it, is read too).
 //
-// reset deletes the key's log, as engine.Reset does, and says what it deleted: the log's
+// reset deletes the key's log, as [engine.Engine.Reset] does, and says what it deleted: the log's
 // entries and events as package inspect read them just before, and its calendar counters, one
 // "period <start> .. <end>: <n> events" each (in UTC), or, for the pipelined design's log
 // (package pipelined: a sorted set), its events. A key that does not exist is not an error: reset exits 0 and says
@@ -343,7 +343,7 @@ func inspectKey(ctx context.Context, client valkey.Client, e *engine.Engine, key
 	}
 	for _, l := range limits {
 		// Peeking with the largest Max counts the window (or the period) whatever it holds;
-		// the limit's own Max then says what room is left.
+		// the limit's own Max then says what remains.
 		wide := engine.Limit{Max: engine.MaxEvents, Window: l.Window, Resolution: l.Resolution}
 		if l.IsCalendar() {
 			wide = engine.Calendar(engine.MaxEvents, l.Period, l.Location).WithBillingDay(l.BillingDay)
