@@ -68,7 +68,9 @@ func parseServerStats(commandstats, cpu string) serverStats {
 func decideSHA1() string { return loader.New("decide", scripts.Source("decide", 0)).SHA1() }
 
 // decideBatchSHA1 is the digest of the batch script, which takes several decisions per call.
-func decideBatchSHA1() string { return loader.New("decide_batch", scripts.Source("decide_batch", 0)).SHA1() }
+func decideBatchSHA1() string {
+	return loader.New("decide_batch", scripts.Source("decide_batch", 0)).SHA1()
+}
 
 func splitHostPort(addr string) (string, string, error) {
 	host, port, err := net.SplitHostPort(addr)
