@@ -1,6 +1,7 @@
 package valkeytest
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -157,13 +158,14 @@ func (p *Process) Stop(limit time.Duration) error {
 		return nil
 	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.Kill()
-		return nil
+		return p.Kill()
 	}
 	if p.wait(limit) {
 		return nil
 	}
-	p.Kill()
+	if err := p.Kill(); err != nil {
+		return err
+	}
 	return fmt.Errorf("valkeytest: %s did not exit within %v of SIGTERM: killed", p.name, limit)
 }
 
@@ -174,7 +176,9 @@ func (p *Process) Wait(limit time.Duration) error {
 	if p.wait(limit) {
 		return nil
 	}
-	p.Kill()
+	if err := p.Kill(); err != nil {
+		return err
+	}
 	return fmt.Errorf("valkeytest: %s did not exit within %v: killed", p.name, limit)
 }
 
@@ -191,13 +195,17 @@ func (p *Process) wait(limit time.Duration) bool {
 }
 
 // Kill kills the process at once (SIGKILL; on Linux its whole process group), as a crash or
-// kill -9 does: nothing of its own runs. It returns once the process has exited.
-func (p *Process) Kill() {
+// kill -9 does: nothing of its own runs. It returns once the process has exited, or with an
+// error if it could not be killed.
+func (p *Process) Kill() error {
 	if p.exited() {
-		return
+		return nil
 	}
 	if killGroup(p.cmd.Process) != nil {
-		_ = p.cmd.Process.Kill()
+		if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			return fmt.Errorf("valkeytest: kill %s: %w", p.name, err)
+		}
 	}
 	<-p.done
+	return nil
 }

@@ -22,7 +22,9 @@ func TestProcessDiesWithItsParent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // should the test fail
-	parent.Kill()
+	if err := parent.Kill(); err != nil {
+		t.Fatal(err)
+	}
 	err = WaitFor(context.Background(), time.Minute, "the grandchild's end", func() (bool, error) {
 		return !running(pid), nil
 	})

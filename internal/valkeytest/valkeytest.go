@@ -343,7 +343,7 @@ func (p *process) start(ctx context.Context) error {
 // crash kills the process at once (SIGKILL), as a machine failure would.
 func (p *process) crash() {
 	if p.run != nil {
-		p.run.Kill()
+		_ = p.run.Kill()
 	}
 }
 
