@@ -1,4 +1,6 @@
-// Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks.
+// Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks,
+// and the one runner (Process) of every program they start: the server itself, the rate
+// limit service, the test binary run again as a child (Rerun).
 //
 // Start finds a server in this order: the address given with Addr; else the address in
 // VALKEY_ADDR; else a valkey-server (or redis-server) binary on PATH, started on a free loopback
