@@ -160,38 +160,28 @@ func (p *Process) Stop(limit time.Duration) error {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return p.Kill()
 	}
-	if p.wait(limit) {
-		return nil
-	}
-	if err := p.Kill(); err != nil {
-		return err
-	}
-	return fmt.Errorf("valkeytest: %s did not exit within %v of SIGTERM: killed", p.name, limit)
+	return p.killAfter(limit, " of SIGTERM")
 }
 
 // Wait waits up to limit for the process to exit by itself, and kills it (Kill) if it has
 // not. It returns an error only when the process had to be killed; Err and ExitCode say how
 // it ended.
-func (p *Process) Wait(limit time.Duration) error {
-	if p.wait(limit) {
-		return nil
-	}
-	if err := p.Kill(); err != nil {
-		return err
-	}
-	return fmt.Errorf("valkeytest: %s did not exit within %v: killed", p.name, limit)
-}
+func (p *Process) Wait(limit time.Duration) error { return p.killAfter(limit, "") }
 
-// wait reports whether the process exits within limit.
-func (p *Process) wait(limit time.Duration) bool {
+// killAfter waits up to limit for the process to exit, and kills it if it has not: then it
+// returns an error that says so, with since, what the limit counted from.
+func (p *Process) killAfter(limit time.Duration, since string) error {
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	select {
 	case <-p.done:
-		return true
+		return nil
 	case <-timer.C:
-		return false
 	}
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	return fmt.Errorf("valkeytest: %s did not exit within %v%s: killed", p.name, limit, since)
 }
 
 // Kill kills the process at once (SIGKILL; on Linux its whole process group), as a crash or
