@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
-	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -41,12 +41,13 @@ descriptors:
 `
 
 // TestChildService is not a test: run by TestServicesInProcesses in a process of its own, it
-// serves the rate limit service on loopback, prints its address, and serves until its
-// standard input closes.
+// serves the rate limit service on loopback, prints its address, and serves until SIGTERM.
 func TestChildService(t *testing.T) {
 	if os.Getenv(childEnv) != "1" {
 		t.Skip("a child process of TestServicesInProcesses")
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
 	e := enginetest.New(t, valkeytest.NewClient(t, os.Getenv(childValkeyEnv)))
 	svc := rls.New(e, rls.WithKeyPrefix(os.Getenv(childPrefixEnv)))
 	svc.SetConfig(mustConfig(t, processesConfig))
@@ -58,7 +59,7 @@ func TestChildService(t *testing.T) {
 	pb.RegisterRateLimitServiceServer(g, svc)
 	go g.Serve(ln)
 	fmt.Printf("listening %s\n", ln.Addr())
-	bufio.NewReader(os.Stdin).ReadString('\n') // until the parent closes it
+	<-ctx.Done() // the parent stops it at the end of its test
 	g.Stop()
 }
 
@@ -66,31 +67,7 @@ func TestChildService(t *testing.T) {
 // stops when the test ends.
 func startChild(t *testing.T, prefix string) pb.RateLimitServiceClient {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestChildService$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childValkeyEnv+"="+server.Addr, childPrefixEnv+"="+prefix)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	_, stdout := valkeytest.Rerun(t, "TestChildService", childEnv+"=1", childValkeyEnv+"="+server.Addr, childPrefixEnv+"="+prefix)
 	lines := bufio.NewScanner(stdout)
 	var addr string
 	for lines.Scan() {

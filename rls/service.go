@@ -384,7 +384,7 @@ func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
 func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
 	if s.opts.calendar != nil {
-		if p, ok := calendarPeriod(r.Unit); ok {
+		if p := r.Unit.CalendarPeriod(); p != 0 {
 			return engine.Calendar(max, p, s.opts.calendar)
 		}
 	}
@@ -398,48 +398,23 @@ func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	return l
 }
 
-func calendarPeriod(u config.Unit) (engine.Period, bool) {
-	switch u {
-	case config.Day:
-		return engine.Day, true
-	case config.Week:
-		return engine.Week, true
-	case config.Month:
-		return engine.Month, true
-	case config.Year:
-		return engine.Year, true
-	}
-	return 0, false
-}
-
 // overrideUnit is the unit of a request's limit override, read by its number as the
 // reference reads it (config.Unit has Envoy's numbers: 7 is a week, which newer protos name),
 // UnitUnknown for 0 and any number that names no unit.
 func overrideUnit(u typev3.RateLimitUnit) config.Unit {
-	if n := config.Unit(u); n >= config.Second && n <= config.Week {
+	if n := config.Unit(u); n.Duration() != 0 {
 		return n
 	}
 	return config.UnitUnknown
 }
 
+// protoUnit is u in the response's enum, which has config.Unit's numbers; UNKNOWN for
+// UnitUnknown and any number that names no unit.
 func protoUnit(u config.Unit) pb.RateLimitResponse_RateLimit_Unit {
-	switch u {
-	case config.Second:
-		return pb.RateLimitResponse_RateLimit_SECOND
-	case config.Minute:
-		return pb.RateLimitResponse_RateLimit_MINUTE
-	case config.Hour:
-		return pb.RateLimitResponse_RateLimit_HOUR
-	case config.Day:
-		return pb.RateLimitResponse_RateLimit_DAY
-	case config.Week:
-		return pb.RateLimitResponse_RateLimit_WEEK
-	case config.Month:
-		return pb.RateLimitResponse_RateLimit_MONTH
-	case config.Year:
-		return pb.RateLimitResponse_RateLimit_YEAR
+	if u.Duration() == 0 {
+		return pb.RateLimitResponse_RateLimit_UNKNOWN
 	}
-	return pb.RateLimitResponse_RateLimit_UNKNOWN
+	return pb.RateLimitResponse_RateLimit_Unit(u)
 }
 
 // status makes a descriptor's status from the decision of its key, and its counts for the

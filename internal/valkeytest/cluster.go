@@ -286,12 +286,7 @@ func (n *Node) Crash() { n.proc.crash() }
 
 // Alive reports whether the node's process is still running.
 func (n *Node) Alive() bool {
-	select {
-	case <-n.proc.done:
-		return false
-	default:
-		return true
-	}
+	return !n.proc.run.exited()
 }
 
 // Client returns the node's own client: connected to this node alone and never redirected to

@@ -17,8 +17,8 @@ func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
 
 func (s *Server) signal(sig syscall.Signal) error {
-	if s.proc == nil || s.proc.cmd == nil || s.proc.cmd.Process == nil {
+	if s.proc == nil || s.proc.run == nil {
 		return errors.New("valkeytest: Pause and Resume need a server launched by Start (use OwnServer)")
 	}
-	return s.proc.cmd.Process.Signal(sig)
+	return s.proc.run.Signal(sig)
 }

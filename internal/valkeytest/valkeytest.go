@@ -1,4 +1,6 @@
-// Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks.
+// Package valkeytest provides a throwaway Valkey server for strictrate's tests and benchmarks,
+// and the one runner (Process) of every program they start: the server itself, the rate
+// limit service, the test binary run again as a child (Rerun).
 //
 // Start finds a server in this order: the address given with Addr; else the address in
 // VALKEY_ADDR; else a valkey-server (or redis-server) binary on PATH, started on a free loopback
@@ -17,7 +19,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -262,15 +263,14 @@ func FindTool(names ...string) string {
 	return ""
 }
 
-// process is a server binary Start launched.
+// process is a server binary Start launched, with what it takes to start it again.
 type process struct {
 	bin   string
 	dir   string
 	port  string
 	extra []string // more server arguments, e.g. cluster mode
 	env   []string // more environment, added to the test process's
-	cmd   *exec.Cmd
-	done  chan struct{} // closed when the process has exited
+	run   *Process // the current (or last) run; nil before the first start
 }
 
 func startBinary(ctx context.Context, bin string, args, env []string) (*Server, error) {
@@ -312,23 +312,20 @@ func (p *process) start(ctx context.Context) error {
 		"--daemonize", "no",
 		"--enable-debug-command", "local",
 	}, p.extra...)
-	p.cmd = exec.Command(p.bin, args...)
+	var env []string // nil: the test process's
 	if len(p.env) > 0 {
-		p.cmd.Env = append(os.Environ(), p.env...)
+		env = append(os.Environ(), p.env...)
 	}
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{}
-	dieWithParent(p.cmd.SysProcAttr)
-	if err := p.cmd.Start(); err != nil {
+	run, err := StartProcess(p.bin, args, env, nil)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	p.done = done
-	go func() { _ = p.cmd.Wait(); close(done) }()
+	p.run = run
 
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		select {
-		case <-done:
+		case <-run.Done():
 			return fmt.Errorf("server exited at start: %s", tail(logFile))
 		case <-ctx.Done():
 			p.kill()
@@ -345,39 +342,17 @@ func (p *process) start(ctx context.Context) error {
 	}
 }
 
-// exited reports whether the process never started or has ended.
-func (p *process) exited() bool {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return true
-	}
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// crash kills the process at once (SIGKILL), as a machine failure would, and waits for it.
+// crash kills the process at once (SIGKILL), as a machine failure would.
 func (p *process) crash() {
-	if p.exited() {
-		return
+	if p.run != nil {
+		_ = p.run.Kill()
 	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
 }
 
-// kill stops the process: SIGTERM, then SIGKILL after five seconds; it waits for the exit.
+// kill stops the process: SIGTERM, then SIGKILL after five seconds.
 func (p *process) kill() {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	if p.run != nil {
+		_ = p.run.Stop(5 * time.Second)
 	}
 }
 

@@ -35,8 +35,7 @@ const stopTimeout = 10 * time.Second
 // connections that drive it.
 type server struct {
 	name      string
-	cmd       *exec.Cmd
-	done      chan struct{} // closed when the process has exited
+	proc      *valkeytest.Process
 	logPath   string
 	grpcAddr  string
 	httpAddr  string
@@ -106,21 +105,15 @@ func startServer(ctx context.Context, spec processSpec) (*server, error) {
 		grpcAddr:  net.JoinHostPort("127.0.0.1", ports[0]),
 		httpAddr:  net.JoinHostPort("127.0.0.1", ports[1]),
 		debugAddr: net.JoinHostPort("127.0.0.1", ports[2]),
-		done:      make(chan struct{}),
 	}
 	logFile, err := os.Create(s.logPath)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %s log: %w", spec.name, err)
 	}
 	defer logFile.Close() // the child holds its own descriptor
-	s.cmd = exec.Command(spec.bin)
-	s.cmd.Env = spec.environment(ports[0], ports[1], ports[2])
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	detach(s.cmd)
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: start %s (%s): %w", spec.name, spec.bin, err)
+	if s.proc, err = valkeytest.StartProcess(spec.bin, nil, spec.environment(ports[0], ports[1], ports[2]), logFile); err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", spec.name, err)
 	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
 
 	if err := s.connect(spec.conns); err != nil {
 		s.stop()
@@ -158,7 +151,7 @@ func (s *server) waitReady(ctx context.Context) error {
 	var last error
 	for ready := 0; ready < len(s.clients); {
 		select {
-		case <-s.done:
+		case <-s.proc.Done():
 			return fmt.Errorf("bench: %s exited at start; its log:\n%s", s.name, tail(s.logPath))
 		case <-ctx.Done():
 			return ctx.Err()
@@ -216,7 +209,7 @@ func (s *server) ask(ctx context.Context, i int, req *pb.RateLimitRequest) error
 // alive reports an error when the process has exited.
 func (s *server) alive() error {
 	select {
-	case <-s.done:
+	case <-s.proc.Done():
 		return fmt.Errorf("bench: %s exited; its log:\n%s", s.name, tail(s.logPath))
 	default:
 		return nil
@@ -224,27 +217,16 @@ func (s *server) alive() error {
 }
 
 // pid is the server's process id.
-func (s *server) pid() int { return s.cmd.Process.Pid }
+func (s *server) pid() int { return s.proc.Pid() }
 
-// stop closes the connections and stops the process: SIGTERM, then SIGKILL to its process
-// group after stopTimeout. It waits for the exit.
+// stop closes the connections and stops the process: SIGTERM, then SIGKILL after
+// stopTimeout. It waits for the exit.
 func (s *server) stop() {
 	for _, c := range s.conns {
 		_ = c.Close()
 	}
 	s.conns, s.clients = nil, nil
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	terminate(s.cmd)
-	select {
-	case <-s.done:
-	case <-time.After(stopTimeout):
-		killGroup(s.cmd)
-		<-s.done
-	}
+	_ = s.proc.Stop(stopTimeout)
 }
 
 // tail is the end of a log file, for an error message.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/rls/config"
 )
 
@@ -359,22 +360,23 @@ this: second document is not read
 
 func TestUnits(t *testing.T) {
 	cases := []struct {
-		u    config.Unit
-		name string
-		d    time.Duration
-		enum int32 // Envoy's RateLimitResponse.RateLimit.Unit
+		u      config.Unit
+		name   string
+		d      time.Duration
+		enum   int32 // Envoy's RateLimitResponse.RateLimit.Unit
+		period engine.Period
 	}{
-		{config.Second, "second", time.Second, 1},
-		{config.Minute, "minute", 60 * time.Second, 2},
-		{config.Hour, "hour", 3600 * time.Second, 3},
-		{config.Day, "day", 86400 * time.Second, 4},
-		{config.Month, "month", 30 * 86400 * time.Second, 5},
-		{config.Year, "year", 365 * 86400 * time.Second, 6},
-		{config.Week, "week", 7 * 86400 * time.Second, 7},
+		{config.Second, "second", time.Second, 1, 0},
+		{config.Minute, "minute", 60 * time.Second, 2, 0},
+		{config.Hour, "hour", 3600 * time.Second, 3, 0},
+		{config.Day, "day", 86400 * time.Second, 4, engine.Day},
+		{config.Month, "month", 30 * 86400 * time.Second, 5, engine.Month},
+		{config.Year, "year", 365 * 86400 * time.Second, 6, engine.Year},
+		{config.Week, "week", 7 * 86400 * time.Second, 7, engine.Week},
 	}
 	for _, tc := range cases {
-		if tc.u.String() != tc.name || tc.u.Duration() != tc.d || int32(tc.u) != tc.enum {
-			t.Errorf("%d: %q %v", tc.u, tc.u.String(), tc.u.Duration())
+		if tc.u.String() != tc.name || tc.u.Duration() != tc.d || int32(tc.u) != tc.enum || tc.u.CalendarPeriod() != tc.period {
+			t.Errorf("%d: %q %v %v", tc.u, tc.u.String(), tc.u.Duration(), tc.u.CalendarPeriod())
 		}
 		for _, s := range []string{tc.name, strings.ToUpper(tc.name), strings.ToUpper(tc.name[:1]) + tc.name[1:]} {
 			if u, err := config.ParseUnit(s); err != nil || u != tc.u {
@@ -387,7 +389,13 @@ func TestUnits(t *testing.T) {
 			t.Errorf("ParseUnit(%q) = %v", s, u)
 		}
 	}
-	if config.UnitUnknown.Duration() != 0 || config.Unit(42).Duration() != 0 || config.Unit(42).String() != "unknown" {
-		t.Error("not a unit has a length or a name")
+	for _, u := range []config.Unit{config.UnitUnknown, 8, 42, -1} {
+		if u.Duration() != 0 || u.String() != "unknown" || u.CalendarPeriod() != 0 {
+			t.Errorf("%d, not a unit, has a length (%v), a name (%q) or a period (%v)", u, u.Duration(), u.String(), u.CalendarPeriod())
+		}
+	}
+	// A name is compared upper-cased, as the reference does: a Kelvin sign is not a K.
+	if u, err := config.ParseUnit("wee\u212a"); err == nil {
+		t.Errorf("ParseUnit of week with a Kelvin sign = %v", u)
 	}
 }

@@ -67,8 +67,7 @@ func rateLimitFromProto(p *rlsconfv3.RateLimitPolicy) *rawRateLimit {
 // unitName is the name the reference gives the unit's number: its enum name, upper case, or
 // the number itself when it names no unit (refused, as the reference refuses it).
 func unitName(n int32) string {
-	u := Unit(n)
-	if u >= UnitUnknown && u <= Week {
+	if u := Unit(n); u.inTable() {
 		return strings.ToUpper(u.String())
 	}
 	return strconv.Itoa(int(n))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -220,14 +219,7 @@ func TestValkeySentinel(t *testing.T) {
 	if bin == "" {
 		t.Skip("no valkey-server on PATH to run a sentinel")
 	}
-	cmd := exec.Command(bin, conf, "--sentinel")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
+	valkeytest.NewProcess(t, bin, []string{conf, "--sentinel"}, nil, nil)
 	sentinelAddr := net.JoinHostPort("127.0.0.1", sentinelPort)
 	waitSentinel(t, sentinelAddr, "sentinel-pw")
 

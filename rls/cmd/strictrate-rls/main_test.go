@@ -82,13 +82,10 @@ func raceEnabled() bool {
 // process is one run of the command.
 type process struct {
 	t   *testing.T
-	cmd *exec.Cmd
+	run *valkeytest.Process
 	log *logBuffer
 	// Addresses of its listeners (host:port on 127.0.0.1).
 	http, grpc, debug, prometheus string
-
-	done     chan struct{} // closed when the process has exited
-	exitCode int           // valid once done is closed
 }
 
 // logBuffer collects a process's output for the test to read while it runs.
@@ -155,27 +152,15 @@ func launchBinary(t *testing.T, bin string, e env) *process {
 		grpc:       net.JoinHostPort(full["GRPC_HOST"], full["GRPC_PORT"]),
 		debug:      net.JoinHostPort(full["DEBUG_HOST"], full["DEBUG_PORT"]),
 		prometheus: full["PROMETHEUS_ADDR"],
-		done:       make(chan struct{}),
 	}
-	p.cmd = exec.Command(bin)
+	var vars []string
 	for k, v := range full {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
+		vars = append(vars, k+"="+v)
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		err := p.cmd.Wait()
-		p.exitCode = p.cmd.ProcessState.ExitCode()
-		if err != nil && p.exitCode == 0 {
-			p.exitCode = -1
-		}
-		close(p.done)
-	}()
-	t.Cleanup(func() {
+	p.run = valkeytest.NewProcess(t, bin, nil, vars, p.log)
+	t.Cleanup(func() { // before NewProcess's own, which then finds it stopped
 		select {
-		case <-p.done:
+		case <-p.run.Done():
 		default:
 			p.stop()
 		}
@@ -205,8 +190,8 @@ func startBinary(t *testing.T, bin string, e env) *process {
 			return p
 		}
 		select {
-		case <-p.done:
-			t.Fatalf("the command exited with %d before serving:\n%s", p.exitCode, p.log)
+		case <-p.run.Done():
+			t.Fatalf("the command exited with %d before serving:\n%s", p.run.ExitCode(), p.log)
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -218,39 +203,28 @@ func startBinary(t *testing.T, bin string, e env) *process {
 // wait waits for the process to exit by itself, and returns its exit code.
 func (p *process) wait(limit time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-		return p.exitCode
-	case <-time.After(limit):
-		p.cmd.Process.Kill()
-		<-p.done
-		p.t.Fatalf("the command did not exit within %v", limit)
-		return -1
+	if err := p.run.Wait(limit); err != nil {
+		p.t.Fatal(err)
 	}
+	return p.run.ExitCode()
 }
 
 // terminate sends SIGTERM, as Kubernetes stops a pod.
 func (p *process) terminate() {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.t.Fatalf("SIGTERM: %v", err)
+	if err := p.run.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
-// stop sends SIGTERM and checks that the process exits 0 within the drain timeout; it is
-// killed if not.
+// stop sends SIGTERM and checks that the process exits 0 within the drain timeout (and a
+// little more); it is killed if not.
 func (p *process) stop() {
 	p.t.Helper()
-	p.terminate()
-	select {
-	case <-p.done:
-		if p.exitCode != 0 {
-			p.t.Errorf("the command exited with %d after SIGTERM, want 0", p.exitCode)
-		}
-	case <-time.After(drainTimeout + 2*time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-		p.t.Errorf("the command did not exit within %v of SIGTERM", drainTimeout+2*time.Second)
+	if err := p.run.Stop(drainTimeout + 2*time.Second); err != nil {
+		p.t.Error(err)
+	} else if code := p.run.ExitCode(); code != 0 {
+		p.t.Errorf("the command exited with %d after SIGTERM, want 0", code)
 	}
 }
 

@@ -5,13 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
-
-// dieWithParent asks the kernel to kill the server if the bench dies first (killed, or a
-// crash), so that no server outlives it.
-func dieWithParent(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
 
 // clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on every Linux ABI Go
 // supports).
