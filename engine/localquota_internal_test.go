@@ -12,12 +12,6 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// Reserve is reserve, for the tests of package engine_test: reservations are local quota's
-// ground, not yet part of the API.
-func (e *Engine) Reserve(ctx context.Context, key string, p Policy, k int, hold time.Duration) (Result, error) {
-	return e.reserve(ctx, key, p, k, hold)
-}
-
 // sweep drops the holders that hold no reservation and were not asked about for two holds,
 // and keeps those with a reservation held or a call in flight, and those asked about lately.
 // It looks only at holders that are due: one it keeps is due again two holds on.

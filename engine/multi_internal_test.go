@@ -119,7 +119,7 @@ func TestAllowAllGroupCommit(t *testing.T) {
 // leaves the later ones peeked only. A call for a primary that no longer serves a key (a stale
 // slot map) records nothing there, and its requests go again per slot through the client.
 func TestAllowAllAcrossPrimaries(t *testing.T) {
-	skipIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	e := clusterEngine(t, cl)
 	ctx := context.Background()

@@ -631,7 +631,7 @@ func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
 // exactly what callers were told was recorded: what denied requests held for a while was
 // given back.
 func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
-	skipClusterIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 0)
 	es := clusterEngines(t, c, 4)
 	l := engine.PerHour(15)

@@ -91,14 +91,3 @@ func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
 		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, MaxPolicyLimits %d", got, MaxPolicyLimits)
 	}
 }
-
-// The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
-func TestServerClockIsTheScripts(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
-	if m == nil {
-		t.Fatal("decide.lua defines no SERVER_CLOCK")
-	}
-	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
-		t.Fatalf("decide.lua's SERVER_CLOCK is %d, the engine's %d", got, serverClock)
-	}
-}

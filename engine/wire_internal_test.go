@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/scripts"
 )
 
 // The one contract between the scripts' replies (lib_reply.lua's encode_decision) and the one
@@ -207,5 +210,34 @@ return r`
 		if cl.err == nil || cl.req.replyErr != nil {
 			t.Errorf("transport error: %+v, want the call's error", cl)
 		}
+	}
+}
+
+func TestClockReadingRange(t *testing.T) {
+	for _, tc := range []struct {
+		t  time.Time
+		ok bool
+	}{
+		{time.Unix(0, 0), true},
+		{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Date(1850, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Time{}, false},
+		{time.Date(2113, 1, 1, 0, 0, 0, 0, time.UTC), false},
+	} {
+		_, err := clockReading{t: tc.t, set: true}.micros()
+		if (err == nil) != tc.ok {
+			t.Errorf("micros(%s) err = %v, want ok=%v", tc.t, err, tc.ok)
+		}
+	}
+}
+
+// The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
+func TestServerClockIsTheScripts(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	if m == nil {
+		t.Fatal("decide.lua defines no SERVER_CLOCK")
+	}
+	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
+		t.Fatalf("decide.lua's SERVER_CLOCK is %d, the engine's %d", got, serverClock)
 	}
 }

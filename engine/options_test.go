@@ -154,3 +154,16 @@ func TestEveryLogOutlivesItsNewestEntry(t *testing.T) {
 		}
 	}
 }
+
+func TestPrefix(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithPrefix("other:"))
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(1), 1)
+	for k, n := range map[string]int64{"other:" + key: 1, enginetest.Prefix + key: 0} {
+		got, err := c.Do(context.Background(), c.B().Exists().Key(k).Build()).AsInt64()
+		if err != nil || got != n {
+			t.Fatalf("EXISTS %s = %d, %v; want %d", k, got, err, n)
+		}
+	}
+}
