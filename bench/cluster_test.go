@@ -12,7 +12,7 @@ import (
 // decision per script call) and one batched, whose calls carry several decisions on keys of
 // many slots, both deciding every request without error.
 func TestClusterScenario(t *testing.T) {
-	valkeytest.SkipIfShort(t, "starts a cluster")
+	valkeytest.SkipIfShort(t, "runs the bench program's cluster scenario on a cluster of its own")
 	r, out, _ := runBench(t, config{Duration: 500 * time.Millisecond, Concurrency: 32, Clients: 2, Keys: 1000, Limit: 20,
 		Window: time.Second, Scenario: "cluster"})
 	for _, want := range []string{"### Cluster: 3 primaries, 1000 keys", "| atomic |", "| batched |", "batched / atomic (unbatched)"} {

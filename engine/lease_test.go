@@ -272,6 +272,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 		holdLeaseUntilKilled(t, spec)
 		return
 	}
+	valkeytest.SkipIfShort(t, "starts an OS process and kills it")
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()

@@ -899,6 +899,7 @@ func TestQuotasAcrossProcesses(t *testing.T) {
 		runQuotaChild(t, spec)
 		return
 	}
+	valkeytest.SkipIfShort(t, "starts OS processes")
 	slotted, calendarKey := exampleKey("quota-procs-slotted"), exampleKey("quota-procs-calendar")
 	cal := quotaCalendar()
 	var mu sync.Mutex

@@ -303,6 +303,7 @@ func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
 // reservation, as it forgets every entry: the key counts nothing, while the process may still
 // admit what it holds (docs/production.md says so).
 func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	const hold = 2 * time.Second
 	l := engine.PerMinute(200)
 	for _, tc := range []struct {
@@ -460,6 +461,7 @@ func TestLocalQuotaAcrossProcesses(t *testing.T) {
 		runLocalChild(t, key)
 		return
 	}
+	valkeytest.SkipIfShort(t, "starts OS processes")
 	key := exampleKey("local-quota-procs")
 	var (
 		mu       sync.Mutex
@@ -546,6 +548,7 @@ func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
 		runDyingChild(t, key)
 		return
 	}
+	valkeytest.SkipIfShort(t, "starts an OS process that kills itself")
 	key := exampleKey("local-quota-dying")
 	// The child kills itself (SIGKILL) once it holds a reservation: its exit is the error.
 	child := startChild(t, "TestLocalQuotaProcessDiesHoldingAReservation", dyingChildEnv+"="+key)

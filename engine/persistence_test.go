@@ -140,6 +140,7 @@ func TestNewRefusesDurableAckWithoutAppendOnly(t *testing.T) {
 // whole window again, at once. The over-admission is everything admitted in the window before
 // the crash: here 4 keys at 50 per hour, 200 admitted before, 200 more after (100 %).
 func TestCrashWithoutPersistenceForgetsEveryWindow(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	e := enginetest.New(t, c)
@@ -262,6 +263,7 @@ const appendHoldBack = 3 * time.Second
 // before it replies, except while a slow background fsync makes it hold writes back (a busy
 // disk): only the admissions of those last seconds may be lost, and they are logged.
 func TestCrashWithAppendOnlyKeepsEveryAdmission(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	crashKeepsSettled(t, "appendonly yes, everysec", valkeytest.AppendOnly("everysec"))
 }
 
@@ -328,6 +330,7 @@ func buildPreload(t *testing.T, name string) string {
 // loses only those of the last appendHoldBack: every older one is in the log after a restart.
 // How many recent ones were lost is logged (the hold-back is Valkey's, not the engine's).
 func TestCrashOnSlowDiskLosesOnlyHeldBackAdmissions(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	so := buildPreload(t, "slowfsync")
 	crashKeepsSettled(t, "appendonly yes, everysec, fsync 1.5 s", valkeytest.AppendOnly("everysec"),
 		valkeytest.ServerEnv("LD_PRELOAD="+so, "SLOWFSYNC_MS=1500"))
@@ -342,6 +345,7 @@ func TestCrashOnSlowDiskLosesOnlyHeldBackAdmissions(t *testing.T) {
 // behind the engine's back to show it. Both everysec figures are logged, not asserted (a crash
 // right after an fsync could lose nothing).
 func TestPowerLossSimulated(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	so := buildPreload(t, "powerloss")
 	durable := []engine.Option{engine.WithDurableAck(1, 0, 2*time.Second)}
 	for _, tc := range []struct {
