@@ -9,7 +9,7 @@ import (
 )
 
 // An admission passes only with everything asked for; what is missing is named.
-func TestAckingCheck(t *testing.T) {
+func TestAckCheckNamesWhatIsMissing(t *testing.T) {
 	both := ackPolicy{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
 	if err := both.check(context.Background(), ackReplies{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
 		t.Fatalf("everything acknowledged: %v", err)

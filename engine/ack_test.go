@@ -91,7 +91,7 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 // refused with ErrUnavailable, though recorded: it can under-admit, never over-admit. A denial
 // never waits: no WAITAOF follows it, so it comes back at once, as a denial, even when the
 // WAITAOF asked for could never be satisfied.
-func TestDurableAckDenials(t *testing.T) {
+func TestDurableAckNeverWaitsForADenial(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
 	c := own.Client(t)
 	ctx := context.Background()
@@ -150,7 +150,7 @@ func TestDurableAckDenials(t *testing.T) {
 
 // Leases are acknowledged as decisions are: a granted Acquire is followed by one WAITAOF, and a
 // lease that no replica fsynced in time is an ErrUnavailable error; a denied Acquire sends none.
-func TestDurableAckLeases(t *testing.T) {
+func TestDurableAckFollowsEveryGrantedLease(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.AppendOnly("always"))
 	c := own.Client(t)
 	e := enginetest.New(t, c, engine.WithDurableAck(1, 0, time.Second))
@@ -269,7 +269,7 @@ func TestClusterFailover(t *testing.T) {
 		return r
 	}
 
-	t.Run("without replica ack", func(t *testing.T) {
+	t.Run("without replica ack the lost admissions are admitted again", func(t *testing.T) {
 		e := enginetest.New(t, client)
 		r := run(t, e, c.Primaries[0], c.Replicas[0])
 		t.Logf("without ack: told yes %d before the cut, %d while cut, %d after failover: over-admitted %d of %d",
@@ -282,7 +282,7 @@ func TestClusterFailover(t *testing.T) {
 		testLeaseFailover(t, c, client, c.Primaries[2], c.Replicas[2])
 	})
 
-	t.Run("with replica ack", func(t *testing.T) {
+	t.Run("with replica ack none is lost", func(t *testing.T) {
 		e := enginetest.New(t, client, engine.WithReplicaAck(1, 200*time.Millisecond))
 		primary, replica := c.Primaries[1], c.Replicas[1]
 		r := run(t, e, primary, replica)

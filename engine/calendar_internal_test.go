@@ -18,7 +18,7 @@ func mustZone(t *testing.T, name string) *time.Location {
 	return loc
 }
 
-func TestPeriodString(t *testing.T) {
+func TestPeriodStringNamesThePeriod(t *testing.T) {
 	for p, want := range map[Period]string{Day: "day", Week: "week", Month: "month", Year: "year", 0: "period(0)", 9: "period(9)"} {
 		if got := p.String(); got != want {
 			t.Errorf("Period(%d).String() = %q, want %q", uint8(p), got, want)
@@ -26,7 +26,7 @@ func TestPeriodString(t *testing.T) {
 	}
 }
 
-func TestCalendarConstructors(t *testing.T) {
+func TestCalendarConstructorsBuildTheLimit(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	l := Calendar(1000, Month, berlin).WithBillingDay(15)
 	want := Limit{Max: 1000, Period: Month, Location: berlin, BillingDay: 15}
@@ -41,7 +41,7 @@ func TestCalendarConstructors(t *testing.T) {
 	}
 }
 
-func TestCalendarTag(t *testing.T) {
+func TestCalendarTagNamesPeriodBillingDayAndZone(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, tc := range []struct {
 		l    Limit
@@ -60,7 +60,7 @@ func TestCalendarTag(t *testing.T) {
 	}
 }
 
-func TestPeriodAt(t *testing.T) {
+func TestPeriodAtFindsTheEnclosingPeriod(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	santiago := mustZone(t, "America/Santiago")
 	utc := func(y int, m time.Month, d, h, min, s, ns int) time.Time {
@@ -204,9 +204,9 @@ func TestPeriodAt(t *testing.T) {
 	}
 }
 
-// TestPeriodAtSweep walks instants across several years and zones, every period kind and
+// TestPeriodAtSweepLeavesNoGap walks instants across several years and zones, every period kind and
 // some billing days: every period holds its instant, and neighbouring periods meet.
-func TestPeriodAtSweep(t *testing.T) {
+func TestPeriodAtSweepLeavesNoGap(t *testing.T) {
 	var limits []Limit
 	for _, zone := range []string{"UTC", "Europe/Berlin", "America/Santiago", "America/Havana", "Australia/Lord_Howe", "Pacific/Apia"} {
 		loc := mustZone(t, zone)
@@ -227,7 +227,7 @@ func TestPeriodAtSweep(t *testing.T) {
 	}
 }
 
-func TestCalendarBoundariesAround(t *testing.T) {
+func TestCalendarBoundariesAroundAreTheNeighbouringPeriods(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, tc := range []struct {
 		l    Limit
@@ -284,7 +284,7 @@ func TestCalendarBoundariesAround(t *testing.T) {
 	}
 }
 
-func TestValidateCalendar(t *testing.T) {
+func TestValidateCalendarNamesWhatIsWrong(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, l := range []Limit{
 		Calendar(10, Day, berlin), Calendar(10, Week, time.UTC), Calendar(10, Month, time.Local), Calendar(10, Year, berlin),

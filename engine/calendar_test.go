@@ -462,7 +462,7 @@ func nextUTCMidnight(t time.Time) time.Time {
 // Refunds and settles give a calendar request's cost back to the counter of the period that
 // holds its decision time: alone (no entry), in a policy of two periods, after its entry left a
 // policy's sliding window, and not at all once that period ended.
-func TestCalendarRefundAndSettle(t *testing.T) {
+func TestCalendarRefundGivesBackToItsPeriod(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)
 	remaining := func(t *testing.T, e *engine.Engine, key string, l engine.Limit) int {
@@ -614,7 +614,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 
 // Every invalid calendar limit, and two calendar limits of the same periods in a Policy, are
 // refused with ErrInvalidArgument by every call, before anything is sent.
-func TestCalendarBadInput(t *testing.T) {
+func TestCalendarBadInputRefused(t *testing.T) {
 	ctx := context.Background()
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
@@ -714,7 +714,7 @@ func TestCalendarBadInput(t *testing.T) {
 
 // A calendar limit's key is one counter, whatever the number of events: a month of a million
 // after a thousand admissions is a few dozen bytes; beside a per-second limit, its ten entries.
-func TestCalendarMemory(t *testing.T) {
+func TestCalendarMemoryIsOneCounter(t *testing.T) {
 	c := exampleServer.Client(t)
 
 	key, month := enginetest.NewKey(t), engine.Calendar(1_000_000, engine.Month, time.UTC)
@@ -813,7 +813,7 @@ func TestCalendarServerClockPicksPeriod(t *testing.T) {
 // The deny cache holds a full calendar limit's denial until the period ends, counting
 // RetryAfter down; a Refund through the same engine clears it, and the next request goes to
 // the server and is admitted.
-func TestCalendarDenyCache(t *testing.T) {
+func TestCalendarDenyCacheHoldsUntilThePeriodEnds(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)
 	end := time.Date(2026, 6, 11, 0, 0, 0, 0, time.UTC)

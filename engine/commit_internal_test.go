@@ -134,7 +134,7 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 
 // A caller whose context ends after its request was taken into a batch leaves its call to the
 // batch, which still signals it; the call is not reused while the batch may write to it.
-func TestBatchCallerGoneAfterSend(t *testing.T) {
+func TestBatchStillSignalsACallerGoneAfterSend(t *testing.T) {
 	client := valkeytest.New(t).Client(t)
 	e, err := New(client, WithBatching(true))
 	if err != nil {
@@ -258,7 +258,7 @@ func serverReply(t *testing.T, c valkey.Client, text string) error {
 // decisions is sent again alone) and the others (each caller's, as they are): only a refusal
 // before the script ran, or a connection that was never opened, is sent again. Inside a batch's
 // reply, only a request the node could not serve is.
-func TestBatchRetryRules(t *testing.T) {
+func TestBatchRetriesOnlyWhatNeverRan(t *testing.T) {
 	c := valkeytest.New(t).Client(t)
 	for text, want := range map[string]bool{
 		"MOVED 3999 127.0.0.1:6381":                               true,

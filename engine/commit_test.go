@@ -203,7 +203,7 @@ func TestBatchedCancelledCallersAreNeverSent(t *testing.T) {
 
 // A server that goes away under a batch fails every caller in it with ErrUnavailable, and the
 // same engine batches again once the server is back.
-func TestBatchedServerRestart(t *testing.T) {
+func TestBatchedServerRestartFailsCallersThenBatchesAgain(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	e := enginetest.New(t, c, engine.WithBatching(true))
@@ -250,7 +250,7 @@ func TestBatchedServerRestart(t *testing.T) {
 }
 
 // Peeks batch apart from decisions, read-only, and answer as a peek alone does.
-func TestBatchedPeeks(t *testing.T) {
+func TestBatchedPeeksAnswerAsAPeekAlone(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c, engine.WithBatching(true))
 	key, l := enginetest.NewKey(t), engine.PerMinute(10)
@@ -269,7 +269,7 @@ func TestBatchedPeeks(t *testing.T) {
 // A paused server yields a timeout when the caller's deadline passes, never a hang. The
 // request the caller gave up on may still run once the server resumes (the caller was not told
 // yes, so that can only deny early), and is never applied twice.
-func TestTimeoutOnAPausedServer(t *testing.T) {
+func TestPausedServerTimesOutAtTheCallersDeadline(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	admin := valkeytest.NewClient(t, own.Addr)
@@ -565,7 +565,7 @@ func (a *audit) entries(t *testing.T, c valkey.Client) []int {
 // With many keys over many slots, a cluster's batches still carry several decisions each: a
 // batch holds keys of every slot of its node. Decisions stay exact per key: Max admitted,
 // never more, none denied under Max, and each log holds what was admitted.
-func TestClusterBatchesPerNode(t *testing.T) {
+func TestClusterBatchesSpanTheSlotsOfANode(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 0)
 	ctx := context.Background()
@@ -621,7 +621,7 @@ func TestClusterBatchesPerNode(t *testing.T) {
 // others (a key moved, or not made yet, asked elsewhere with ASK; after the move, MOVED)
 // goes again alone. Every decision is taken once: per key, the log holds what callers were
 // told was admitted, never above Max, with no denial under Max, during the move and after.
-func TestClusterBatchDuringSlotMigration(t *testing.T) {
+func TestClusterBatchDuringSlotMigrationDecidesEachRequestOnce(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 0)
 	es := clusterEngines(t, c, 4)
@@ -720,7 +720,7 @@ func TestClusterBatchDuringSlotMigration(t *testing.T) {
 // no decision is taken twice and none acknowledged is lost: per key, the log holds at least
 // the admissions callers were told of and at most those plus the calls that failed, and no
 // key admits above Max. The engine serves again once the replica is promoted.
-func TestClusterBatchFailover(t *testing.T) {
+func TestClusterBatchFailoverLosesNoAcknowledgedDecision(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 1)
 	es := clusterEngines(t, c, 4, engine.WithReplicaAck(1, 500*time.Millisecond))

@@ -10,7 +10,7 @@ import (
 
 // Fail-open admits with the error in BackendErr, stamped by the engine's own clock when it has
 // one; fail-closed returns the error; a caller's cancellation is returned either way.
-func TestBackendFailure(t *testing.T) {
+func TestBackendFailureFollowsFailOpen(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	boom := errors.New("boom")
 	open := &Engine{failOpen: true, clock: func() time.Time { return at }}

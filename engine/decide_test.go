@@ -843,7 +843,7 @@ func TestShadowNeverRecordsADenial(t *testing.T) {
 
 // A scripted sequence of decisions gives exactly these counts: allowed, denied, cached, shadow
 // denied, fail-open, errors, by operation; durations for each; no key anywhere.
-func TestMetrics(t *testing.T) {
+func TestMetricsCountEveryOutcome(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	ctx := context.Background()

@@ -69,7 +69,7 @@ func TestNewFailsWhenScriptingIsRefused(t *testing.T) {
 	}
 }
 
-func TestReset(t *testing.T) {
+func TestResetForgetsTheKey(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	key, l := enginetest.NewKey(t), engine.PerMinute(2)
@@ -87,7 +87,7 @@ func TestReset(t *testing.T) {
 // The engine runs on a cluster client unchanged: keys spread over every primary, the scripts
 // are on every node, decisions stay exact on each primary, NOSCRIPT is handled, and Peek can
 // be served by replicas.
-func TestCluster(t *testing.T) {
+func TestEngineRunsUnchangedOnAClusterClient(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 1)
 	ctx := context.Background()

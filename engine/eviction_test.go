@@ -13,7 +13,7 @@ import (
 )
 
 // New refuses a server that may evict any key, unless told to only warn or not to check.
-func TestEvictionPolicyCheck(t *testing.T) {
+func TestNewRefusesAServerThatMayEvictKeys(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	ctx := context.Background()

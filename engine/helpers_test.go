@@ -526,8 +526,8 @@ func auditHolders(t *testing.T, ctx context.Context, es []*engine.Engine, key st
 	return holderAudit{peak: peak.Load(), denials: denials.Load(), through: through.Load()}
 }
 
-// The model of the log: the contract written out the obvious way, which decide_test.go
-// (TestLogMatchesModel) and limit_test.go (Resolution) check every Result against.
+// The model of the log: the contract written out the obvious way, which TestLogAgainstModel
+// (decide_test.go) and TestResolutionAgainstModel (limit_test.go) check every Result against.
 
 // modelEntry is one admitted request in the model's log, or a run of refunded ones.
 type modelEntry struct {

@@ -44,7 +44,7 @@ func TestLeaseHoldersNeverExceedMax(t *testing.T) {
 // Denied: RetryAfter is the wait until the soonest lease expires, ResetAfter until the last
 // one does, exact to the microsecond on the clock that decided; the key lives as long as its
 // last lease and no longer.
-func TestLeaseDeniedRetryAfter(t *testing.T) {
+func TestLeaseDenialRetriesAtTheSoonestExpiry(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -90,7 +90,7 @@ func wantTime(t *testing.T, what string, got, wantT time.Time) {
 
 // Extend keeps a long holder's slot past its first ttl; a lease that expired, even by a
 // microsecond and not dropped yet, cannot be extended, and the error says so.
-func TestLeaseExtend(t *testing.T) {
+func TestLeaseExtendKeepsOnlyAHeldLease(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	ctx, key, ttl := context.Background(), enginetest.NewKey(t), 10*time.Second
@@ -140,7 +140,7 @@ func TestLeaseExtend(t *testing.T) {
 
 // Release is idempotent, a no-op once the lease expired, and never frees another holder's
 // slot: not when released twice, not when its slot was taken again after it expired.
-func TestLeaseRelease(t *testing.T) {
+func TestLeaseReleaseNeverFreesAnotherHoldersSlot(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key, ttl := enginetest.NewKey(t), 10*time.Second
@@ -197,7 +197,7 @@ func TestLeaseKeysApartFromRateLimitLogs(t *testing.T) {
 
 // Every invalid input is refused with ErrInvalidArgument before anything is sent: the lease
 // set keeps its leases and its expiry, or stays absent.
-func TestLeaseInvalidArguments(t *testing.T) {
+func TestLeaseInvalidArgumentsChangeNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e := enginetest.New(t, c)
@@ -492,7 +492,7 @@ func TestLeaseKeyOfAnotherTypeIsRefused(t *testing.T) {
 
 // Lease calls are counted as decisions are: operation acquire, extend or release, with their
 // outcome, a duration each; fail-open and errors as for decisions.
-func TestLeaseMetrics(t *testing.T) {
+func TestLeaseMetricsCountEveryOutcome(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	ctx := context.Background()

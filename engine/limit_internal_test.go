@@ -24,7 +24,7 @@ func TestWindowMicrosRoundsUp(t *testing.T) {
 	}
 }
 
-func TestLimitValidate(t *testing.T) {
+func TestLimitValidateNamesWhatIsWrong(t *testing.T) {
 	ok := []struct {
 		l Limit
 		n int
@@ -58,7 +58,7 @@ func TestLimitValidate(t *testing.T) {
 	}
 }
 
-func TestPerHelpers(t *testing.T) {
+func TestPerHelpersMakeTheirLimits(t *testing.T) {
 	for _, tc := range []struct {
 		got  Limit
 		want Limit

@@ -635,7 +635,7 @@ func TestResolutionMemoryIsBoundedBySlots(t *testing.T) {
 
 // A Resolution outside 0 < Resolution <= Window is refused with ErrInvalidArgument by every
 // call that takes limits, before anything is sent.
-func TestResolutionBadInput(t *testing.T) {
+func TestResolutionBadInputRefused(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()
@@ -859,11 +859,11 @@ func TestClusterQuotasExactPerKey(t *testing.T) {
 	}
 }
 
-// quotaChildEnv, when set, makes TestQuotasAcrossProcesses a child: it decides on the keys its
+// quotaChildEnv, when set, makes TestQuotasAcrossProcessesNeverOverAdmit a child: it decides on the keys its
 // value names until its time is up, and prints every decision.
 const quotaChildEnv = "STRICTRATE_TEST_QUOTA_CHILD"
 
-// The quota scenarios of TestQuotasAcrossProcesses: a limit with a resolution, with weighted
+// The quota scenarios of TestQuotasAcrossProcessesNeverOverAdmit: a limit with a resolution, with weighted
 // costs; and a sliding limit beside a calendar one, in one policy.
 var (
 	quotaSlotted = engine.Limit{Max: 40, Window: 300 * time.Millisecond, Resolution: 50 * time.Millisecond}
@@ -894,7 +894,7 @@ type quotaDecision struct {
 // trailing window holds more than Max, every denial of the slotted limit is one the exact log
 // would have given within a resolution of it, and the calendar's counter holds exactly the
 // events admitted, at most its Max, and is full by the end.
-func TestQuotasAcrossProcesses(t *testing.T) {
+func TestQuotasAcrossProcessesNeverOverAdmit(t *testing.T) {
 	if spec := os.Getenv(quotaChildEnv); spec != "" {
 		runQuotaChild(t, spec)
 		return
@@ -906,7 +906,7 @@ func TestQuotasAcrossProcesses(t *testing.T) {
 	var decisions []quotaDecision
 	var wg sync.WaitGroup
 	for p := 0; p < 3; p++ {
-		child := startChild(t, "TestQuotasAcrossProcesses", quotaChildEnv+"="+slotted+" "+calendarKey+" "+fmt.Sprint(p))
+		child := startChild(t, "TestQuotasAcrossProcessesNeverOverAdmit", quotaChildEnv+"="+slotted+" "+calendarKey+" "+fmt.Sprint(p))
 		wg.Go(func() {
 			sc := bufio.NewScanner(child.Stdout)
 			var mine []quotaDecision
@@ -1000,7 +1000,7 @@ func auditWindows(t *testing.T, name string, ds []quotaDecision, w int64, max in
 	}
 }
 
-// runQuotaChild is a child of TestQuotasAcrossProcesses: spec is the two keys and its number.
+// runQuotaChild is a child of TestQuotasAcrossProcessesNeverOverAdmit: spec is the two keys and its number.
 func runQuotaChild(t *testing.T, spec string) {
 	var slotted, calendarKey string
 	var id uint64

@@ -15,7 +15,7 @@ import (
 // sweep drops the holders that hold no reservation and were not asked about for two holds,
 // and keeps those with a reservation held or a call in flight, and those asked about lately.
 // It looks only at holders that are due: one it keeps is due again two holds on.
-func TestLocalQuotaSweep(t *testing.T) {
+func TestLocalQuotaSweepDropsOnlyIdleHolders(t *testing.T) {
 	lq, err := newLocalQuotas(nil, LocalQuota{Hold: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -117,7 +117,7 @@ func TestLocalQuotaNeverOverAdmits(t *testing.T) {
 
 // A hot key with a high limit (1,000,000 per second) under four engines of 16 goroutines: with
 // local quota, at most 0.05 script calls per admitted request.
-func TestLocalQuotaHotKeyCallsPerAdmission(t *testing.T) {
+func TestLocalQuotaHotKeyTakesFewScriptCalls(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	es, c := enginetest.Engines(t, srv, 4, engine.WithLocalQuota(engine.LocalQuota{}))
 	if err := c.Do(context.Background(), c.B().ConfigResetstat().Build()).Error(); err != nil {
@@ -247,7 +247,7 @@ func TestLocalQuotaThroughAnOutage(t *testing.T) {
 }
 
 // A negative Hold or MinDemand, or a Hold below a millisecond, is refused by New.
-func TestLocalQuotaBadOptions(t *testing.T) {
+func TestLocalQuotaBadOptionsRefused(t *testing.T) {
 	for _, q := range []engine.LocalQuota{{Hold: -time.Second}, {MinDemand: -1}, {Hold: time.Microsecond}} {
 		if _, err := engine.New(exampleServer.Client(t), engine.WithLocalQuota(q)); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Errorf("LocalQuota %+v: %v, want ErrInvalidArgument", q, err)
@@ -302,7 +302,7 @@ func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
 // window is over Max. Without persistence the restarted server has forgotten the
 // reservation, as it forgets every entry: the key counts nothing, while the process may still
 // admit what it holds (docs/production.md says so).
-func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
+func TestLocalQuotaServerKilledKeepsReservationsOnlyIfPersisted(t *testing.T) {
 	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	const hold = 2 * time.Second
 	l := engine.PerMinute(200)
@@ -421,7 +421,7 @@ func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
 
 // Reset ends the engine's reservations of the key: after it, the key admits exactly Max, none
 // of them from what this process had reserved before.
-func TestLocalQuotaReset(t *testing.T) {
+func TestLocalQuotaResetEndsReservations(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
 	ctx := context.Background()
 	key, l := enginetest.NewKey(t), engine.PerMinute(20)
@@ -444,19 +444,19 @@ func TestLocalQuotaReset(t *testing.T) {
 	}
 }
 
-// localChildEnv, when set, makes TestLocalQuotaAcrossProcesses a child: it admits on the key
+// localChildEnv, when set, makes TestLocalQuotaAcrossProcessesNeverOverAdmits a child: it admits on the key
 // its value names with local quota on until its time is up, and prints the time of every
 // admission.
 const localChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_CHILD"
 
-// localProcessesLimit is the limit TestLocalQuotaAcrossProcesses's processes share.
+// localProcessesLimit is the limit TestLocalQuotaAcrossProcessesNeverOverAdmits's processes share.
 var localProcessesLimit = engine.Limit{Max: 150, Window: 200 * time.Millisecond}
 
 // Three OS processes (this test binary run again), each with 2 engines of 8 goroutines and
 // local quota on, hammer one key for 1.2 s: audited on the times of every admission of all
 // three, no trailing window holds more than Max; and the processes admitted from reservations
 // (each child says how many of its admissions were local).
-func TestLocalQuotaAcrossProcesses(t *testing.T) {
+func TestLocalQuotaAcrossProcessesNeverOverAdmits(t *testing.T) {
 	if key := os.Getenv(localChildEnv); key != "" {
 		runLocalChild(t, key)
 		return
@@ -470,7 +470,7 @@ func TestLocalQuotaAcrossProcesses(t *testing.T) {
 		wg       sync.WaitGroup
 	)
 	for p := 0; p < 3; p++ {
-		child := startChild(t, "TestLocalQuotaAcrossProcesses", localChildEnv+"="+key)
+		child := startChild(t, "TestLocalQuotaAcrossProcessesNeverOverAdmits", localChildEnv+"="+key)
 		wg.Go(func() {
 			sc := bufio.NewScanner(child.Stdout)
 			var mine []engine.Result
@@ -508,7 +508,7 @@ func TestLocalQuotaAcrossProcesses(t *testing.T) {
 	}
 }
 
-// runLocalChild is a child of TestLocalQuotaAcrossProcesses on key.
+// runLocalChild is a child of TestLocalQuotaAcrossProcessesNeverOverAdmits on key.
 func runLocalChild(t *testing.T, key string) {
 	reader := sdkmetric.NewManualReader()
 	var engines []*engine.Engine
@@ -529,12 +529,12 @@ func runLocalChild(t *testing.T, key string) {
 	out.Flush()
 }
 
-// dyingChildEnv, when set, makes TestLocalQuotaProcessDiesHoldingAReservation a child: it
+// dyingChildEnv, when set, makes TestLocalQuotaReservationOfAKilledProcessComesBack a child: it
 // admits on the key its value names until it holds a reservation, prints the events it
 // reserved and admitted directly, and kills itself, giving nothing back.
 const dyingChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_DYING"
 
-// dyingLimit and dyingHold are the limit and hold of TestLocalQuotaProcessDiesHoldingAReservation.
+// dyingLimit and dyingHold are the limit and hold of TestLocalQuotaReservationOfAKilledProcessComesBack.
 var (
 	dyingLimit = engine.Limit{Max: 100, Window: time.Second}
 	dyingHold  = 300 * time.Millisecond
@@ -543,7 +543,7 @@ var (
 // A process killed (SIGKILL) while it holds a reservation never gives it back: the key counts
 // the whole reservation, used or not, until one window after its hold ends; then every event
 // is back.
-func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
+func TestLocalQuotaReservationOfAKilledProcessComesBack(t *testing.T) {
 	if key := os.Getenv(dyingChildEnv); key != "" {
 		runDyingChild(t, key)
 		return
@@ -551,7 +551,7 @@ func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts an OS process that kills itself")
 	key := exampleKey("local-quota-dying")
 	// The child kills itself (SIGKILL) once it holds a reservation: its exit is the error.
-	child := startChild(t, "TestLocalQuotaProcessDiesHoldingAReservation", dyingChildEnv+"="+key)
+	child := startChild(t, "TestLocalQuotaReservationOfAKilledProcessComesBack", dyingChildEnv+"="+key)
 	out, _ := io.ReadAll(child.Stdout)
 	if err := child.Wait(); !strings.Contains(string(out), "reserved") {
 		t.Fatalf("child: %v\n%s", err, out)
@@ -580,7 +580,7 @@ func TestLocalQuotaProcessDiesHoldingAReservation(t *testing.T) {
 	t.Logf("the child reserved %d events and admitted %d directly, then was killed", reserved, direct)
 }
 
-// runDyingChild is a child of TestLocalQuotaProcessDiesHoldingAReservation on key.
+// runDyingChild is a child of TestLocalQuotaReservationOfAKilledProcessComesBack on key.
 func runDyingChild(t *testing.T, key string) {
 	reader := sdkmetric.NewManualReader()
 	e, err := engine.New(exampleClient(), engine.WithLocalQuota(engine.LocalQuota{Hold: dyingHold, MinDemand: 4}),

@@ -100,7 +100,7 @@ func TestAllowAllDenialRecordsNothing(t *testing.T) {
 
 // An advisory request's denial denies nothing, and records nothing; with room it is recorded
 // with the group, and not when the group is denied. A cost of 0 is judged, never recorded.
-func TestAllowAllAdvisoryAndChecks(t *testing.T) {
+func TestAllowAllAdvisoryRequestsAndChecksDenyNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c)
 	a, full, shadow := enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)
@@ -150,7 +150,7 @@ func TestAllowAllAdvisoryAndChecks(t *testing.T) {
 
 // Every invalid call is refused before anything is sent, naming the bad request: nothing is
 // written on any of its keys. Pipelined mode offers no AllowAll.
-func TestAllowAllValidation(t *testing.T) {
+func TestAllowAllRefusesInvalidCallsBeforeSending(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()
@@ -195,7 +195,7 @@ func manyRequests(keys []string, p engine.Policy, n int) []engine.Request {
 // call, a call's first request, the last), the group is denied and no key holds an event;
 // with room on every key, every request is recorded. A bad request in a later call is refused
 // before the first call is sent.
-func TestAllowAllOfManyRequests(t *testing.T) {
+func TestAllowAllOfManyRequestsIsAllOrNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	const max = 3
@@ -270,7 +270,7 @@ func TestAllowAllOfManyRequests(t *testing.T) {
 // sets of keys, with far more demand than room: per key, what was recorded never exceeds Max,
 // and once they are done each log holds exactly what callers were told was recorded (what a
 // denied group held between its calls was given back).
-func TestAllowAllOfManyRequestsUnderConcurrency(t *testing.T) {
+func TestAllowAllOfManyRequestsNeverOverAdmits(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 4)
 	l := engine.PerHour(10)
 	p := engine.Policy{l}
@@ -491,7 +491,7 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 // On the server's clock, with a window that slides many times during the run, no trailing
 // window of any key ever holds more than Max of the requests AllowAll recorded, and the logs
 // hold exactly what was recorded.
-func TestAllowAllSlidingWindowAudit(t *testing.T) {
+func TestAllowAllNeverOverAdmitsAsTheWindowSlides(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 4)
 	l := engine.Limit{Max: 6, Window: 50 * time.Millisecond}
 	p := engine.Policy{l}
@@ -564,7 +564,7 @@ func TestAllowAllSlidingWindowAudit(t *testing.T) {
 // decide, each Result carrying the error; fail-closed returns the error. A key that holds
 // something else is ErrUnknownLayout, which fail-open never admits. The metrics count one
 // decision per call, of operation policy.
-func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
+func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	ctx := context.Background()
@@ -673,7 +673,7 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 
 // One request with a cost is AllowPolicy's decision: the deny cache answers its repeated
 // denial, and an advisory one denied denies nothing and records nothing.
-func TestAllowAllOneRequest(t *testing.T) {
+func TestAllowAllOfOneRequestIsAllowPolicy(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithDenyCache(16))
 	k := enginetest.NewKey(t)

@@ -32,7 +32,7 @@ func expiresAtMicros(tb testing.TB, c valkey.Client, key string) int64 {
 // layout 3 log; an engine that writes layout 2 reads it and writes it back as layout 2, with
 // the exact expiry; and a caller's clock writes layout 2 (the header's expiry is the
 // server's time).
-func TestWriteLayout3(t *testing.T) {
+func TestWriteLayout3KeepsTheExpiryInTheHeader(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e3 := enginetest.New(t, c, engine.WithWriteLayout(3))
@@ -155,7 +155,7 @@ func TestEveryLogOutlivesItsNewestEntry(t *testing.T) {
 	}
 }
 
-func TestPrefix(t *testing.T) {
+func TestWithPrefixKeepsKeysUnderIt(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithPrefix("other:"))
 	key := enginetest.NewKey(t)

@@ -22,7 +22,7 @@ import (
 
 // A server with neither an append-only file nor a replica gets one warning naming what a
 // restart forgets (or ErrPersistence, or nothing); one with either, none.
-func TestPersistenceCheck(t *testing.T) {
+func TestPersistenceCheckWarnsWhenARestartForgets(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	var logs bytes.Buffer

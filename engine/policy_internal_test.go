@@ -11,7 +11,7 @@ import (
 	"github.com/strictrate/strictrate/scripts"
 )
 
-func TestPolicyValidate(t *testing.T) {
+func TestPolicyValidateNamesWhatIsWrong(t *testing.T) {
 	ok := []Policy{
 		{PerSecond(5)},
 		{PerSecond(5), PerHour(100)},
@@ -53,7 +53,7 @@ func TestPolicyValidate(t *testing.T) {
 	}
 }
 
-func TestPolicyLongestAndString(t *testing.T) {
+func TestPolicyLongestAndStringNameItsLimits(t *testing.T) {
 	p := Policy{PerSecond(5), PerHour(100), PerMinute(30)}
 	if got := p.Longest(); got != PerHour(100) {
 		t.Errorf("Longest = %s, want 100/1h0m0s", got)
@@ -67,7 +67,7 @@ func TestPolicyLongestAndString(t *testing.T) {
 }
 
 // A policy's tag names its limits whatever their order, and tells different limits apart.
-func TestPolicyTag(t *testing.T) {
+func TestPolicyTagIgnoresTheLimitsOrder(t *testing.T) {
 	a, b := Limit{Max: 5, Window: time.Hour}, Limit{Max: 100, Window: time.Minute}
 	if got, want := (Policy{a, b}).Tag(), "100/60000000,5/3600000000"; got != want {
 		t.Fatalf("Tag = %q, want %q", got, want)

@@ -19,7 +19,7 @@ import (
 
 // "3 per second and 5 per minute": the short window denies while the long one has room, then
 // the long one denies while the short one has room; each RetryAfter names the binding window.
-func TestPolicyStacking(t *testing.T) {
+func TestPolicyEachStackedLimitDenies(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -105,7 +105,7 @@ func TestPolicyRetryAfterExact(t *testing.T) {
 }
 
 // ResetAfter is the newest event plus the longest window, and the key expires then.
-func TestPolicyResetAfter(t *testing.T) {
+func TestPolicyResetAfterIsTheLongestWindows(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -235,7 +235,7 @@ func TestPolicyMatchesModel(t *testing.T) {
 }
 
 // The server's clock: the limits hold and the decision is taken at the server's time.
-func TestPolicyServerClock(t *testing.T) {
+func TestPolicyDecidesOnTheServersClock(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	key := enginetest.NewKey(t)
@@ -263,7 +263,7 @@ func TestPolicyServerClock(t *testing.T) {
 
 // Requests of one microsecond get distinct entries, each its own identity (seq 1, 2, ...),
 // a burst of 1200 events among them as one entry; nothing is lost to a collision.
-func TestPolicySameMicrosecond(t *testing.T) {
+func TestPolicySameMicrosecondKeepsEveryEntry(t *testing.T) {
 	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithClock(func() time.Time { return at }))

@@ -228,7 +228,7 @@ func TestReservationsNeverOverAdmit(t *testing.T) {
 // A reservation is refused before anything is sent for a hold that is not positive and for a
 // policy with calendar limits (its counters would count it in one period, while admissions
 // made from it may fall in the next).
-func TestReservationBadInput(t *testing.T) {
+func TestReservationBadInputRefused(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t))
 	ctx := context.Background()
 	key := enginetest.NewKey(t)

@@ -19,7 +19,7 @@ import (
 
 // Refund gives a request's room back at once, Settle the part it did not use; both are
 // idempotent, and work on a policy's entry in every window.
-func TestRefundAndSettle(t *testing.T) {
+func TestRefundAndSettleGiveRoomBackOnce(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	ctx := context.Background()
@@ -135,7 +135,7 @@ func TestRefundNamesItsEntry(t *testing.T) {
 }
 
 // Refund and Settle refuse, before sending anything, what names no entry or an impossible cost.
-func TestSettleInvalidArguments(t *testing.T) {
+func TestSettleRefusesBadArgumentsBeforeSending(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c)
 	ctx, l := context.Background(), engine.PerMinute(2)
@@ -176,7 +176,7 @@ func pipelinedResult(t *testing.T, c valkey.Client) engine.Result {
 
 // Refunds race with admissions from many goroutines: the log never holds more than Max, and
 // at the end holds exactly what was admitted and not refunded.
-func TestRefundRacingAdmissions(t *testing.T) {
+func TestRefundsRacingAdmissionsStayExact(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 4)
 	key, l := enginetest.NewKey(t), engine.PerHour(50)
 	var net atomic.Int64 // events admitted minus events refunded, as callers saw them

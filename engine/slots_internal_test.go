@@ -6,7 +6,7 @@ import (
 
 // A node is named as valkey-go names it: the endpoint CLUSTER SLOTS gives and the port, the
 // asked node's host when the endpoint is empty, nothing when it is unknown.
-func TestNodeAddr(t *testing.T) {
+func TestNodeAddrNamesANodeAsValkeyGoDoes(t *testing.T) {
 	for _, tc := range []struct {
 		from, endpoint string
 		port           int64

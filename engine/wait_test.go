@@ -14,7 +14,7 @@ import (
 
 // Waiters under contention each get in exactly once, at the rate the limit allows; a wait that
 // would pass its deadline returns at once; a cost above Max is refused.
-func TestWait(t *testing.T) {
+func TestWaitAdmitsEachWaiterAtTheLimitsRate(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 2)
 	key, l := enginetest.NewKey(t), engine.Limit{Max: 5, Window: 200 * time.Millisecond}
 	start := time.Now()

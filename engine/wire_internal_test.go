@@ -22,7 +22,7 @@ import (
 // the batch script, decode to the same values, which are the ones the log's history implies;
 // first with every value at its default (the reply leaves them all out), then with every
 // value an admission can set away from its default, then a denial.
-func TestReplyContractSingleAndBatch(t *testing.T) {
+func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 	server := valkeytest.New(t)
 	client := server.Client(t)
 	ctx := context.Background()
@@ -213,7 +213,7 @@ return r`
 	}
 }
 
-func TestClockReadingRange(t *testing.T) {
+func TestClockReadingRefusesTimesOutOfRange(t *testing.T) {
 	for _, tc := range []struct {
 		t  time.Time
 		ok bool
