@@ -158,7 +158,7 @@ func TestAtomicExactUnderConcurrency(t *testing.T) {
 	var admitted []int
 	for _, r := range results {
 		if r.Remaining < 0 {
-			t.Fatalf("Remaining %d is negative", r.Remaining)
+			t.Fatalf("Remaining %d, want at least 0", r.Remaining)
 		}
 		if r.Allowed {
 			admitted = append(admitted, r.Remaining)
@@ -191,7 +191,7 @@ func TestAtomicAllowNExactUnderConcurrency(t *testing.T) {
 			admittedCost.Add(int64(n))
 		}
 		if err == nil && !r.Allowed && r.Remaining >= n {
-			err = fmt.Errorf("cost %d denied with %d remaining", n, r.Remaining)
+			err = fmt.Errorf("cost %d denied with %d remaining, want it admitted", n, r.Remaining)
 		}
 		return r, err
 	})
@@ -277,7 +277,7 @@ func TestRetryAfterExact(t *testing.T) {
 		// 1µs early, the n-1 oldest events have left and the n-th has not.
 		p := enginetest.MustPeek(t, e, key, l)
 		if tc.n == 1 && p.Allowed {
-			t.Fatalf("n=%d: admitted 1µs before RetryAfter", tc.n)
+			t.Fatalf("n=%d: admitted 1µs before RetryAfter, want a denial until it", tc.n)
 		}
 		enginetest.Want(t, fmt.Sprintf("n=%d 1µs early: peek remaining", tc.n), p.Remaining, tc.n-1)
 		enginetest.Want(t, fmt.Sprintf("n=%d 1µs early", tc.n), enginetest.MustAllowN(t, e, key, l, tc.n).Allowed, false)

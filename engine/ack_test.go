@@ -76,7 +76,7 @@ func TestDurableAckOneWaitaofPerCall(t *testing.T) {
 		return e.Allow(context.Background(), key, l)
 	}) {
 		if r.Allowed {
-			t.Fatalf("admitted past a full window: %+v", r)
+			t.Fatalf("admitted past a full window: %+v, want a denial", r)
 		}
 	}
 	denyingCalls := scriptCalls(t, c) - calls
@@ -116,7 +116,7 @@ func TestDurableAckNeverWaitsForADenial(t *testing.T) {
 			t.Fatalf("denial whose WAITAOF could not be satisfied: %+v, %v; want a denial and no error", r, err)
 		}
 		if took >= timeout/2 {
-			t.Fatalf("a denial took %s with a WAITAOF timeout of %s: it waited", took, timeout)
+			t.Fatalf("a denial took %s with a WAITAOF timeout of %s, want under half of it: it waited", took, timeout)
 		}
 		t.Logf("a denial, with a missing replica asked for (timeout %s), took %s", timeout, took)
 	}
@@ -139,7 +139,7 @@ func TestDurableAckNeverWaitsForADenial(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		start := time.Now()
 		if r := enginetest.MustAllowN(t, local, key, l, 1); r.Allowed {
-			t.Fatalf("admitted past the limit: %+v", r)
+			t.Fatalf("admitted past the limit: %+v, want a denial", r)
 		}
 		took5 = append(took5, time.Since(start).Round(time.Microsecond))
 	}
@@ -294,7 +294,7 @@ func TestClusterFailover(t *testing.T) {
 		enginetest.Want(t, "admitted while the replica was cut off", r.toldYesFrozen, 0)
 		enginetest.Want(t, "refused while the replica was cut off", r.frozenErrors, limit-before)
 		if over := r.overAdmitted(limit); over > 0 {
-			t.Fatalf("over-admitted %d with replica ack", over)
+			t.Fatalf("over-admitted %d with replica ack, want 0", over)
 		}
 	})
 }
@@ -340,7 +340,7 @@ func testLeaseFailover(t *testing.T, c *valkeytest.Cluster, client valkey.Client
 	enginetest.Want(t, "leases on the promoted node", len(members), len(kept)+1)
 	for _, m := range members {
 		if m == string(lost.ID[:]) {
-			t.Fatal("the lease granted while the link was cut survived the failover")
+			t.Fatal("the lease granted while the link was cut survived the failover, want it lost with the primary")
 		}
 	}
 	t.Logf("leases: %d kept by the replica, 1 lost with the primary and granted again: %d holders believe they hold one of %d slots",

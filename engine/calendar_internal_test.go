@@ -34,10 +34,10 @@ func TestCalendarConstructorsBuildTheLimit(t *testing.T) {
 		t.Errorf("Calendar(...).WithBillingDay(15) = %+v, want %+v", l, want)
 	}
 	if !l.IsCalendar() {
-		t.Error("calendar limit: IsCalendar() = false")
+		t.Error("calendar limit: IsCalendar() = false, want true")
 	}
 	if PerSecond(5).IsCalendar() {
-		t.Error("PerSecond(5).IsCalendar() = true")
+		t.Error("PerSecond(5).IsCalendar() = true, want false")
 	}
 }
 
@@ -221,7 +221,7 @@ func TestPeriodAtSweepLeavesNoGap(t *testing.T) {
 				t.Fatalf("%s: PeriodAt(%s) = [%s, %s) does not hold t", l.calendarTag(), at, start, end)
 			}
 			if s, e := l.PeriodAt(end); !s.Equal(end) || !e.After(end) {
-				t.Fatalf("%s: PeriodAt(%s) = [%s, %s), and the next is [%s, %s)", l.calendarTag(), at, start, end, s, e)
+				t.Fatalf("%s: PeriodAt(%s) = [%s, %s), and the next is [%s, %s); want the next to start at %[4]s and end after it", l.calendarTag(), at, start, end, s, e)
 			}
 		}
 	}
@@ -278,7 +278,7 @@ func TestCalendarBoundariesAroundAreTheNeighbouringPeriods(t *testing.T) {
 			nextStart, nextEnd := l.PeriodAt(b[2])
 			if !b[1].Equal(start) || !b[2].Equal(end) || !b[0].Equal(prevStart) || !prevEnd.Equal(start) ||
 				!nextStart.Equal(end) || !b[3].Equal(nextEnd) {
-				t.Fatalf("%s: boundariesAround(%s) = %v, PeriodAt = [%s, %s)", l.calendarTag(), at, b, start, end)
+				t.Fatalf("%s: boundariesAround(%s) = %v, PeriodAt = [%s, %s); want the previous period, this one and the next", l.calendarTag(), at, b, start, end)
 			}
 		}
 	}

@@ -306,7 +306,7 @@ func TestBatchRetriesOnlyWhatNeverRan(t *testing.T) {
 		}
 	}
 	if notTakenOnNode(errors.New("Script attempted to access a non local key in a cluster node")) {
-		t.Error("notTakenOnNode took a client-side error for a server's reply")
+		t.Error("notTakenOnNode(a client-side error of the same text) = true, want false: only a server's reply says so")
 	}
 }
 
@@ -330,7 +330,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	// moved and kept have a log before the migration starts.
 	for _, k := range []string{moved, kept} {
 		if r, err := e.Allow(ctx, k, Limit{Max: 10, Window: time.Hour}); err != nil || !r.Allowed {
-			t.Fatalf("first Allow of %s: %+v, %v", k, r, err)
+			t.Fatalf("first Allow of %s: %+v, %v; want an admission", k, r, err)
 		}
 	}
 	m, err := cl.BeginMigration(ctx, slot, from, to)
@@ -380,7 +380,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	reqs = []request{mustRequest(t, e.prefix+moved, set), mustRequest(t, e.prefix+kept, set)}
 	for i, out := range sendByHand(t, c, &queue[request]{node: from.Addr}, ctx, reqs) {
 		if out.err != nil || !out.admits() {
-			t.Fatalf("decision %d after the move, sent to the source: %v, %+v", i, out.err, out.d)
+			t.Fatalf("decision %d after the move, sent to the source: %v, %+v; want an admission", i, out.err, out.d)
 		}
 	}
 	if got := c.retried.Load(); got != 4 {
@@ -488,7 +488,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 	// Warm the node's connection, so the call below is written at once.
 	for i, out := range sendByHand(t, c, &queue[request]{node: node.Addr}, context.Background(), reqs[:2]) {
 		if !out.admits() {
-			t.Fatalf("warm-up decision %d: %v, %+v", i, out.err, out.d)
+			t.Fatalf("warm-up decision %d: %v, %+v; want an admission", i, out.err, out.d)
 		}
 	}
 	nc := node.Client()
@@ -506,7 +506,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 		}
 	}
 	if got := c.retried.Load() - before; got != 0 {
-		t.Fatalf("%d decisions of a call that may have run were sent again", got)
+		t.Fatalf("%d decisions of a call that may have run were sent again, want 0", got)
 	}
 	time.Sleep(time.Until(paused.Add(pause + 200*time.Millisecond)))
 	for i, k := range keys {
@@ -516,7 +516,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 			warm = 1
 		}
 		if log.Count < warm || log.Count > warm+1 {
-			t.Fatalf("%s holds %d entries after %d warm-up decisions and one call that timed out", k, log.Count, warm)
+			t.Fatalf("%s holds %d entries after %d warm-up decisions and one call that timed out, want %d or %d", k, log.Count, warm, warm, warm+1)
 		}
 	}
 }
@@ -536,7 +536,7 @@ func TestBatchOverMaxmemoryGoesAgainAlone(t *testing.T) {
 	keys := []string{"oom:" + uuid.NewString(), "oom:" + uuid.NewString(), "oom:" + uuid.NewString()}
 	for _, k := range keys {
 		if r, err := e.Allow(ctx, k, l); err != nil || !r.Allowed {
-			t.Fatalf("Allow %s: %+v, %v", k, r, err)
+			t.Fatalf("Allow %s: %+v, %v; want an admission", k, r, err)
 		}
 	}
 	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {

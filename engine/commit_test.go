@@ -38,7 +38,7 @@ func TestBatchedExactUnderConcurrency(t *testing.T) {
 	calls := scriptCalls(t, c)
 	t.Logf("2000 decisions in %d script calls (%.1f per call)", calls, 2000/float64(calls))
 	if calls >= 1500 {
-		t.Fatalf("2000 decisions took %d script calls: hardly batched", calls)
+		t.Fatalf("2000 decisions took %d script calls, want under 1500: hardly batched", calls)
 	}
 	seen := map[int]bool{}
 	for _, r := range results {
@@ -46,7 +46,7 @@ func TestBatchedExactUnderConcurrency(t *testing.T) {
 			continue
 		}
 		if seen[r.Remaining] {
-			t.Fatalf("two admissions saw remaining %d", r.Remaining)
+			t.Fatalf("two admissions saw remaining %d, want each count seen once", r.Remaining)
 		}
 		seen[r.Remaining] = true
 	}
@@ -148,7 +148,7 @@ func TestBatchMixesRequestsAndIsolatesFailures(t *testing.T) {
 		g, w := got[i], wantResults[i]
 		g.Entry, w.Entry = engine.EntryID{}, engine.EntryID{} // seqs depend on the microsecond shared
 		if g != w {
-			t.Fatalf("job %d (%+v):\n batched %+v\n alone   %+v", i, jobs[i], g, w)
+			t.Fatalf("job %d (%+v):\n batched %+v\n    want %+v (alone)", i, jobs[i], g, w)
 		}
 	}
 	// The call in flight, then the 61 queued requests in one call (at most 128 go together).
@@ -295,7 +295,7 @@ func TestPausedServerTimesOutAtTheCallersDeadline(t *testing.T) {
 		t.Fatalf("Allow on a paused server: %v, want context.DeadlineExceeded", err)
 	}
 	if waited := time.Since(start); waited > time.Second {
-		t.Fatalf("Allow took %s to honour a 200ms deadline", waited)
+		t.Fatalf("Allow took %s to honour a 200ms deadline, want under 1s", waited)
 	}
 	tctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
 	r, err := open.Allow(tctx, key, l)
@@ -319,7 +319,7 @@ func TestPausedServerTimesOutAtTheCallersDeadline(t *testing.T) {
 	// The two abandoned requests ran after the pause, or not: never more than once each.
 	phantom := enginetest.StoredEvents(t, c, key)
 	if phantom > 2 {
-		t.Fatalf("log holds %d events after two abandoned requests", phantom)
+		t.Fatalf("log holds %d events after two abandoned requests, want at most 2", phantom)
 	}
 	told := 0
 	for {
@@ -342,7 +342,7 @@ func TestPausedServerTimesOutAtTheCallersDeadline(t *testing.T) {
 		t.Fatalf("Peek on a paused server: %v, want context.DeadlineExceeded", err)
 	}
 	if waited := time.Since(start); waited > 900*time.Millisecond {
-		t.Fatalf("Peek on a paused server took %s to honour a 200ms deadline", waited)
+		t.Fatalf("Peek on a paused server took %s to honour a 200ms deadline, want under 900ms", waited)
 	}
 }
 
@@ -703,11 +703,11 @@ func TestClusterBatchDuringSlotMigrationDecidesEachRequestOnce(t *testing.T) {
 		max := int64(limitOf(i).Max)
 		switch {
 		case int64(entries[i]) != allowed:
-			t.Errorf("key %d (%s, moving slot %v): told %d admissions, the log holds %d", i, k, i < moving, allowed, entries[i])
+			t.Errorf("key %d (%s, moving slot %v): the log holds %d, want the %d admissions callers were told of", i, k, i < moving, entries[i], allowed)
 		case allowed > max:
 			t.Errorf("key %d: %d admitted, above Max %d", i, allowed, max)
 		case denied > 0 && allowed < max:
-			t.Errorf("key %d: %d denied with %d of %d admitted", i, denied, allowed, max)
+			t.Errorf("key %d: %d denied with %d of %d admitted, want no denial under Max", i, denied, allowed, max)
 		case max == int64(small.Max) && allowed+denied >= max && allowed != max:
 			t.Errorf("key %d: %d admitted of %d asked, want Max %d", i, allowed, allowed+denied, max)
 		}

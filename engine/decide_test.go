@@ -32,7 +32,7 @@ func TestCoverWalkIsTheScripts(t *testing.T) {
 		t.Fatal("lib_log.lua defines no COVER_WALK")
 	}
 	if got, _ := strconv.Atoi(m[1]); got != coverWalk {
-		t.Fatalf("lib_log.lua's COVER_WALK is %d, the model's %d", got, coverWalk)
+		t.Fatalf("lib_log.lua's COVER_WALK is %d, want the model's %d", got, coverWalk)
 	}
 }
 
@@ -234,7 +234,7 @@ func FuzzAllowN(f *testing.F) {
 			}
 			if key != "" {
 				if got := enginetest.StoredEvents(t, c, key); got != 0 {
-					t.Fatalf("refused call left %d events", got)
+					t.Fatalf("refused call left %d events, want 0", got)
 				}
 			}
 			return
@@ -244,7 +244,7 @@ func FuzzAllowN(f *testing.F) {
 		// only the bounds are checked.
 		exact := l.Window >= time.Second
 		if !r.Allowed || r.Remaining != max-n {
-			t.Fatalf("first AllowN(%d) of %d: %+v", n, max, r)
+			t.Fatalf("first AllowN(%d) of %d: %+v, want admitted with %d remaining", n, max, r, max-n)
 		}
 		admitted := n
 		for i := 0; i < 20 && admitted < max+1; i++ {
@@ -256,14 +256,14 @@ func FuzzAllowN(f *testing.F) {
 				t.Fatalf("Remaining %d outside [0, %d]", r.Remaining, max)
 			}
 			if exact && r.Allowed != (admitted < max) {
-				t.Fatalf("with %d of %d admitted: Allowed %v", admitted, max, r.Allowed)
+				t.Fatalf("with %d of %d admitted: Allowed %v, want %v", admitted, max, r.Allowed, admitted < max)
 			}
 			if r.Allowed {
 				admitted++
 			}
 		}
 		if got := enginetest.StoredEvents(t, c, key); exact && got != int64(admitted) || got > int64(max) {
-			t.Fatalf("log holds %d, admitted %d, Max %d", got, admitted, max)
+			t.Fatalf("log holds %d, want the %d admitted (exact: %v), at most Max %d", got, admitted, exact, max)
 		}
 		// Refunding the first request gives back its n events, once.
 		for i := 0; i < 2; i++ {
@@ -272,7 +272,7 @@ func FuzzAllowN(f *testing.F) {
 			}
 		}
 		if got := enginetest.StoredEvents(t, c, key); exact && got != int64(admitted-n) || got > int64(max) {
-			t.Fatalf("after refunding %d of %d admitted: log holds %d", n, admitted, got)
+			t.Fatalf("after refunding %d of %d admitted: log holds %d, want %d (exact: %v), at most Max %d", n, admitted, got, admitted-n, exact, max)
 		}
 		// The server's clock moves, so only the bound holds: the log never exceeds Max.
 		for i := 0; i < 3; i++ {
@@ -281,7 +281,7 @@ func FuzzAllowN(f *testing.F) {
 			}
 		}
 		if got := enginetest.StoredEvents(t, c, key); got > int64(max) {
-			t.Fatalf("log holds %d, Max %d", got, max)
+			t.Fatalf("log holds %d, want at most Max %d", got, max)
 		}
 		if err := e.Reset(ctx, key); err != nil {
 			t.Fatalf("Reset: %v", err)
@@ -359,14 +359,14 @@ func TestHugeCostIsOneEntry(t *testing.T) {
 	admit := func(n int) func(int) {
 		return func(int) {
 			if r := enginetest.MustAllowN(t, e, enginetest.NewKey(t), l, n); !r.Allowed {
-				t.Fatalf("AllowN(%d) on a fresh key with %s: denied", n, l)
+				t.Fatalf("AllowN(%d) on a fresh key with %s: denied, want an admission", n, l)
 			}
 		}
 	}
 	one, million := leastScriptUsec(t, c, 100, admit(1)), leastScriptUsec(t, c, 100, admit(1_000_000))
 	t.Logf("least server µs per call: AllowN(1) %d, AllowN(1e6) %d", one, million)
 	if million > 2*one+20 {
-		t.Fatalf("AllowN(1e6) costs the server %d µs per call, AllowN(1) %d: cost grows with n", million, one)
+		t.Fatalf("AllowN(1e6) costs the server %d µs per call, AllowN(1) %d; want at most %d: cost grows with n", million, one, 2*one+20)
 	}
 }
 
@@ -377,7 +377,7 @@ func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l e
 	var r engine.Result
 	least := leastScriptUsec(t, c, calls, func(int) {
 		if r = enginetest.MustAllowN(t, e, key, l, n); r.Allowed {
-			t.Fatalf("a request of cost %d against %s on a full log: admitted", n, l)
+			t.Fatalf("a request of cost %d against %s on a full log: admitted, want a denial", n, l)
 		}
 	})
 	return least, r
@@ -402,7 +402,7 @@ func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 		})
 		for _, r := range rs {
 			if !r.Allowed {
-				t.Fatalf("filling the log: denied at %s", r.At)
+				t.Fatalf("filling the log: denied at %s, want an admission", r.At)
 			}
 		}
 	}
@@ -422,7 +422,7 @@ func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 	// Walking half the log took 1,500 µs here; a walk that does not grow takes a few dozen.
 	for _, got := range []int64{costly, whole, over} {
 		if got > 3*one+100 {
-			t.Fatalf("a denial's server time grows with its cost or with the log's excess over the limit")
+			t.Fatalf("least server µs per denial: cost %d %d, cost %d %d, over a lowered limit %d; want each at most %d (3 × cost 1's %d, and 100): a denial's server time grows with its cost or with the log's excess over the limit", entries/2, costly, entries, whole, over, 3*one+100, one)
 		}
 	}
 	enginetest.Want(t, "cost 1 on the full log: retry after", rOne.RetryAfter, earliest)
@@ -567,7 +567,7 @@ func TestLimitsSharingAKeyEachHold(t *testing.T) {
 			}
 			// The key lives as long as the longest window counted on it needs.
 			if ms := enginetest.PTTL(t, exampleServer.Client(t), enginetest.Prefix+key); ms < (time.Hour - time.Minute).Milliseconds() {
-				t.Fatalf("PTTL %d ms: the key would go before the hour limit's window ends", ms)
+				t.Fatalf("PTTL %d ms, want at least %d: the key would go before the hour limit's window ends", ms, (time.Hour - time.Minute).Milliseconds())
 			}
 		})
 	}
@@ -583,11 +583,11 @@ func TestLongerLimitDeniedStillKeepsTheKey(t *testing.T) {
 		enginetest.MustAllowN(t, e, key, short, 1)
 	}
 	if r := enginetest.MustAllowN(t, e, key, long, 1); r.Allowed {
-		t.Fatalf("the hour limit of 2 admitted a request with 3 events in its window: %+v", r)
+		t.Fatalf("the hour limit of 2 admitted a request with 3 events in its window: %+v, want a denial", r)
 	}
 	time.Sleep(120 * time.Millisecond) // past the short window and its expiry
 	if r := enginetest.MustAllowN(t, e, key, long, 1); r.Allowed {
-		t.Fatalf("the hour limit of 2 admitted once the short window's expiry passed: %+v", r)
+		t.Fatalf("the hour limit of 2 admitted once the short window's expiry passed: %+v, want a denial", r)
 	}
 }
 
@@ -761,11 +761,11 @@ func TestRefusedDecisionLeavesNoTrace(t *testing.T) {
 		}
 	}
 	if n := valkeytest.Must(t, "EXISTS", admin.Do(ctx, admin.B().Exists().Key(enginetest.Prefix+fresh).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
-		t.Fatalf("a refused decision left the new key %q behind", fresh)
+		t.Fatalf("a refused decision left the new key %q behind, want no key", fresh)
 	}
 	after := enginetest.Log(t, admin, enginetest.Prefix, old)
 	if after.Count != before.Count || after.Events != before.Events {
-		t.Fatalf("refused decisions changed the log: %d entries, %d events; before %d, %d", after.Count, after.Events, before.Count, before.Events)
+		t.Fatalf("refused decisions changed the log: %d entries, %d events; want %d, %d as before", after.Count, after.Events, before.Count, before.Events)
 	}
 	if ms := enginetest.PTTL(t, admin, enginetest.Prefix+old); ms <= 0 {
 		t.Fatalf("PTTL %d: the key lost its expiry", ms)
@@ -784,7 +784,7 @@ func TestFailOpenAndFailClosed(t *testing.T) {
 
 	r := enginetest.MustAllowN(t, open, key, l, 1)
 	if !r.Allowed || r.BackendErr != nil || r.Remaining != 2 {
-		t.Fatalf("fail-open engine with the server up: %+v", r)
+		t.Fatalf("fail-open engine with the server up: %+v, want an admission with 2 remaining and no BackendErr", r)
 	}
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)
@@ -828,7 +828,7 @@ func TestShadowNeverRecordsADenial(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		r := enginetest.MustAllowN(t, shadow, key, l, 1)
 		if !r.Allowed || r.ShadowDenied != (i >= 3) || (i >= 3) && !r.Entry.IsZero() {
-			t.Fatalf("shadow request %d: %+v", i+1, r)
+			t.Fatalf("shadow request %d: %+v; want admitted, ShadowDenied %v, an entry only when not", i+1, r, i >= 3)
 		}
 	}
 	enginetest.Want(t, "events after 10 shadow requests", enginetest.StoredEvents(t, c, key), int64(3))

@@ -174,7 +174,7 @@ func TestEngineRunsUnchangedOnAClusterClient(t *testing.T) {
 			a := auditHolders(t, actx, es, key, max, 32, 1)
 			cancel()
 			if a.peak > int64(max) || a.through != 32 || a.denials == 0 {
-				t.Fatalf("primary %s: %d holders at once (max %d), %d of 32 through, %d denials", p.Addr, a.peak, max, a.through, a.denials)
+				t.Fatalf("primary %s: %d holders at once, %d of 32 through, %d denials; want at most %d at once, all through, some denials", p.Addr, a.peak, a.through, a.denials, max)
 			}
 			enginetest.Want(t, "leases left on "+p.Addr, leaseCount(t, clients[0], key), int64(0))
 		}

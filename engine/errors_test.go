@@ -167,7 +167,7 @@ func TestErrorsCutLongKeys(t *testing.T) {
 		t.Fatalf("the second Record: %v; want a DeniedError carrying the whole key", err)
 	}
 	if n := len(err.Error()); n > 512 || !strings.Contains(err.Error(), "1048576 bytes") {
-		t.Fatalf("the DeniedError's message is %d bytes: %.200s", n, err.Error())
+		t.Fatalf("the DeniedError's message is %d bytes: %.200s; want at most 512, saying the key's 1048576 bytes", n, err.Error())
 	}
 	// A server error names the key too: a key that holds a string.
 	c := exampleServer.Client(t)
@@ -176,7 +176,7 @@ func TestErrorsCutLongKeys(t *testing.T) {
 	}
 	_, err = e.Allow(context.Background(), key, l)
 	if err == nil || len(err.Error()) > 1024 {
-		t.Fatalf("Allow on a string key: an error of %d bytes (%v)", len(errString(err)), err != nil)
+		t.Fatalf("Allow on a string key: an error of %d bytes (%v), want an error of at most 1024", len(errString(err)), err != nil)
 	}
 }
 

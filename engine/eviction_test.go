@@ -34,12 +34,12 @@ func TestNewRefusesAServerThatMayEvictKeys(t *testing.T) {
 		t.Fatalf("New with Warn: %v", err)
 	}
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "allkeys-lru") {
-		t.Fatalf("Warn logged %q", logs.String())
+		t.Fatalf("Warn logged %q, want a WARN naming allkeys-lru", logs.String())
 	}
 	logs.Reset()
 	if _, err := engine.New(c, engine.WithEvictionCheck(engine.Ignore), engine.WithPersistenceCheck(engine.Ignore),
 		engine.WithLogger(logger)); err != nil || logs.Len() != 0 {
-		t.Fatalf("New with Ignore: %v, logged %q", err, logs.String())
+		t.Fatalf("New with Ignore: %v, logged %q; want neither", err, logs.String())
 	}
 
 	setPolicy("volatile-lru")

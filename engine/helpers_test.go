@@ -140,10 +140,10 @@ func wantUntouched(t *testing.T, c valkey.Client, what, full string, before keyS
 	t.Helper()
 	after := stateOf(t, c, full)
 	if after.dump != before.dump {
-		t.Errorf("%s changed what %s holds", what, full)
+		t.Errorf("%s changed what %s holds, want it untouched", what, full)
 	}
 	if after.pttl > before.pttl || before.pttl >= 0 && after.pttl < before.pttl-1000 || (before.pttl < 0) != (after.pttl < 0) {
-		t.Errorf("%s moved %s's expiry: PTTL %d, then %d", what, full, before.pttl, after.pttl)
+		t.Errorf("%s moved %s's expiry: PTTL %d, then %d; want it untouched", what, full, before.pttl, after.pttl)
 	}
 }
 
@@ -366,7 +366,7 @@ func auditTimestamps(t *testing.T, times []time.Time, l engine.Limit) {
 			first++
 		}
 		if held := i - first + 1; held > l.Max {
-			t.Fatalf("%d admissions in the %s up to %s, Max %d", held, l.Window, at, l.Max)
+			t.Fatalf("%d admissions in the %s up to %s, want at most Max %d", held, l.Window, at, l.Max)
 		}
 	}
 }

@@ -58,7 +58,7 @@ func TestLeaseDenialRetriesAtTheSoonestExpiry(t *testing.T) {
 	b := mustAcquire(t, e, key, 2, 20*time.Second)
 	enginetest.Want(t, "second lease: remaining", b.Remaining, 0)
 	if b.ID == a.ID {
-		t.Fatalf("two leases share the id %s", a.ID)
+		t.Fatalf("two leases share the id %s, want an id each", a.ID)
 	}
 	// On a caller's clock the key's expiry is relative, with 2 ms more for the server's
 	// millisecond (lib_lease.lua).
@@ -131,10 +131,10 @@ func TestLeaseExtendKeepsOnlyAHeldLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	if l.Expires.Sub(l.At) != time.Minute || time.Since(l.At).Abs() > time.Minute {
-		t.Fatalf("extended on the server's clock: At %s, Expires %s", l.At, l.Expires)
+		t.Fatalf("extended on the server's clock: At %s, Expires %s; want Expires a minute after At, At about now", l.At, l.Expires)
 	}
 	if ttl := enginetest.PTTL(t, c, leaseKey(key)); ttl < 50_000 {
-		t.Fatalf("lease key PTTL %d ms after extending to a minute", ttl)
+		t.Fatalf("lease key PTTL %d ms after extending to a minute, want at least 50000", ttl)
 	}
 }
 
@@ -169,7 +169,7 @@ func TestLeaseReleaseNeverFreesAnotherHoldersSlot(t *testing.T) {
 	mustRelease(t, e, a)
 	enginetest.Want(t, "leases after releasing an expired one", leaseCount(t, c, key), int64(0))
 	if n := valkeytest.Must(t, "EXISTS", c.Do(context.Background(), c.B().Exists().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
-		t.Fatalf("the lease key outlives its last lease")
+		t.Fatalf("the lease key exists after its last lease was released, want it gone")
 	}
 }
 
@@ -245,11 +245,11 @@ func TestLeaseInvalidArgumentsChangeNothing(t *testing.T) {
 				}
 				after := valkeytest.Must(t, "ZRANGE", c.Do(ctx, c.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Withscores().Build()), valkey.ValkeyResult.AsStrSlice)
 				if fmt.Sprint(after) != fmt.Sprint(before) {
-					t.Fatalf("leases changed from %v to %v", before, after)
+					t.Fatalf("leases changed from %v to %v, want them unchanged", before, after)
 				}
 				// A minute, rounded up to the millisecond on the server's clock.
 				if ttl := enginetest.PTTL(t, c, leaseKey(key)); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
-					t.Fatalf("PTTL %d after a refused call", ttl)
+					t.Fatalf("PTTL %d after a refused call, want the minute set before (0 to 60001) or -2 (no key)", ttl)
 				}
 			})
 		}
@@ -324,7 +324,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 	}
 	score := valkeytest.Must(t, "ZSCORE", c.Do(ctx, c.B().Zscore().Key(leaseKey(key)).Member(string(id[:])).Build()), valkey.ValkeyResult.AsFloat64)
 	if int64(score) != expiresUs {
-		t.Fatalf("the dead child's lease is stored to expire at %d µs, it said %d", int64(score), expiresUs)
+		t.Fatalf("the dead child's lease is stored to expire at %d µs, want the %d it said", int64(score), expiresUs)
 	}
 	// The key goes away with the lease: its expiry is the lease's, rounded up to a millisecond.
 	expireAt := valkeytest.Must(t, "PEXPIRETIME", c.Do(ctx, c.B().Pexpiretime().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64)
@@ -342,7 +342,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 		if errors.As(err, &denied) {
 			r := engine.Result{At: denied.At, RetryAfter: denied.RetryAfter()}
 			if !r.At.Before(expires) || r.RetryAfter != expires.Sub(r.At) {
-				t.Fatalf("denied at %s with RetryAfter %s; the dead lease expires at %s", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
+				t.Fatalf("denied at %s with RetryAfter %s; want a denial before the dead lease's expiry at %s, retrying at it", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
 			}
 			denials++
 			// Halve the wait down to the last few milliseconds, then try densely: a slot
@@ -358,7 +358,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		if l.At.Before(expires) {
-			t.Fatalf("granted at %s, before the dead lease expired at %s", l.At.Format(time.StampMicro), expires.Format(time.StampMicro))
+			t.Fatalf("granted at %s, want no grant before the dead lease expired at %s", l.At.Format(time.StampMicro), expires.Format(time.StampMicro))
 		}
 		if denials == 0 {
 			t.Fatalf("granted at the first try, %s after the lease's expiry: the child's lease ran out before it was killed (ttl %s too short for this machine)", l.At.Sub(expires), ttl)

@@ -72,6 +72,27 @@ func TestPerHelpersMakeTheirLimits(t *testing.T) {
 		}
 	}
 	if s := PerMinute(8).String(); s != "8/1m0s" {
-		t.Errorf("String() = %q", s)
+		t.Errorf("PerMinute(8).String() = %q, want \"8/1m0s\"", s)
+	}
+}
+
+// Durations go to the scripts in whole microseconds and to PEXPIRE, WAIT and WAITAOF in whole
+// milliseconds, rounded up: never less than the duration asked for.
+func TestCeilUnitsRoundsUpToWholeUnits(t *testing.T) {
+	for _, tc := range []struct {
+		unit, d time.Duration
+		want    int64
+	}{
+		{time.Millisecond, time.Millisecond + 1, 2},
+		{time.Millisecond, time.Second, 1000},
+		{time.Millisecond, 0, 0},
+		{time.Microsecond, time.Nanosecond, 1},
+	} {
+		if got := ceilUnits(tc.unit, tc.d); got != tc.want {
+			t.Errorf("ceilUnits(%s, %s) = %d, want %d", tc.unit, tc.d, got, tc.want)
+		}
+	}
+	if got := ceilMicros(time.Nanosecond); got != 1 {
+		t.Errorf("ceilMicros(1ns) = %d, want 1", got)
 	}
 }

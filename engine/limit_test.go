@@ -669,7 +669,7 @@ func TestResolutionBadInputRefused(t *testing.T) {
 					t.Errorf("%s with a resolution %s: %v, want ErrInvalidArgument", call, name, err)
 				}
 				if n := exists(key); n != 0 {
-					t.Fatalf("%s with a resolution %s: the key exists (EXISTS %d)", call, name, n)
+					t.Fatalf("%s with a resolution %s: EXISTS %d, want 0", call, name, n)
 				}
 			}
 		})
@@ -725,7 +725,7 @@ func TestResolutionRefundGivesBackToTheSlot(t *testing.T) {
 		}
 	}
 	if !a.At.Equal(enginetest.T0.Add(100*ms)) || a.Entry.Cost != 3 || b.Entry.Cost != 4 || b.Remaining != 3 {
-		t.Fatalf("a %+v, b %+v", a, b)
+		t.Fatalf("a %+v, b %+v; want a at T0+100ms of cost 3, b of cost 4 with 3 remaining", a, b)
 	}
 	entries("two requests of one slot", inspect.Entry{At: slot1, Cost: 7})
 

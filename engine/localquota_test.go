@@ -107,9 +107,9 @@ func TestLocalQuotaNeverOverAdmits(t *testing.T) {
 			t.Logf("%d admitted; local quota: %v", len(admitted), local)
 			switch {
 			case local["used"] == 0 || local["used"] > int64(len(admitted)):
-				t.Fatalf("%d events used from reservations, of %d admitted", local["used"], len(admitted))
+				t.Fatalf("%d events used from reservations, of %d admitted; want some, at most all", local["used"], len(admitted))
 			case local["reserved"] != local["used"]+local["returned"]:
-				t.Fatalf("%d events reserved, %d used and %d given back: some are unaccounted for", local["reserved"], local["used"], local["returned"])
+				t.Fatalf("%d events reserved, %d used and %d given back; want reserved = used + given back", local["reserved"], local["used"], local["returned"])
 			}
 		})
 	}
@@ -408,7 +408,7 @@ func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
 	for i := range 10 {
 		r := allow(10 + i)
 		if r.BackendErr != nil {
-			t.Fatalf("request %d with the server up: %+v, a fail-open answer", 10+i, r)
+			t.Fatalf("request %d with the server up: %+v, a fail-open answer; want the server's decision", 10+i, r)
 		}
 		if r.Allowed {
 			admitted++

@@ -32,7 +32,7 @@ func mustAllowAll(t *testing.T, e *engine.Engine, reqs ...engine.Request) (bool,
 		t.Fatalf("AllowAll: %v", err)
 	}
 	if len(results) != len(reqs) {
-		t.Fatalf("AllowAll: %d results for %d requests", len(results), len(reqs))
+		t.Fatalf("AllowAll: %d results for %d requests, want one each", len(results), len(reqs))
 	}
 	return allowed, results
 }
@@ -219,7 +219,7 @@ func TestAllowAllOfManyRequestsIsAllOrNothing(t *testing.T) {
 		what := fmt.Sprintf("%d requests, key %d used up", tc.n, tc.full)
 		allowed, rs := mustAllowAll(t, e, manyRequests(keys, p, 1)...)
 		if allowed {
-			t.Fatalf("%s: admitted", what)
+			t.Fatalf("%s: admitted, want the group denied", what)
 		}
 		for i, k := range keys {
 			r := rs[i]
@@ -242,7 +242,7 @@ func TestAllowAllOfManyRequestsIsAllOrNothing(t *testing.T) {
 		}
 		allowed, rs = mustAllowAll(t, e, manyRequests(fresh, p, 2)...)
 		if !allowed {
-			t.Fatalf("%d requests with room: denied", tc.n)
+			t.Fatalf("%d requests with room: denied, want the group admitted", tc.n)
 		}
 		for i, k := range fresh {
 			if rs[i].Entry.IsZero() || rs[i].Remaining != max-2 {
@@ -293,7 +293,7 @@ func TestAllowAllOfManyRequestsNeverOverAdmits(t *testing.T) {
 	t.Logf("%d calls, %d denied", run.calls, run.denials)
 	for _, k := range keys {
 		if sums[k] > l.Max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], l.Max)
 		}
 		enginetest.Want(t, "events in "+k+"'s log", logOf(t, c, k).Events, sums[k])
 	}
@@ -337,13 +337,13 @@ func (run *allowAllRun) add(t *testing.T, reqs []engine.Request, allowed bool, r
 		case r.At.IsZero():
 			t.Errorf("request %d on %s: no decision (%+v)", i, q.Key, r)
 		case !allowed && recorded:
-			t.Errorf("denied group recorded request %d on %s: %+v", i, q.Key, r)
+			t.Errorf("denied group recorded request %d on %s: %+v, want nothing recorded", i, q.Key, r)
 		case allowed && !q.Advisory && !r.Allowed:
-			t.Errorf("admitted group with request %d on %s denied: %+v", i, q.Key, r)
+			t.Errorf("admitted group with request %d on %s denied: %+v, want room on every request that is not advisory", i, q.Key, r)
 		case allowed && r.Allowed && q.N > 0 && !recorded:
 			t.Errorf("admitted group did not record request %d on %s: %+v", i, q.Key, r)
 		case !r.Allowed && recorded:
-			t.Errorf("request %d on %s recorded without room: %+v", i, q.Key, r)
+			t.Errorf("request %d on %s recorded without room: %+v, want no entry", i, q.Key, r)
 		}
 		if !r.Allowed {
 			run.sawFull[q.Key] = true
@@ -377,7 +377,7 @@ func (run *allowAllRun) audit(t *testing.T, keys []string, l engine.Limit) map[s
 				}
 			}
 			if held > l.Max {
-				t.Fatalf("key %s: %d events admitted in the window ending at admission %d (%s), Max %d", k, held, i, x.at, l.Max)
+				t.Fatalf("key %s: %d events admitted in the window ending at admission %d (%s), want at most Max %d", k, held, i, x.at, l.Max)
 			}
 			sums[k] += x.cost
 		}
@@ -459,7 +459,7 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 	t.Logf("%d calls, %d denied", run.calls, run.denials)
 	for i, k := range keys {
 		if sums[k] > max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], max)
 		}
 		if run.sawFull[k] && sums[k] != max {
 			t.Fatalf("key %s (%s): a Result found it without room, yet only %d of %d were recorded", k, policyOf(i), sums[k], max)
@@ -579,10 +579,10 @@ func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	a, full := enginetest.NewKey(t), enginetest.NewKey(t)
 
 	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 2}); !allowed { // policy/allowed
-		t.Fatal("filling a key: denied")
+		t.Fatal("filling a key: denied, want an admission")
 	}
 	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}); allowed { // policy/denied
-		t.Fatal("a group with a full key: admitted")
+		t.Fatal("a group with a full key: admitted, want a denial")
 	}
 	allowed, rs := mustAllowAll(t, shadow, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}) // policy/shadow_denied
 	if !allowed || !rs[0].Allowed || rs[0].ShadowDenied || !rs[0].Entry.IsZero() || !rs[1].Allowed || !rs[1].ShadowDenied {
@@ -607,7 +607,7 @@ func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	reqs := []engine.Request{{Key: a, Policy: p, N: 1}, {Key: full, Policy: p, N: 1}}
 	allowed, rs, err := open.AllowAll(tctx, reqs) // policy/fail_open
 	if err != nil || !allowed || len(rs) != 2 || !rs[0].Allowed || rs[0].BackendErr == nil || !rs[1].Allowed || rs[1].BackendErr == nil {
-		t.Fatalf("fail-open with the server down: %v, %+v, %v", allowed, rs, err)
+		t.Fatalf("fail-open with the server down: %v, %+v, %v; want the group admitted, each Result carrying a BackendErr", allowed, rs, err)
 	}
 	if _, _, err := closed.AllowAll(tctx, reqs); !errors.Is(err, engine.ErrUnavailable) { // policy/error
 		t.Fatalf("fail-closed with the server down: %v, want ErrUnavailable", err)
@@ -656,14 +656,14 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 	t.Logf("%d calls, %d denied, recorded per key %v", run.calls, run.denials, sums)
 	for _, k := range keys {
 		if sums[k] > l.Max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], l.Max)
 		}
 		log, err := inspect.Read(context.Background(), reader, enginetest.Prefix+k, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if log.Events != sums[k] {
-			t.Fatalf("key %s: the log holds %d events, callers were told %d were recorded", k, log.Events, sums[k])
+			t.Fatalf("key %s: the log holds %d events, want the %d callers were told were recorded", k, log.Events, sums[k])
 		}
 	}
 	if run.denials == 0 {
@@ -680,7 +680,7 @@ func TestAllowAllOfOneRequestIsAllowPolicy(t *testing.T) {
 	p := engine.Policy{engine.PerMinute(2)}
 	allowed, rs := mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 2})
 	if !allowed || !rs[0].Allowed || rs[0].Entry.IsZero() || rs[0].Remaining != 0 {
-		t.Fatalf("first: %v %+v", allowed, rs[0])
+		t.Fatalf("first: %v %+v; want admitted, recorded, 0 remaining", allowed, rs[0])
 	}
 	allowed, rs = mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 1})
 	if allowed || rs[0].Allowed || rs[0].FromCache {

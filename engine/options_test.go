@@ -45,7 +45,7 @@ func TestWriteLayout3KeepsTheExpiryInTheHeader(t *testing.T) {
 		t.Helper()
 		at := expiresAtMicros(t, c, key)
 		if need := r.At.UnixMicro() + w; at < need {
-			t.Fatalf("%s: the key goes at %d µs, before its entry of %s leaves the window at %d", what, at, r.At, need)
+			t.Fatalf("%s: the key goes at %d µs, want no earlier than its entry of %s leaves the window, at %d", what, at, r.At, need)
 		}
 		return at
 	}
@@ -149,7 +149,7 @@ func TestEveryLogOutlivesItsNewestEntry(t *testing.T) {
 				r = enginetest.MustAllowPolicy(t, e, key, p, 1)
 			}
 			if at, need := expiresAtMicros(t, c, key), r.At.UnixMicro()+l.Window.Microseconds(); at < need {
-				t.Fatalf("layout %d, decision %d: the key goes at %d µs, %d µs before its entry leaves the window", layout, i, at, need-at)
+				t.Fatalf("layout %d, decision %d: the key goes at %d µs, %d µs before its entry leaves the window at %d, want no earlier", layout, i, at, need-at, need)
 			}
 		}
 	}

@@ -40,7 +40,7 @@ func TestPersistenceCheckWarnsWhenARestartForgets(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), own.Addr) ||
 		!strings.Contains(logs.String(), "forgets every admitted event") {
-		t.Fatalf("default check on a server without persistence logged %d warnings: %q", n, logs.String())
+		t.Fatalf("default check on a server without persistence logged %d warnings: %q; want one naming the server and what a restart forgets", n, logs.String())
 	}
 	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.Refuse)); !errors.Is(err, engine.ErrPersistence) {
 		t.Fatalf("Refuse without persistence: %v, want ErrPersistence", err)
@@ -82,7 +82,7 @@ func TestPersistenceWarningOncePerNode(t *testing.T) {
 	}
 	// Refusing is not warning: it still fails every New.
 	if _, err := engine.New(own.Client(t), engine.WithPersistenceCheck(engine.Refuse)); err == nil {
-		t.Fatal("Refuse on a node without persistence: New succeeded")
+		t.Fatal("Refuse on a node without persistence: New succeeded, want an error")
 	}
 }
 

@@ -59,7 +59,7 @@ func TestPolicyLongestAndStringNameItsLimits(t *testing.T) {
 		t.Errorf("Longest = %s, want 100/1h0m0s", got)
 	}
 	if got := (Policy{}).Longest(); got != (Limit{}) {
-		t.Errorf("Longest of an empty policy = %s", got)
+		t.Errorf("Longest of an empty policy = %s, want the zero Limit", got)
 	}
 	if got, want := p.String(), "5/1s and 100/1h0m0s and 30/1m0s"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
@@ -73,10 +73,10 @@ func TestPolicyTagIgnoresTheLimitsOrder(t *testing.T) {
 		t.Fatalf("Tag = %q, want %q", got, want)
 	}
 	if (Policy{b, a}).Tag() != (Policy{a, b}).Tag() {
-		t.Fatal("the same limits in another order have another tag")
+		t.Fatalf("the same limits in another order: tags %q and %q, want one", (Policy{b, a}).Tag(), (Policy{a, b}).Tag())
 	}
 	if (Policy{a}).Tag() == (Policy{{Max: 6, Window: time.Hour}}).Tag() || (Policy{a}).Tag() == (Policy{a, b}).Tag() {
-		t.Fatal("different policies share a tag")
+		t.Fatal("different policies share a tag, want a tag each")
 	}
 }
 
@@ -88,6 +88,6 @@ func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
 		t.Fatal("lib_log.lua defines no MAX_CURSORS")
 	}
 	if got, _ := strconv.Atoi(m[1]); got != MaxPolicyLimits {
-		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, MaxPolicyLimits %d", got, MaxPolicyLimits)
+		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, want MaxPolicyLimits %d", got, MaxPolicyLimits)
 	}
 }

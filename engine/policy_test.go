@@ -129,13 +129,17 @@ func TestPolicyResetAfterIsTheLongestWindows(t *testing.T) {
 // 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
 // admitted, each admitted request sees a different count, and the log holds exactly that many.
 func TestPolicyExactUnderConcurrency(t *testing.T) {
-	for _, p := range []engine.Policy{
-		{{Max: 100, Window: time.Hour}, {Max: 150, Window: 2 * time.Hour}},
-		{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}},
+	for _, tc := range []struct {
+		p       engine.Policy
+		binding int // the Max that admits: the least of them
+	}{
+		{engine.Policy{{Max: 100, Window: time.Hour}, {Max: 150, Window: 2 * time.Hour}}, 100},
+		{engine.Policy{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}}, 100},
 	} {
-		t.Run(p.String(), func(t *testing.T) {
+		p, binding := tc.p, tc.binding
+		t.Run(fmt.Sprintf("%s admits %d", p, binding), func(t *testing.T) {
 			es, c := enginetest.Engines(t, exampleServer, 4)
-			key, binding := enginetest.NewKey(t), 100
+			key := enginetest.NewKey(t)
 			results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
 				return e.AllowPolicy(context.Background(), key, p, 1)
 			})
@@ -226,11 +230,11 @@ func TestPolicyMatchesModel(t *testing.T) {
 			denied++
 		}
 		if size := enginetest.StoredEvents(t, c, key); size > 20 || size != int64(len(m.events)) {
-			t.Fatalf("request %d: log size %d, model %d, bound 20", i, size, len(m.events))
+			t.Fatalf("request %d: log size %d, want the model's %d, at most 20", i, size, len(m.events))
 		}
 	}
 	if denied < 200 || denied > 1800 {
-		t.Fatalf("%d of 2000 denied: the walk should exercise both outcomes", denied)
+		t.Fatalf("%d of 2000 denied, want 200 to 1800: the walk should exercise both outcomes", denied)
 	}
 }
 
@@ -252,7 +256,7 @@ func TestPolicyDecidesOnTheServersClock(t *testing.T) {
 		t.Fatalf("RetryAfter %s, want just under an hour", r.RetryAfter)
 	}
 	if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
-		t.Fatalf("At %s is far from the local clock %s", r.At, start)
+		t.Fatalf("At %s, want within a minute of the local clock %s", r.At, start)
 	}
 	// On the server's clock the expiry is the newest entry's time plus the day, rounded up to
 	// the millisecond: up to one more than a day from the millisecond PTTL counts from.
@@ -306,7 +310,7 @@ func TestPolicyOneLimitIsAllowN(t *testing.T) {
 		}
 		a.Entry.Key, b.Entry.Key = "", ""
 		if a != b {
-			t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
+			t.Fatalf("request %d: AllowPolicy %+v, want AllowN's %+v", i, b, a)
 		}
 	}
 	key := enginetest.NewKey(t) + "3"
@@ -360,7 +364,7 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 					}
 					r, err := tc.e.AllowPolicy(ctx, key, tc.p, tc.n)
 					if r.Allowed {
-						t.Fatalf("refused call returned an admitting Result %+v", r)
+						t.Fatalf("refused call returned an admitting Result %+v, want none", r)
 					}
 					return err
 				})
@@ -436,7 +440,7 @@ func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
 		}
 	}
 	if allowed < 50 || denied < 50 {
-		t.Fatalf("%d admitted, %d denied: the sequence should exercise both", allowed, denied)
+		t.Fatalf("%d admitted, %d denied, want at least 50 of each: the sequence should exercise both", allowed, denied)
 	}
 	// One limit: PeekPolicy is Peek.
 	l := engine.PerSecond(4)

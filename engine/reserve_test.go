@@ -115,7 +115,7 @@ func TestReservationAgainstModel(t *testing.T) {
 					}
 				}
 				if live != m.count(us) {
-					t.Fatalf("seed %d op %d: the log holds %d events in the window, the model %d", seed, op, live, m.count(us))
+					t.Fatalf("seed %d op %d: the log holds %d events in the window, want the model's %d", seed, op, live, m.count(us))
 				}
 			}
 		}
@@ -251,6 +251,6 @@ func TestReservationBadInputRefused(t *testing.T) {
 		}
 	}
 	if log := enginetest.Log(t, exampleServer.Client(t), enginetest.Prefix, key); log.Events != 0 {
-		t.Fatalf("refused reservations wrote %d events", log.Events)
+		t.Fatalf("refused reservations wrote %d events, want 0", log.Events)
 	}
 }

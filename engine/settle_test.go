@@ -275,7 +275,7 @@ func TestRefundsKeepTheLogBounded(t *testing.T) {
 			for i := 0; i < pairs; i++ {
 				r := enginetest.MustAllowN(t, e, key, l, 1)
 				if !r.Allowed {
-					t.Fatalf("pair %d: denied with %d live events of 5: %+v", i, tc.live, r)
+					t.Fatalf("pair %d: denied with %d live events of 5: %+v, want an admission", i, tc.live, r)
 				}
 				if err := e.Refund(context.Background(), key, r); err != nil {
 					t.Fatal(err)
@@ -363,6 +363,6 @@ func TestRefundsBoundedAndExactUnderConcurrency(t *testing.T) {
 		t.Fatalf("the log holds %d events, want %d: a refund took another request's events", log.Events, kept)
 	}
 	if log.Count > 2*live+1 {
-		t.Fatalf("the log holds %d entries for %d live ones: refunded entries pile up", log.Count, live)
+		t.Fatalf("the log holds %d entries for %d live ones, want at most %d: refunded entries pile up", log.Count, live, 2*live+1)
 	}
 }

@@ -29,7 +29,7 @@ func TestWaitAdmitsEachWaiterAtTheLimitsRate(t *testing.T) {
 			defer cancel()
 			r, err := es[g%2].Wait(ctx, key, l)
 			if err != nil || !r.Allowed {
-				t.Errorf("waiter %d: %+v, %v", g, r, err)
+				t.Errorf("waiter %d: %+v, %v; want an admission", g, r, err)
 				return
 			}
 			mu.Lock()

@@ -56,7 +56,7 @@ func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 		e.decides.exec(ctx, nil, batched, &scratch{})
 		for i, cl := range []*call[request]{single, batched[1]} {
 			if cl.err != nil || cl.req.replyErr != nil {
-				t.Fatalf("decision %d: %v %v", i, cl.err, cl.req.replyErr)
+				t.Fatalf("decision %d: %v %v; want a decision", i, cl.err, cl.req.replyErr)
 			}
 			got[i] = cl.req.d
 		}
@@ -166,7 +166,7 @@ return r`
 	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", dec(2, 250)), 2)
 	if calls[0].err == nil || !strings.HasPrefix(calls[0].err.Error(), "BADLAYOUT") || calls[1].err != nil ||
 		calls[1].req.replyErr != nil || calls[1].req.d.retryAfter != 250 {
-		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0], calls[1])
+		t.Fatalf("an error reply, then a denial: %+v, %+v; want BADLAYOUT for the first, a denial with retryAfter 250 for the second", calls[0], calls[1])
 	}
 	for name, vals := range map[string][]string{
 		"empty string":            {""},
@@ -238,6 +238,6 @@ func TestServerClockIsTheScripts(t *testing.T) {
 		t.Fatal("decide.lua defines no SERVER_CLOCK")
 	}
 	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
-		t.Fatalf("decide.lua's SERVER_CLOCK is %d, the engine's %d", got, serverClock)
+		t.Fatalf("decide.lua's SERVER_CLOCK is %d, want the engine's %d", got, serverClock)
 	}
 }
