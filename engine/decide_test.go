@@ -451,7 +451,7 @@ func TestWeightedExactUnderConcurrency(t *testing.T) {
 			admitted := auditWeighted(t, ds, l)
 			t.Logf("%d decisions, %d events admitted over about 5 windows of Max %d", len(ds), admitted, l.Max)
 			if admitted < 4*l.Max {
-				t.Fatalf("admitted %d events over 5 windows of Max %d: the limit was not reached", admitted, l.Max)
+				t.Fatalf("admitted %d events over 5 windows of Max %d, want at least %d: the limit was not reached", admitted, l.Max, 4*l.Max)
 			}
 		})
 	}
