@@ -4,15 +4,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // The cluster scenario, small and short, on a cluster of its own: one row unbatched (one
 // decision per script call) and one batched, whose calls carry several decisions on keys of
 // many slots, both deciding every request without error.
 func TestClusterScenario(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster; skipped with -short")
-	}
+	valkeytest.SkipIfShort(t, "runs the bench program's cluster scenario on a cluster of its own")
 	r, out, _ := runBench(t, config{Duration: 500 * time.Millisecond, Concurrency: 32, Clients: 2, Keys: 1000, Limit: 20,
 		Window: time.Second, Scenario: "cluster"})
 	for _, want := range []string{"### Cluster: 3 primaries, 1000 keys", "| atomic |", "| batched |", "batched / atomic (unbatched)"} {

@@ -4,11 +4,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // The floor scenario alone, briefly, against a test server: every row is there, in order, with
 // positive figures, and the table and decide.lua's line against the target are printed.
 func TestFloorScenarioReportsEveryRow(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the bench program's floor scenario")
 	r, out, _ := runBench(t, config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
 		Window: 100 * time.Millisecond, Scenario: "floor"})
 	if len(r.Exactness)+len(r.Throughput)+len(r.Memory)+len(r.Ceiling) > 0 {

@@ -36,6 +36,7 @@ func runBench(t *testing.T, cfg config) (r Report, out, progress *bytes.Buffer) 
 // The whole program, small and short, against a real server: its figures must say what the
 // modes do. Atomic is exact; pipelined logs every attempt.
 func TestRunReportsEveryScenario(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the whole bench program")
 	chartsDir := filepath.Join(t.TempDir(), "charts")
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
 		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir, QuotaRequests: 20_000}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // The quota scenario alone, at 20,000 requests over the 30 days instead of a million: every
@@ -11,6 +13,7 @@ import (
 // calendar keys their counter, every key is within its target, and the server-cost rows have
 // positive figures.
 func TestQuotaScenarioReportsEveryRow(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the bench program's quota scenario")
 	r, out, progress := runBench(t, config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
 		Window: 100 * time.Millisecond, Scenario: "quota", QuotaRequests: 20_000})
 	if len(r.Exactness)+len(r.Throughput)+len(r.Memory)+len(r.ServerCost)+len(r.Floor) > 0 {

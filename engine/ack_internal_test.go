@@ -9,10 +9,10 @@ import (
 )
 
 // An admission passes only with everything asked for; what is missing is named.
-func TestAckingCheck(t *testing.T) {
+func TestAckCheckNamesWhatIsMissing(t *testing.T) {
 	both := ackPolicy{replicas: 1, timeout: time.Second, aofLocal: 1, aofReplicas: 1, aofTimeout: 2 * time.Second}
 	if err := both.check(context.Background(), ackReplies{replicas: 1, aofSent: true, aofLocal: 1, aofReplicas: 2}); err != nil {
-		t.Fatalf("everything acknowledged: %v", err)
+		t.Fatalf("everything acknowledged: %v, want nil", err)
 	}
 	for _, tc := range []struct {
 		got  ackReplies
@@ -29,22 +29,19 @@ func TestAckingCheck(t *testing.T) {
 	}
 	if err := both.check(context.Background(), ackReplies{err: errors.New("dial tcp: connection refused"), failed: "WAITAOF"}); !errors.Is(err, ErrUnavailable) ||
 		!strings.HasPrefix(err.Error(), "WAITAOF: ") {
-		t.Errorf("a WAITAOF that could not answer: %v", err)
+		t.Errorf("a WAITAOF that could not answer: %v, want ErrUnavailable starting with \"WAITAOF: \"", err)
 	}
-	if (ackPolicy{}).on() || !(ackPolicy{aofReplicas: 1}).on() || (ackPolicy{aofReplicas: 1}).wait() {
-		t.Error("on/wait/waitAOF disagree with the counts")
-	}
-	if ceilUnits(time.Millisecond, time.Millisecond+1) != 2 || ceilUnits(time.Millisecond, time.Second) != 1000 ||
-		ceilUnits(time.Millisecond, 0) != 0 || ceilMicros(time.Nanosecond) != 1 {
-		t.Error("ceilUnits does not round up to whole units")
-	}
-}
-
-func TestInfoField(t *testing.T) {
-	text := "# Persistence\r\naof_enabled:1\r\naof_enabled_extra:9\r\n# Replication\r\nrole:master\r\nconnected_slaves:0"
-	for name, want := range map[string]string{"aof_enabled": "1", "role": "master", "connected_slaves": "0", "absent": ""} {
-		if got := infoField(text, name); got != want {
-			t.Errorf("infoField(%q) = %q, want %q", name, got, want)
+	for _, tc := range []struct {
+		a                 ackPolicy
+		on, wait, waitAOF bool
+	}{
+		{ackPolicy{}, false, false, false},
+		{ackPolicy{replicas: 1}, true, true, false},
+		{ackPolicy{aofReplicas: 1}, true, false, true},
+		{ackPolicy{aofLocal: 1}, true, false, true},
+	} {
+		if on, wait, waitAOF := tc.a.on(), tc.a.wait(), tc.a.waitAOF(); on != tc.on || wait != tc.wait || waitAOF != tc.waitAOF {
+			t.Errorf("%+v: on, wait, waitAOF = %v, %v, %v; want %v, %v, %v", tc.a, on, wait, waitAOF, tc.on, tc.wait, tc.waitAOF)
 		}
 	}
 }

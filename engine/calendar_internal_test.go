@@ -18,7 +18,7 @@ func mustZone(t *testing.T, name string) *time.Location {
 	return loc
 }
 
-func TestPeriodString(t *testing.T) {
+func TestPeriodStringNamesThePeriod(t *testing.T) {
 	for p, want := range map[Period]string{Day: "day", Week: "week", Month: "month", Year: "year", 0: "period(0)", 9: "period(9)"} {
 		if got := p.String(); got != want {
 			t.Errorf("Period(%d).String() = %q, want %q", uint8(p), got, want)
@@ -26,7 +26,7 @@ func TestPeriodString(t *testing.T) {
 	}
 }
 
-func TestCalendarConstructors(t *testing.T) {
+func TestCalendarConstructorsBuildTheLimit(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	l := Calendar(1000, Month, berlin).WithBillingDay(15)
 	want := Limit{Max: 1000, Period: Month, Location: berlin, BillingDay: 15}
@@ -34,14 +34,14 @@ func TestCalendarConstructors(t *testing.T) {
 		t.Errorf("Calendar(...).WithBillingDay(15) = %+v, want %+v", l, want)
 	}
 	if !l.IsCalendar() {
-		t.Error("calendar limit: IsCalendar() = false")
+		t.Error("calendar limit: IsCalendar() = false, want true")
 	}
 	if PerSecond(5).IsCalendar() {
-		t.Error("PerSecond(5).IsCalendar() = true")
+		t.Error("PerSecond(5).IsCalendar() = true, want false")
 	}
 }
 
-func TestCalendarTag(t *testing.T) {
+func TestCalendarTagNamesPeriodBillingDayAndZone(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, tc := range []struct {
 		l    Limit
@@ -60,7 +60,7 @@ func TestCalendarTag(t *testing.T) {
 	}
 }
 
-func TestPeriodAt(t *testing.T) {
+func TestPeriodAtFindsTheEnclosingPeriod(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	santiago := mustZone(t, "America/Santiago")
 	utc := func(y int, m time.Month, d, h, min, s, ns int) time.Time {
@@ -204,9 +204,9 @@ func TestPeriodAt(t *testing.T) {
 	}
 }
 
-// TestPeriodAtSweep walks instants across several years and zones, every period kind and
+// TestPeriodAtSweepLeavesNoGap walks instants across several years and zones, every period kind and
 // some billing days: every period holds its instant, and neighbouring periods meet.
-func TestPeriodAtSweep(t *testing.T) {
+func TestPeriodAtSweepLeavesNoGap(t *testing.T) {
 	var limits []Limit
 	for _, zone := range []string{"UTC", "Europe/Berlin", "America/Santiago", "America/Havana", "Australia/Lord_Howe", "Pacific/Apia"} {
 		loc := mustZone(t, zone)
@@ -221,13 +221,13 @@ func TestPeriodAtSweep(t *testing.T) {
 				t.Fatalf("%s: PeriodAt(%s) = [%s, %s) does not hold t", l.calendarTag(), at, start, end)
 			}
 			if s, e := l.PeriodAt(end); !s.Equal(end) || !e.After(end) {
-				t.Fatalf("%s: PeriodAt(%s) = [%s, %s), and the next is [%s, %s)", l.calendarTag(), at, start, end, s, e)
+				t.Fatalf("%s: PeriodAt(%s) = [%s, %s), and the next is [%s, %s); want the next to start at %[4]s and end after it", l.calendarTag(), at, start, end, s, e)
 			}
 		}
 	}
 }
 
-func TestCalendarBoundariesAround(t *testing.T) {
+func TestCalendarBoundariesAroundAreTheNeighbouringPeriods(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, tc := range []struct {
 		l    Limit
@@ -278,13 +278,13 @@ func TestCalendarBoundariesAround(t *testing.T) {
 			nextStart, nextEnd := l.PeriodAt(b[2])
 			if !b[1].Equal(start) || !b[2].Equal(end) || !b[0].Equal(prevStart) || !prevEnd.Equal(start) ||
 				!nextStart.Equal(end) || !b[3].Equal(nextEnd) {
-				t.Fatalf("%s: boundariesAround(%s) = %v, PeriodAt = [%s, %s)", l.calendarTag(), at, b, start, end)
+				t.Fatalf("%s: boundariesAround(%s) = %v, PeriodAt = [%s, %s); want the previous period, this one and the next", l.calendarTag(), at, b, start, end)
 			}
 		}
 	}
 }
 
-func TestValidateCalendar(t *testing.T) {
+func TestValidateCalendarNamesWhatIsWrong(t *testing.T) {
 	berlin := mustZone(t, "Europe/Berlin")
 	for _, l := range []Limit{
 		Calendar(10, Day, berlin), Calendar(10, Week, time.UTC), Calendar(10, Month, time.Local), Calendar(10, Year, berlin),

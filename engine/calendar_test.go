@@ -11,6 +11,7 @@ import (
 	"time"
 	_ "time/tzdata" // Europe/Berlin loads even where the machine has no zoneinfo
 
+	"github.com/google/uuid"
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -226,7 +227,7 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 				t.Fatalf("%s\nwant allowed %v, %d remaining, retry after %s, window %s", what, s.allowed, s.remaining, retry, s.window)
 			}
 			if peek.Allowed != r.Allowed || peek.RetryAfter != r.RetryAfter || peek.Window != r.Window {
-				t.Fatalf("%s\nPeekPolicy before it: %+v", what, peek)
+				t.Fatalf("%s\nPeekPolicy before it: %+v; want the same Allowed, RetryAfter and Window", what, peek)
 			}
 			if s.window == november && r.QuotaAfter != monthEnd.Sub(clock.now) {
 				t.Fatalf("%s\nwant quota after %s (the month's end)", what, monthEnd.Sub(clock.now))
@@ -241,10 +242,10 @@ func TestCalendarPolicyAllOrNothing(t *testing.T) {
 			// Counted against neither: the month's counter and the sliding log are unchanged
 			// (the denial's trim may only drop entries that left the second).
 			if calendarPeriods(after.Periods) != calendarPeriods(before.Periods) {
-				t.Fatalf("%s\nthe month's counters went from %s to %s", what, calendarPeriods(before.Periods), calendarPeriods(after.Periods))
+				t.Fatalf("%s\nthe month's counters went from %s to %s, want them unchanged", what, calendarPeriods(before.Periods), calendarPeriods(after.Periods))
 			}
 			if after.Count > before.Count || after.Events > before.Events {
-				t.Fatalf("%s\nthe log went from %d entries (%d events) to %d (%d)", what, before.Count, before.Events, after.Count, after.Events)
+				t.Fatalf("%s\nthe log went from %d entries (%d events) to %d (%d), want no more", what, before.Count, before.Events, after.Count, after.Events)
 			}
 			if r.ResetAfter != monthEnd.Sub(clock.now) {
 				t.Fatalf("%s\nwant reset after %s: the month's counter holds events until it ends", what, monthEnd.Sub(clock.now))
@@ -462,7 +463,7 @@ func nextUTCMidnight(t time.Time) time.Time {
 // Refunds and settles give a calendar request's cost back to the counter of the period that
 // holds its decision time: alone (no entry), in a policy of two periods, after its entry left a
 // policy's sliding window, and not at all once that period ended.
-func TestCalendarRefundAndSettle(t *testing.T) {
+func TestCalendarRefundGivesBackToItsPeriod(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)
 	remaining := func(t *testing.T, e *engine.Engine, key string, l engine.Limit) int {
@@ -498,7 +499,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 			t.Fatalf("after refunding 3: %d remaining, want 6", got)
 		}
 		if after := enginetest.PTTL(t, c, enginetest.Prefix+key); after <= 0 || after > ttl {
-			t.Fatalf("PTTL %d after the refund, was %d", after, ttl)
+			t.Fatalf("PTTL %d after the refund, was %d; want it kept (positive, no later)", after, ttl)
 		}
 		mustSettle(t, e, key, r2, 1) // 4 -> 1
 		if got := remaining(t, e, key, l); got != 9 {
@@ -521,7 +522,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 		full := enginetest.MustAllowN(t, e, key, l, 10)
 		denied := enginetest.MustAllowN(t, e, key, l, 1)
 		if !full.Allowed || denied.Allowed {
-			t.Fatalf("fill: %+v, then %+v", full, denied)
+			t.Fatalf("fill: %+v, then %+v; want the fill admitted, then a denial", full, denied)
 		}
 		if err := e.Refund(ctx, key, denied); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Fatalf("Refund of a denial: %v, want ErrInvalidArgument", err)
@@ -614,7 +615,7 @@ func TestCalendarRefundAndSettle(t *testing.T) {
 
 // Every invalid calendar limit, and two calendar limits of the same periods in a Policy, are
 // refused with ErrInvalidArgument by every call, before anything is sent.
-func TestCalendarBadInput(t *testing.T) {
+func TestCalendarBadInputRefused(t *testing.T) {
 	ctx := context.Background()
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
@@ -622,7 +623,7 @@ func TestCalendarBadInput(t *testing.T) {
 	absent := func(t *testing.T, key string) {
 		t.Helper()
 		if ttl := enginetest.PTTL(t, c, enginetest.Prefix+key); ttl != -2 {
-			t.Fatalf("PTTL %d: the key exists after a refused call", ttl)
+			t.Fatalf("PTTL %d after a refused call, want -2 (no key)", ttl)
 		}
 	}
 
@@ -706,7 +707,7 @@ func TestCalendarBadInput(t *testing.T) {
 				t.Errorf("%s: Validate: %v", p, err)
 			}
 			if r, err := e.AllowPolicy(ctx, enginetest.NewKey(t), p, 1); err != nil || !r.Allowed {
-				t.Errorf("%s: AllowPolicy: %+v, %v", p, r, err)
+				t.Errorf("%s: AllowPolicy: %+v, %v; want an admission", p, r, err)
 			}
 		}
 	})
@@ -714,10 +715,11 @@ func TestCalendarBadInput(t *testing.T) {
 
 // A calendar limit's key is one counter, whatever the number of events: a month of a million
 // after a thousand admissions is a few dozen bytes; beside a per-second limit, its ten entries.
-func TestCalendarMemory(t *testing.T) {
+func TestCalendarMemoryIsOneCounter(t *testing.T) {
 	c := exampleServer.Client(t)
 
-	key, month := enginetest.NewKey(t), engine.Calendar(1_000_000, engine.Month, time.UTC)
+	// Keys of a fixed length, whatever the test's name: MEMORY USAGE counts the key's name.
+	key, month := "calendar-memory:"+uuid.NewString(), engine.Calendar(1_000_000, engine.Month, time.UTC)
 	if _, end := month.PeriodAt(time.Now()); time.Until(end) < 5*time.Second {
 		time.Sleep(time.Until(end) + 100*time.Millisecond) // not across a month's end
 	}
@@ -726,7 +728,7 @@ func TestCalendarMemory(t *testing.T) {
 	for range 1000 {
 		last = enginetest.MustAllowN(t, e, key, month, 1)
 		if !last.Allowed {
-			t.Fatalf("denied: %+v", last)
+			t.Fatalf("denied: %+v, want an admission", last)
 		}
 	}
 	if last.Entry.Key != enginetest.Prefix+key {
@@ -744,11 +746,11 @@ func TestCalendarMemory(t *testing.T) {
 
 	clock := &steppedClock{now: time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)}
 	ce := enginetest.New(t, c, engine.WithClock(clock.Now))
-	pkey, p := enginetest.NewKey(t), engine.Policy{engine.PerSecond(10), month}
+	pkey, p := "calendar-memory:"+uuid.NewString(), engine.Policy{engine.PerSecond(10), month}
 	for i := range 10 {
 		clock.now = clock.now.Add(time.Duration(i) * 20 * time.Millisecond)
 		if r := enginetest.MustAllowPolicy(t, ce, pkey, p, 1); !r.Allowed {
-			t.Fatalf("admission %d denied: %+v", i+1, r)
+			t.Fatalf("admission %d denied: %+v, want it admitted", i+1, r)
 		}
 	}
 	size = memoryUsage(t, c, pkey)
@@ -792,7 +794,7 @@ func TestCalendarServerClockPicksPeriod(t *testing.T) {
 		t.Fatalf("3rd request: %+v\nwant denied until %s (retry/quota/reset after %s), window 24h", r, end, end.Sub(r.At))
 	}
 	if !end.Equal(midnight) || (r.RetryAfter-local).Abs() > 50*time.Millisecond {
-		t.Fatalf("3rd request: retry after %s, and the next UTC midnight is %s away", r.RetryAfter, local)
+		t.Fatalf("3rd request: retry after %s, the period ends %s; want the next UTC midnight %s, %s away", r.RetryAfter, end, midnight, local)
 	}
 	if ttl := time.Duration(enginetest.PTTL(t, c, enginetest.Prefix+key)) * time.Millisecond; (ttl - r.RetryAfter).Abs() > time.Second {
 		t.Fatalf("PTTL %s, want about %s: the key lasts until midnight", ttl, r.RetryAfter)
@@ -813,7 +815,7 @@ func TestCalendarServerClockPicksPeriod(t *testing.T) {
 // The deny cache holds a full calendar limit's denial until the period ends, counting
 // RetryAfter down; a Refund through the same engine clears it, and the next request goes to
 // the server and is admitted.
-func TestCalendarDenyCache(t *testing.T) {
+func TestCalendarDenyCacheHoldsUntilThePeriodEnds(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)
 	end := time.Date(2026, 6, 11, 0, 0, 0, 0, time.UTC)

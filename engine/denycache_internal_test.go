@@ -23,7 +23,7 @@ func TestDenyCacheBoundsAKeysDenials(t *testing.T) {
 		t.Fatalf("the key keeps %d denials, want at most %d", n, maxDenialsPerKey)
 	}
 	if _, ok := c.lookup("k", last, 1, now.Add(time.Second)); !ok {
-		t.Fatal("the newest denial is gone")
+		t.Fatal("lookup of the newest denial found nothing, want it answered")
 	}
 	// Denials that ran out leave first.
 	c.store("k", newLimitSet([]Limit{{Max: 1, Window: time.Second}}), 1, Result{RetryAfter: time.Second}, now.Add(2*time.Minute), now.Add(2*time.Minute))

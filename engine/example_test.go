@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/engine"
-	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // The examples connect to Valkey as a program would, each with a client of its own: at the
@@ -22,30 +20,6 @@ import (
 // VALKEY_ADDR already names a server), so that the examples run and their Output is checked.
 // Each example keys its counts by a UUID, so its output is the same on every run, whatever
 // the server holds.
-
-// exampleServer is the Valkey the package's tests share, started by TestMain.
-var exampleServer *valkeytest.Server
-
-func TestMain(m *testing.M) {
-	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) {
-		exampleServer = s
-		// The examples find the server where a reader's copy of them would: in VALKEY_ADDR.
-		// Tests that need a server of their own ask for one with valkeytest.OwnServer.
-		os.Setenv(valkeytest.EnvAddr, s.Addr)
-	}))
-}
-
-// exampleClient connects to the tests' server, for tests; the examples connect on their own.
-func exampleClient() valkey.Client {
-	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{exampleServer.Addr}})
-	if err != nil {
-		panic(err)
-	}
-	return c
-}
-
-// exampleKey is a key no other run uses, so that a test's counts start from nothing.
-func exampleKey(name string) string { return "example:" + name + ":" + uuid.NewString() }
 
 func ExampleEngine_Allow() {
 	// Valkey at $VALKEY_ADDR, else on this host's default port.

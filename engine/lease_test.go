@@ -15,120 +15,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
-
-// leaseKey is the full name of key's lease set under the tests' prefix.
-func leaseKey(key string) string { return enginetest.Prefix + engine.LeaseNamespace + key }
-
-func mustAcquire(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Lease {
-	t.Helper()
-	l, err := e.Acquire(context.Background(), key, max, ttl)
-	if err != nil {
-		t.Fatalf("Acquire(%q, max %d, ttl %s): %v", key, max, ttl, err)
-	}
-	if l.ID == uuid.Nil || l.Key != key || l.BackendErr != nil {
-		t.Fatalf("Acquire granted %+v: want a lease of %q with an id", l, key)
-	}
-	return l
-}
-
-// mustDeny acquires and wants a denial; it returns the denial's times as a Result: At, the
-// wait until the soonest lease expires (RetryAfter) and until the last one does (ResetAfter).
-func mustDeny(t *testing.T, e *engine.Engine, key string, max int, ttl time.Duration) engine.Result {
-	t.Helper()
-	l, err := e.Acquire(context.Background(), key, max, ttl)
-	var denied *engine.LeaseDeniedError
-	if !errors.As(err, &denied) || !errors.Is(err, engine.ErrRateLimitExceeded) {
-		t.Fatalf("Acquire(%q, max %d) = %+v, %v; want a *LeaseDeniedError matching ErrRateLimitExceeded", key, max, l, err)
-	}
-	if denied.Key != key || denied.Max != max || denied.Holders < max || denied.RetryAfter() <= 0 || denied.LastExpiry.Before(denied.NextExpiry) {
-		t.Fatalf("denial %+v: want key %q, max %d, at least that many holders and a positive RetryAfter", denied, key, max)
-	}
-	return engine.Result{At: denied.At, RetryAfter: denied.RetryAfter(), ResetAfter: denied.LastExpiry.Sub(denied.At)}
-}
-
-func mustRelease(t *testing.T, e *engine.Engine, l engine.Lease) {
-	t.Helper()
-	if err := e.Release(context.Background(), l); err != nil {
-		t.Fatalf("Release(%s): %v", l.ID, err)
-	}
-}
-
-// leaseCount is how many leases key's set holds, expired ones not dropped yet included.
-func leaseCount(t *testing.T, c valkey.Client, key string) int64 {
-	t.Helper()
-	return valkeytest.Must(t, "ZCARD", c.Do(context.Background(), c.B().Zcard().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64)
-}
-
-// holderAudit is what auditHolders saw.
-type holderAudit struct {
-	peak, denials, through int64
-}
-
-// auditHolders runs goroutines over the engines, each taking a slot of key (max at once)
-// rounds times: acquire, raise a counter of holders, hold a random 1-10 ms, lower the counter,
-// release. A denied goroutine waits the denial's RetryAfter or a few milliseconds, whichever
-// is shorter (a release frees a slot sooner than an expiry), and tries again. It returns the
-// most holders the counter saw at once, the denials, and how many goroutines got through
-// every round before ctx's deadline.
-func auditHolders(t *testing.T, ctx context.Context, es []*engine.Engine, key string, max, goroutines, rounds int) holderAudit {
-	t.Helper()
-	var (
-		holders, peak, denials, through atomic.Int64
-		wg                              sync.WaitGroup
-		errs                            = make(chan error, goroutines)
-		start                           = make(chan struct{})
-	)
-	for g := 0; g < goroutines; g++ {
-		e := es[g%len(es)]
-		rng := rand.New(rand.NewPCG(uint64(g), 12))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for done := 0; done < rounds; {
-				l, err := e.Acquire(ctx, key, max, 10*time.Second)
-				if denied := (*engine.LeaseDeniedError)(nil); errors.As(err, &denied) {
-					denials.Add(1)
-					pause := min(denied.RetryAfter(), time.Duration(1+rng.IntN(4))*time.Millisecond)
-					select {
-					case <-ctx.Done():
-						errs <- fmt.Errorf("goroutine %d: %d of %d rounds before the deadline", g, done, rounds)
-						return
-					case <-time.After(pause):
-					}
-					continue
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				n := holders.Add(1)
-				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-				}
-				time.Sleep(time.Duration(1+rng.IntN(10)) * time.Millisecond)
-				holders.Add(-1)
-				if err := e.Release(ctx, l); err != nil {
-					errs <- err
-					return
-				}
-				done++
-			}
-			through.Add(1)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	return holderAudit{peak: peak.Load(), denials: denials.Load(), through: through.Load()}
-}
 
 // 64 goroutines over 4 clients take slots of one key, max 5 at once: the holders counted on
 // this side never exceed 5, everyone gets through, and every slot is given back.
@@ -152,7 +44,7 @@ func TestLeaseHoldersNeverExceedMax(t *testing.T) {
 // Denied: RetryAfter is the wait until the soonest lease expires, ResetAfter until the last
 // one does, exact to the microsecond on the clock that decided; the key lives as long as its
 // last lease and no longer.
-func TestLeaseDeniedRetryAfter(t *testing.T) {
+func TestLeaseDenialRetriesAtTheSoonestExpiry(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -166,7 +58,7 @@ func TestLeaseDeniedRetryAfter(t *testing.T) {
 	b := mustAcquire(t, e, key, 2, 20*time.Second)
 	enginetest.Want(t, "second lease: remaining", b.Remaining, 0)
 	if b.ID == a.ID {
-		t.Fatalf("two leases share the id %s", a.ID)
+		t.Fatalf("two leases share the id %s, want an id each", a.ID)
 	}
 	// On a caller's clock the key's expiry is relative, with 2 ms more for the server's
 	// millisecond (lib_lease.lua).
@@ -198,7 +90,7 @@ func wantTime(t *testing.T, what string, got, wantT time.Time) {
 
 // Extend keeps a long holder's slot past its first ttl; a lease that expired, even by a
 // microsecond and not dropped yet, cannot be extended, and the error says so.
-func TestLeaseExtend(t *testing.T) {
+func TestLeaseExtendKeepsOnlyAHeldLease(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	ctx, key, ttl := context.Background(), enginetest.NewKey(t), 10*time.Second
@@ -239,16 +131,16 @@ func TestLeaseExtend(t *testing.T) {
 		t.Fatal(err)
 	}
 	if l.Expires.Sub(l.At) != time.Minute || time.Since(l.At).Abs() > time.Minute {
-		t.Fatalf("extended on the server's clock: At %s, Expires %s", l.At, l.Expires)
+		t.Fatalf("extended on the server's clock: At %s, Expires %s; want Expires a minute after At, At about now", l.At, l.Expires)
 	}
 	if ttl := enginetest.PTTL(t, c, leaseKey(key)); ttl < 50_000 {
-		t.Fatalf("lease key PTTL %d ms after extending to a minute", ttl)
+		t.Fatalf("lease key PTTL %d ms after extending to a minute, want at least 50000", ttl)
 	}
 }
 
 // Release is idempotent, a no-op once the lease expired, and never frees another holder's
 // slot: not when released twice, not when its slot was taken again after it expired.
-func TestLeaseRelease(t *testing.T) {
+func TestLeaseReleaseNeverFreesAnotherHoldersSlot(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key, ttl := enginetest.NewKey(t), 10*time.Second
@@ -277,7 +169,7 @@ func TestLeaseRelease(t *testing.T) {
 	mustRelease(t, e, a)
 	enginetest.Want(t, "leases after releasing an expired one", leaseCount(t, c, key), int64(0))
 	if n := valkeytest.Must(t, "EXISTS", c.Do(context.Background(), c.B().Exists().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64); n != 0 {
-		t.Fatalf("the lease key outlives its last lease")
+		t.Fatalf("the lease key exists after its last lease was released, want it gone")
 	}
 }
 
@@ -305,7 +197,7 @@ func TestLeaseKeysApartFromRateLimitLogs(t *testing.T) {
 
 // Every invalid input is refused with ErrInvalidArgument before anything is sent: the lease
 // set keeps its leases and its expiry, or stays absent.
-func TestLeaseInvalidArguments(t *testing.T) {
+func TestLeaseInvalidArgumentsChangeNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e := enginetest.New(t, c)
@@ -353,11 +245,11 @@ func TestLeaseInvalidArguments(t *testing.T) {
 				}
 				after := valkeytest.Must(t, "ZRANGE", c.Do(ctx, c.B().Zrange().Key(leaseKey(key)).Min("0").Max("-1").Withscores().Build()), valkey.ValkeyResult.AsStrSlice)
 				if fmt.Sprint(after) != fmt.Sprint(before) {
-					t.Fatalf("leases changed from %v to %v", before, after)
+					t.Fatalf("leases changed from %v to %v, want them unchanged", before, after)
 				}
 				// A minute, rounded up to the millisecond on the server's clock.
 				if ttl := enginetest.PTTL(t, c, leaseKey(key)); existing && (ttl <= 0 || ttl > 60_001) || !existing && ttl != -2 {
-					t.Fatalf("PTTL %d after a refused call", ttl)
+					t.Fatalf("PTTL %d after a refused call, want the minute set before (0 to 60001) or -2 (no key)", ttl)
 				}
 			})
 		}
@@ -380,6 +272,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 		holdLeaseUntilKilled(t, spec)
 		return
 	}
+	valkeytest.SkipIfShort(t, "starts an OS process and kills it")
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()
@@ -431,7 +324,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 	}
 	score := valkeytest.Must(t, "ZSCORE", c.Do(ctx, c.B().Zscore().Key(leaseKey(key)).Member(string(id[:])).Build()), valkey.ValkeyResult.AsFloat64)
 	if int64(score) != expiresUs {
-		t.Fatalf("the dead child's lease is stored to expire at %d µs, it said %d", int64(score), expiresUs)
+		t.Fatalf("the dead child's lease is stored to expire at %d µs, want the %d it said", int64(score), expiresUs)
 	}
 	// The key goes away with the lease: its expiry is the lease's, rounded up to a millisecond.
 	expireAt := valkeytest.Must(t, "PEXPIRETIME", c.Do(ctx, c.B().Pexpiretime().Key(leaseKey(key)).Build()), valkey.ValkeyResult.AsInt64)
@@ -449,7 +342,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 		if errors.As(err, &denied) {
 			r := engine.Result{At: denied.At, RetryAfter: denied.RetryAfter()}
 			if !r.At.Before(expires) || r.RetryAfter != expires.Sub(r.At) {
-				t.Fatalf("denied at %s with RetryAfter %s; the dead lease expires at %s", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
+				t.Fatalf("denied at %s with RetryAfter %s; want a denial before the dead lease's expiry at %s, retrying at it", r.At.Format(time.StampMicro), r.RetryAfter, expires.Format(time.StampMicro))
 			}
 			denials++
 			// Halve the wait down to the last few milliseconds, then try densely: a slot
@@ -465,7 +358,7 @@ func TestLeaseHolderKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		if l.At.Before(expires) {
-			t.Fatalf("granted at %s, before the dead lease expired at %s", l.At.Format(time.StampMicro), expires.Format(time.StampMicro))
+			t.Fatalf("granted at %s, want no grant before the dead lease expired at %s", l.At.Format(time.StampMicro), expires.Format(time.StampMicro))
 		}
 		if denials == 0 {
 			t.Fatalf("granted at the first try, %s after the lease's expiry: the child's lease ran out before it was killed (ttl %s too short for this machine)", l.At.Sub(expires), ttl)
@@ -538,4 +431,295 @@ func TestLeaseFailOpenAndFailClosed(t *testing.T) {
 	if _, err := open.Acquire(cancelled, key, 2, ttl); !errors.Is(err, context.Canceled) {
 		t.Fatalf("fail-open Acquire with a cancelled context: %v; want context.Canceled", err)
 	}
+}
+
+// A denied Acquire says what a holder-to-be needs: a *LeaseDeniedError (matching
+// ErrRateLimitExceeded) with the holders, the key's max, and when the first and the last held
+// lease expire.
+func TestLeaseDenialSaysWhoHoldsAndUntilWhen(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	e, clock := enginetest.Clocked(t, c)
+	key := enginetest.NewKey(t)
+	first, err := e.Acquire(ctx, key, 2, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(enginetest.T0.Add(time.Second))
+	last, err := e.Acquire(ctx, key, 2, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(enginetest.T0.Add(4 * time.Second))
+	_, err = e.Acquire(ctx, key, 2, time.Second)
+	var denied *engine.LeaseDeniedError
+	if !errors.As(err, &denied) || !errors.Is(err, engine.ErrRateLimitExceeded) {
+		t.Fatalf("Acquire of a full key: %v, want a *LeaseDeniedError matching ErrRateLimitExceeded", err)
+	}
+	want := engine.LeaseDeniedError{Key: key, Max: 2, Holders: 2, At: enginetest.T0.Add(4 * time.Second),
+		NextExpiry: first.Expires, LastExpiry: last.Expires}
+	if denied.Key != want.Key || denied.Max != want.Max || denied.Holders != want.Holders || !denied.At.Equal(want.At) ||
+		!denied.NextExpiry.Equal(want.NextExpiry) || !denied.LastExpiry.Equal(want.LastExpiry) {
+		t.Fatalf("denial %+v, want %+v", *denied, want)
+	}
+	enginetest.Want(t, "RetryAfter", denied.RetryAfter(), 6*time.Second)
+}
+
+// The leases of a key are a sorted set: a lease key that holds anything else is refused by
+// Acquire, Extend and Release with ErrUnknownLayout, and left as it was.
+func TestLeaseKeyOfAnotherTypeIsRefused(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	e := enginetest.New(t, c, engine.WithFailOpen(true))
+	key := enginetest.NewKey(t)
+	full := enginetest.Prefix + engine.LeaseNamespace + key
+	if err := c.Do(ctx, c.B().Set().Key(full).Value("not leases").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	before := stateOf(t, c, full)
+	lease := engine.Lease{Key: key, ID: uuid.New()}
+	for name, call := range map[string]func() error{
+		"Acquire": func() error { _, err := e.Acquire(ctx, key, 2, time.Minute); return err },
+		"Extend":  func() error { _, err := e.Extend(ctx, lease, time.Minute); return err },
+		"Release": func() error { return e.Release(ctx, lease) },
+	} {
+		if err := call(); !errors.Is(err, engine.ErrUnknownLayout) || !containsAll(err.Error(), key, "a string") {
+			t.Errorf("%s of a lease key holding a string: %v; want ErrUnknownLayout naming the key and a string", name, err)
+		}
+		wantUntouched(t, c, name, full, before)
+	}
+}
+
+// Lease calls are counted as decisions are: operation acquire, extend or release, with their
+// outcome, a duration each; fail-open and errors as for decisions.
+func TestLeaseMetricsCountEveryOutcome(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(ctx)
+	e, clock := enginetest.Clocked(t, c, engine.WithMeterProvider(mp))
+	open := enginetest.New(t, c, engine.WithMeterProvider(mp), engine.WithFailOpen(true))
+	key := enginetest.NewKey(t)
+
+	held, err := e.Acquire(ctx, key, 1, time.Second) // acquire/allowed
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Acquire(ctx, key, 1, time.Second); !errors.Is(err, engine.ErrRateLimitExceeded) { // acquire/denied
+		t.Fatalf("second holder of one slot: %v", err)
+	}
+	if held, err = e.Extend(ctx, held, time.Second); err != nil { // extend/allowed
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, held); err != nil { // release/allowed
+		t.Fatal(err)
+	}
+	if err := e.Release(ctx, held); err != nil { // release/denied: nothing to release
+		t.Fatal(err)
+	}
+	clock.Set(clock.Now().Add(time.Hour))
+	if _, err := e.Extend(ctx, held, time.Second); !errors.Is(err, engine.ErrLeaseExpired) { // extend/denied
+		t.Fatalf("extend of a released lease: %v", err)
+	}
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if l, err := open.Acquire(tctx, key, 1, time.Second); err != nil || l.BackendErr == nil { // acquire/fail_open
+		t.Fatalf("fail-open with the server down: %+v, %v", l, err)
+	}
+	if err := e.Release(tctx, held); err == nil { // release/error
+		t.Fatal("release with the server down: no error")
+	}
+
+	got := collected(t, reader)
+	want := map[string]int64{
+		"acquire/allowed": 1, "acquire/denied": 1, "acquire/fail_open": 1,
+		"extend/allowed": 1, "extend/denied": 1,
+		"release/allowed": 1, "release/denied": 1, "release/error": 1,
+	}
+	for _, name := range []string{"strictrate.decisions", "strictrate.decision.duration"} {
+		for attrs, n := range want {
+			if got[name][attrs] != n {
+				t.Errorf("%s{%s} = %d, want %d (all: %v)", name, attrs, got[name][attrs], n, got[name])
+			}
+		}
+		if len(got[name]) != len(want) {
+			t.Errorf("%s has points %v, want exactly %v", name, got[name], want)
+		}
+	}
+}
+
+// abandonedTTL is the ttl of the leases these tests abandon: far beyond any bound they wait
+// for, so that a lease left behind is found held, not expired.
+const abandonedTTL = time.Hour
+
+// waitNoLeases waits, with a generous bound, until none of keys holds a lease.
+func waitNoLeases(t *testing.T, c valkey.Client, what string, keys ...string) {
+	t.Helper()
+	if err := valkeytest.WaitFor(context.Background(), 30*time.Second, what, func() (bool, error) {
+		for _, key := range keys {
+			if leaseCount(t, c, key) != 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		for _, key := range keys {
+			t.Logf("key %q holds %d leases", key, leaseCount(t, c, key))
+		}
+		t.Fatal(err)
+	}
+}
+
+// An Acquire whose caller gives up while the server does not answer (its deadline passes, or
+// it is cancelled; fail-closed or fail-open) holds nothing once the server answers again: the
+// lease the script grants then, to nobody, is released. A fail-open caller whose deadline
+// passed gets a lease without a slot; a cancelled one its context's error. An Extend whose
+// caller gave up leaves the lease to its holder, who then releases it.
+func TestAcquireAbandonedHoldsNoSlot(t *testing.T) {
+	srv := valkeytest.New(t, valkeytest.OwnServer())
+	t.Cleanup(func() { _ = srv.Resume() })
+	admin := srv.Client(t)
+	// Each engine on a client of its own: a call that a deadline cuts short may close its
+	// connection, and must not take another engine's calls with it.
+	closed := enginetest.New(t, srv.Client(t))
+	open := enginetest.New(t, srv.Client(t), engine.WithFailOpen(true))
+	extender := enginetest.New(t, srv.Client(t))
+	ctx := context.Background()
+	held := mustAcquire(t, extender, enginetest.NewKey(t), 1, abandonedTTL)
+	deadlineKey, cancelledKey, openKey := enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)
+	// Each engine's connection is up before the pause: a dial would wait for the server, and
+	// nothing would be sent.
+	mustRelease(t, closed, mustAcquire(t, closed, deadlineKey, 1, abandonedTTL))
+	mustRelease(t, open, mustAcquire(t, open, openKey, 1, abandonedTTL))
+	before := scriptCalls(t, admin)
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 20*time.Millisecond) }
+	// The Extend first: should it wait for a connection's dial, the Acquires' callers have not
+	// left yet, and the server answers well within leaseCleanupTimeout (5 s) of their leaving.
+	dctx, cancel := short()
+	_, err := extender.Extend(dctx, held, abandonedTTL)
+	cancel()
+	if err == nil {
+		t.Fatal("Extend past its deadline, server paused: no error")
+	}
+	dctx, cancel = short()
+	l, err := closed.Acquire(dctx, deadlineKey, 1, abandonedTTL)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || l != (engine.Lease{}) {
+		t.Fatalf("fail-closed Acquire past its deadline, server paused: %+v, %v; want no lease and the deadline's error", l, err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(20*time.Millisecond, cancel)
+	l, err = open.Acquire(cctx, cancelledKey, 1, abandonedTTL)
+	stop.Stop()
+	cancel()
+	if !errors.Is(err, context.Canceled) || l != (engine.Lease{}) {
+		t.Fatalf("fail-open Acquire cancelled, server paused: %+v, %v; want no lease and context.Canceled", l, err)
+	}
+	dctx, cancel = short()
+	l, err = open.Acquire(dctx, openKey, 1, abandonedTTL)
+	cancel()
+	if err != nil || l.BackendErr == nil || l.ID != uuid.Nil {
+		t.Fatalf("fail-open Acquire past its deadline, server paused: %+v, %v; want a lease without a slot, carrying the error", l, err)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The four scripts sent during the pause run once the server does (some of those that ran
+	// may be the releases that follow them).
+	if err := valkeytest.WaitFor(ctx, 30*time.Second, "the scripts sent during the pause to run", func() (bool, error) {
+		return scriptCalls(t, admin) >= before+4, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitNoLeases(t, admin, "the abandoned leases to be released", deadlineKey, cancelledKey, openKey)
+	// The abandoned Extend may have landed: the lease is still its holder's, to release.
+	enginetest.Want(t, "leases of the extended key", leaseCount(t, admin, held.Key), int64(1))
+	mustRelease(t, extender, held)
+	enginetest.Want(t, "leases of the extended key after its release", leaseCount(t, admin, held.Key), int64(0))
+	// Every key has its one slot: nothing is held by a caller that left.
+	for _, key := range []string{deadlineKey, cancelledKey, openKey} {
+		mustRelease(t, closed, mustAcquire(t, closed, key, 1, time.Minute))
+	}
+}
+
+// A storm of Acquires with tiny deadlines (20 µs to 5 ms) on one key, max 4, from 32
+// goroutines over 4 clients: whoever got a lease releases it, and then the key holds none;
+// the holders that got a lease were never more than max at once.
+func TestAcquireStormOfDeadlinesHoldsNoSlot(t *testing.T) {
+	es, c := enginetest.Engines(t, exampleServer, 4)
+	key, max := enginetest.NewKey(t), 4
+	var (
+		holders, peak, granted, gaveUp atomic.Int64
+		wg                             sync.WaitGroup
+		errs                           = make(chan error, 32)
+	)
+	for g := range 32 {
+		e := es[g%len(es)]
+		rng := rand.New(rand.NewPCG(uint64(g), 4))
+		wg.Go(func() {
+			for range 80 {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Microsecond+time.Duration(rng.Int64N(int64(5*time.Millisecond-20*time.Microsecond))))
+				l, err := e.Acquire(ctx, key, max, abandonedTTL)
+				cancel()
+				switch {
+				case err == nil:
+					granted.Add(1)
+					n := holders.Add(1)
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+					holders.Add(-1)
+					if err := e.Release(context.Background(), l); err != nil {
+						errs <- err
+						return
+					}
+				case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, engine.ErrUnavailable):
+					// The caller gave up, or its call failed without saying whether it
+					// granted (its deadline cut a dial short, say): either way no lease
+					// may outlive it.
+					gaveUp.Add(1)
+				case !errors.Is(err, engine.ErrRateLimitExceeded):
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d leases granted and released, %d callers gave up, at most %d holders at once (max %d)",
+		granted.Load(), gaveUp.Load(), peak.Load(), max)
+	if peak.Load() > int64(max) {
+		t.Fatalf("%d holders at once, above max %d", peak.Load(), max)
+	}
+	if gaveUp.Load() == 0 {
+		t.Fatal("no caller gave up before its reply: nothing was tested")
+	}
+	waitNoLeases(t, c, "every lease of the storm to be released", key)
+}
+
+// A lease the server granted but no replica acknowledged (WithReplicaAck, a server without
+// replicas) is an error wrapping ErrUnavailable, and it holds no slot: the caller did not
+// get it, so it is released.
+func TestAcquireNotAcknowledgedHoldsNoSlot(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithReplicaAck(1, 20*time.Millisecond))
+	key := enginetest.NewKey(t)
+	if l, err := e.Acquire(context.Background(), key, 1, abandonedTTL); !errors.Is(err, engine.ErrUnavailable) || l != (engine.Lease{}) {
+		t.Fatalf("Acquire that no replica acknowledged: %+v, %v; want no lease and ErrUnavailable", l, err)
+	}
+	waitNoLeases(t, c, "the lease no replica acknowledged to be released", key)
 }

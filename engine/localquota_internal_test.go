@@ -12,16 +12,10 @@ import (
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
-// Reserve is reserve, for the tests of package engine_test: reservations are local quota's
-// ground, not yet part of the API.
-func (e *Engine) Reserve(ctx context.Context, key string, p Policy, k int, hold time.Duration) (Result, error) {
-	return e.reserve(ctx, key, p, k, hold)
-}
-
 // sweep drops the holders that hold no reservation and were not asked about for two holds,
 // and keeps those with a reservation held or a call in flight, and those asked about lately.
 // It looks only at holders that are due: one it keeps is due again two holds on.
-func TestLocalQuotaSweep(t *testing.T) {
+func TestLocalQuotaSweepDropsOnlyIdleHolders(t *testing.T) {
 	lq, err := newLocalQuotas(nil, LocalQuota{Hold: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -29,31 +23,35 @@ func TestLocalQuotaSweep(t *testing.T) {
 	set := newLimitSet([]Limit{{Max: 10, Window: time.Second}})
 	now := time.Now()
 	old := now.Add(-time.Second)
-	for key, h := range map[string]*holder{
-		"idle":           {since: old},
-		"asked lately":   {since: now.Add(-50 * time.Millisecond)},
-		"holding":        {since: old, cur: &reservation{}},
-		"in flight":      {since: old, pending: true},
-		"settled, idle":  {since: old, cur: &reservation{settled: true}},
-		"never asked at": {},
-	} {
-		h.key, h.set, h.hold = key, set, lq.hold
-		lq.holders[holderIDOf(key, set)] = h
-		lq.enqueue(h, old)
+	holders := map[string]struct {
+		h    *holder
+		kept bool // by the sweep at now
+	}{
+		"idle":           {&holder{since: old}, false},
+		"asked lately":   {&holder{since: now.Add(-50 * time.Millisecond)}, true},
+		"holding":        {&holder{since: old, cur: &reservation{}}, true},
+		"in flight":      {&holder{since: old, pending: true}, true},
+		"settled, idle":  {&holder{since: old, cur: &reservation{settled: true}}, false},
+		"never asked at": {&holder{}, false},
+	}
+	for key, tc := range holders {
+		tc.h.key, tc.h.set, tc.h.hold = key, set, lq.hold
+		lq.holders[holderIDOf(key, set)] = tc.h
+		lq.enqueue(tc.h, old)
 	}
 	if dropped := lq.sweep(now); dropped != 3 || lq.swept != 6 {
 		t.Errorf("sweep dropped %d holders, looking at %d, want 3 of 6", dropped, lq.swept)
 	}
-	for _, key := range []string{"asked lately", "holding", "in flight"} {
-		if lq.holders[holderIDOf(key, set)] == nil {
-			t.Errorf("sweep dropped %q", key)
+	for key, tc := range holders {
+		if kept := lq.holders[holderIDOf(key, set)] != nil; kept != tc.kept {
+			t.Errorf("sweep kept %q: %v, want %v", key, kept, tc.kept)
 		}
 	}
 	if len(lq.holders) != 3 {
 		t.Errorf("%d holders left, want 3", len(lq.holders))
 	}
 	if dropped := lq.sweep(now.Add(2*lq.hold - time.Millisecond)); dropped != 0 || lq.swept != 6 {
-		t.Errorf("a sweep before the holders kept are due dropped %d, looking at %d more", dropped, lq.swept-6)
+		t.Errorf("a sweep before the holders kept are due dropped %d, looking at %d more; want 0 and 0", dropped, lq.swept-6)
 	}
 	// Two holds on, "asked lately" was not asked about for two holds.
 	if dropped := lq.sweep(now.Add(2 * lq.hold)); dropped != 1 || lq.holders[holderIDOf("asked lately", set)] != nil {
@@ -111,30 +109,30 @@ func TestLocalQuotaFloodOfNewKeys(t *testing.T) {
 	admitted := allow(hot, 6)
 	for i := range 5 * bound {
 		if allow(prefix+"flood:"+strconv.Itoa(i), 1) != 1 {
-			t.Fatalf("new key %d of the flood denied", i)
+			t.Fatalf("new key %d of the flood denied, want an admission", i)
 		}
 		if n := holders(); n > bound {
-			t.Fatalf("%d holders after %d new keys, bound %d", n, i+1, bound)
+			t.Fatalf("%d holders after %d new keys, want at most the bound %d", n, i+1, bound)
 		}
 	}
 	lq.mu.RLock()
 	swept := lq.swept
 	lq.mu.RUnlock()
 	if swept != 0 {
-		t.Errorf("the sweeps of %d new keys looked at %d holders, none of them due", 5*bound, swept)
+		t.Errorf("the sweeps of %d new keys looked at %d holders, none of them due; want 0", 5*bound, swept)
 	}
 	if admitted += allow(hot, 3*l.Max); admitted != l.Max {
-		t.Errorf("the key in demand admitted %d, Max %d", admitted, l.Max)
+		t.Errorf("the key in demand admitted %d, want Max %d", admitted, l.Max)
 	}
 	if h := holderOf(hot); h == nil || h.reserved() == nil {
 		t.Errorf("the key in demand has holder %v, want one with a reservation", h)
 	}
 	past := prefix + "past the bound"
 	if admitted := allow(past, 3*l.Max); admitted != l.Max {
-		t.Errorf("a key past the bound admitted %d, Max %d", admitted, l.Max)
+		t.Errorf("a key past the bound admitted %d, want Max %d", admitted, l.Max)
 	}
 	if holderOf(past) != nil {
-		t.Errorf("a key past the bound has a holder")
+		t.Errorf("a key past the bound has a holder, want none")
 	}
 
 	// Two holds on, every holder is due: the idle ones are dropped, the one holding a

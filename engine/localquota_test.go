@@ -1,9 +1,13 @@
 package engine_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
-	"slices"
+	"fmt"
+	"io"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,22 +78,6 @@ func auditTimes(t *testing.T, admitted []engine.Result, l engine.Limit) {
 	auditTimestamps(t, times, l)
 }
 
-// auditTimestamps fails t when some trailing window of l holds more than l.Max of times (each
-// one event), which it sorts.
-func auditTimestamps(t *testing.T, times []time.Time, l engine.Limit) {
-	t.Helper()
-	slices.SortFunc(times, time.Time.Compare)
-	first := 0
-	for i, at := range times {
-		for !times[first].After(at.Add(-l.Window)) {
-			first++
-		}
-		if held := i - first + 1; held > l.Max {
-			t.Fatalf("%d admissions in the %s up to %s, Max %d", held, l.Window, at, l.Max)
-		}
-	}
-}
-
 // Four engines of 16 goroutines on one key, with local quota, against a limit the load
 // exceeds many times over: audited on the times of every admission (a local one's is when the
 // process admitted it), no trailing window holds more than Max. The metrics say that
@@ -119,9 +107,9 @@ func TestLocalQuotaNeverOverAdmits(t *testing.T) {
 			t.Logf("%d admitted; local quota: %v", len(admitted), local)
 			switch {
 			case local["used"] == 0 || local["used"] > int64(len(admitted)):
-				t.Fatalf("%d events used from reservations, of %d admitted", local["used"], len(admitted))
+				t.Fatalf("%d events used from reservations, of %d admitted; want some, at most all", local["used"], len(admitted))
 			case local["reserved"] != local["used"]+local["returned"]:
-				t.Fatalf("%d events reserved, %d used and %d given back: some are unaccounted for", local["reserved"], local["used"], local["returned"])
+				t.Fatalf("%d events reserved, %d used and %d given back; want reserved = used + given back", local["reserved"], local["used"], local["returned"])
 			}
 		})
 	}
@@ -129,7 +117,7 @@ func TestLocalQuotaNeverOverAdmits(t *testing.T) {
 
 // A hot key with a high limit (1,000,000 per second) under four engines of 16 goroutines: with
 // local quota, at most 0.05 script calls per admitted request.
-func TestLocalQuotaHotKeyCallsPerAdmission(t *testing.T) {
+func TestLocalQuotaHotKeyTakesFewScriptCalls(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	es, c := enginetest.Engines(t, srv, 4, engine.WithLocalQuota(engine.LocalQuota{}))
 	if err := c.Do(context.Background(), c.B().ConfigResetstat().Build()).Error(); err != nil {
@@ -259,7 +247,7 @@ func TestLocalQuotaThroughAnOutage(t *testing.T) {
 }
 
 // A negative Hold or MinDemand, or a Hold below a millisecond, is refused by New.
-func TestLocalQuotaBadOptions(t *testing.T) {
+func TestLocalQuotaBadOptionsRefused(t *testing.T) {
 	for _, q := range []engine.LocalQuota{{Hold: -time.Second}, {MinDemand: -1}, {Hold: time.Microsecond}} {
 		if _, err := engine.New(exampleServer.Client(t), engine.WithLocalQuota(q)); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Errorf("LocalQuota %+v: %v, want ErrInvalidArgument", q, err)
@@ -271,7 +259,7 @@ func TestLocalQuotaBadOptions(t *testing.T) {
 // over every primary, most likely): per key, audited on the times of every admission, no
 // trailing window holds more than Max, and the engines admitted from reservations.
 func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
-	skipClusterIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 0)
 	reader := sdkmetric.NewManualReader()
 	es := clusterEngines(t, c, 4, engine.WithLocalQuota(engine.LocalQuota{Hold: 50 * time.Millisecond, MinDemand: 8}),
@@ -314,7 +302,8 @@ func TestLocalQuotaClusterNeverOverAdmits(t *testing.T) {
 // window is over Max. Without persistence the restarted server has forgotten the
 // reservation, as it forgets every entry: the key counts nothing, while the process may still
 // admit what it holds (docs/production.md says so).
-func TestLocalQuotaServerKilledAndRestarted(t *testing.T) {
+func TestLocalQuotaServerKilledKeepsReservationsOnlyIfPersisted(t *testing.T) {
+	valkeytest.SkipIfShort(t, "kills the server (kill -9) to see what survives")
 	const hold = 2 * time.Second
 	l := engine.PerMinute(200)
 	for _, tc := range []struct {
@@ -419,7 +408,7 @@ func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
 	for i := range 10 {
 		r := allow(10 + i)
 		if r.BackendErr != nil {
-			t.Fatalf("request %d with the server up: %+v, a fail-open answer", 10+i, r)
+			t.Fatalf("request %d with the server up: %+v, a fail-open answer; want the server's decision", 10+i, r)
 		}
 		if r.Allowed {
 			admitted++
@@ -432,7 +421,7 @@ func TestLocalQuotaFailOpenTakesNoReservation(t *testing.T) {
 
 // Reset ends the engine's reservations of the key: after it, the key admits exactly Max, none
 // of them from what this process had reserved before.
-func TestLocalQuotaReset(t *testing.T) {
+func TestLocalQuotaResetEndsReservations(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t), engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
 	ctx := context.Background()
 	key, l := enginetest.NewKey(t), engine.PerMinute(20)
@@ -453,4 +442,167 @@ func TestLocalQuotaReset(t *testing.T) {
 	if admitted != l.Max {
 		t.Fatalf("after Reset %d admitted, want Max %d", admitted, l.Max)
 	}
+}
+
+// localChildEnv, when set, makes TestLocalQuotaAcrossProcessesNeverOverAdmits a child: it admits on the key
+// its value names with local quota on until its time is up, and prints the time of every
+// admission.
+const localChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_CHILD"
+
+// localProcessesLimit is the limit TestLocalQuotaAcrossProcessesNeverOverAdmits's processes share.
+var localProcessesLimit = engine.Limit{Max: 150, Window: 200 * time.Millisecond}
+
+// Three OS processes (this test binary run again), each with 2 engines of 8 goroutines and
+// local quota on, hammer one key for 1.2 s: audited on the times of every admission of all
+// three, no trailing window holds more than Max; and the processes admitted from reservations
+// (each child says how many of its admissions were local).
+func TestLocalQuotaAcrossProcessesNeverOverAdmits(t *testing.T) {
+	if key := os.Getenv(localChildEnv); key != "" {
+		runLocalChild(t, key)
+		return
+	}
+	valkeytest.SkipIfShort(t, "starts OS processes")
+	key := exampleKey("local-quota-procs")
+	var (
+		mu       sync.Mutex
+		admitted []engine.Result
+		local    int
+		wg       sync.WaitGroup
+	)
+	for p := 0; p < 3; p++ {
+		child := startChild(t, "TestLocalQuotaAcrossProcessesNeverOverAdmits", localChildEnv+"="+key)
+		wg.Go(func() {
+			sc := bufio.NewScanner(child.Stdout)
+			var mine []engine.Result
+			used := 0
+			for sc.Scan() {
+				var at int64
+				var n int
+				switch {
+				case strings.HasPrefix(sc.Text(), "admitted "):
+					if _, err := fmt.Sscanf(sc.Text(), "admitted %d", &at); err == nil {
+						mine = append(mine, engine.Result{Allowed: true, At: time.UnixMicro(at)})
+					}
+				case strings.HasPrefix(sc.Text(), "local "):
+					if _, err := fmt.Sscanf(sc.Text(), "local %d", &n); err == nil {
+						used = n
+					}
+				}
+			}
+			if err := child.Wait(); err != nil {
+				t.Errorf("child %d: %v", p, err)
+			}
+			mu.Lock()
+			admitted, local = append(admitted, mine...), local+used
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	auditTimes(t, admitted, localProcessesLimit)
+	t.Logf("%d admissions by 3 processes, %d of them from reservations", len(admitted), local)
+	if local == 0 {
+		t.Fatal("no process admitted from a reservation")
+	}
+}
+
+// runLocalChild is a child of TestLocalQuotaAcrossProcessesNeverOverAdmits on key.
+func runLocalChild(t *testing.T, key string) {
+	reader := sdkmetric.NewManualReader()
+	var engines []*engine.Engine
+	for range 2 {
+		e, err := engine.New(exampleClient(), engine.WithLocalQuota(engine.LocalQuota{Hold: 50 * time.Millisecond, MinDemand: 8}),
+			engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	admitted := hammerAllow(t, engines, 16, key, localProcessesLimit, time.Now().Add(1200*time.Millisecond))
+	out := bufio.NewWriter(os.Stdout)
+	for _, r := range admitted {
+		fmt.Fprintf(out, "admitted %d\n", r.At.UnixMicro())
+	}
+	fmt.Fprintf(out, "local %d\n", collected(t, reader)["strictrate.local.events"]["used"])
+	out.Flush()
+}
+
+// dyingChildEnv, when set, makes TestLocalQuotaReservationOfAKilledProcessComesBack a child: it
+// admits on the key its value names until it holds a reservation, prints the events it
+// reserved and admitted directly, and kills itself, giving nothing back.
+const dyingChildEnv = "STRICTRATE_TEST_LOCAL_QUOTA_DYING"
+
+// dyingLimit and dyingHold are the limit and hold of TestLocalQuotaReservationOfAKilledProcessComesBack.
+var (
+	dyingLimit = engine.Limit{Max: 100, Window: time.Second}
+	dyingHold  = 300 * time.Millisecond
+)
+
+// A process killed (SIGKILL) while it holds a reservation never gives it back: the key counts
+// the whole reservation, used or not, until one window after its hold ends; then every event
+// is back.
+func TestLocalQuotaReservationOfAKilledProcessComesBack(t *testing.T) {
+	if key := os.Getenv(dyingChildEnv); key != "" {
+		runDyingChild(t, key)
+		return
+	}
+	valkeytest.SkipIfShort(t, "starts an OS process that kills itself")
+	key := exampleKey("local-quota-dying")
+	// The child kills itself (SIGKILL) once it holds a reservation: its exit is the error.
+	child := startChild(t, "TestLocalQuotaReservationOfAKilledProcessComesBack", dyingChildEnv+"="+key)
+	out, _ := io.ReadAll(child.Stdout)
+	if err := child.Wait(); !strings.Contains(string(out), "reserved") {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	exited := time.Now()
+	var reserved, direct int
+	if _, err := fmt.Sscanf(string(out[strings.Index(string(out), "reserved"):]), "reserved %d direct %d", &reserved, &direct); err != nil {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	e, err := engine.New(exampleClient(), engine.WithPreload(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.Peek(t.Context(), key, dyingLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counted := dyingLimit.Max - r.Remaining; counted != reserved+direct {
+		t.Fatalf("after the child exited the key counts %d events, want its reservation's %d and its %d direct admissions", counted, reserved, direct)
+	}
+	// The reservation counts until one window after its hold ends, at most: then all is back.
+	time.Sleep(time.Until(exited.Add(dyingHold + dyingLimit.Window + 100*time.Millisecond)))
+	if r, err = e.Peek(t.Context(), key, dyingLimit); err != nil || r.Remaining != dyingLimit.Max {
+		t.Fatalf("a window after the hold: %+v, %v; want every event back", r, err)
+	}
+	t.Logf("the child reserved %d events and admitted %d directly, then was killed", reserved, direct)
+}
+
+// runDyingChild is a child of TestLocalQuotaReservationOfAKilledProcessComesBack on key.
+func runDyingChild(t *testing.T, key string) {
+	reader := sdkmetric.NewManualReader()
+	e, err := engine.New(exampleClient(), engine.WithLocalQuota(engine.LocalQuota{Hold: dyingHold, MinDemand: 4}),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for range 50 {
+		r, err := e.Allow(t.Context(), key, dyingLimit)
+		if err != nil || !r.Allowed {
+			t.Fatalf("Allow: %+v, %v", r, err)
+		}
+		admitted++
+		if local := collected(t, reader)["strictrate.local.events"]; local["reserved"] > 0 {
+			// The requests before the reservation were decided by the server one by one; the
+			// one that took it is among the reserved events.
+			fmt.Printf("reserved %d direct %d\n", local["reserved"], admitted-int(local["used"]))
+			self, _ := os.FindProcess(os.Getpid())
+			_ = self.Kill() // dies at once, as kill -9 kills it: no timer, no give-back
+			select {}
+		}
+	}
+	t.Fatal("no reservation taken")
 }

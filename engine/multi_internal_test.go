@@ -19,7 +19,7 @@ import (
 // call, whatever its keys; one of more is calls of at most that many: 65 requests are two,
 // 200 four, admitted or denied (a denial in the first call leaves the later ones peeked only,
 // still a call each).
-func TestAllowAllCallsOnOneServer(t *testing.T) {
+func TestAllowAllTakesOneCallPerMaxAllowAllRequests(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	c := srv.Client(t)
 	e, err := New(c, WithPersistenceCheck(Ignore))
@@ -55,7 +55,7 @@ func TestAllowAllCallsOnOneServer(t *testing.T) {
 // With the group commit (WithBatching, the default), concurrent AllowAlls bound for one server
 // share script calls, each group still decided all or nothing: fewer calls than decisions, and
 // exactly what a decision alone would record. Without it, one call per AllowAll.
-func TestAllowAllGroupCommit(t *testing.T) {
+func TestAllowAllsShareCallsUnderGroupCommit(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	c := srv.Client(t)
 	ctx := context.Background()
@@ -118,8 +118,8 @@ func TestAllowAllGroupCommit(t *testing.T) {
 // denial on a later primary gives back what the earlier ones recorded; a denial on the first
 // leaves the later ones peeked only. A call for a primary that no longer serves a key (a stale
 // slot map) records nothing there, and its requests go again per slot through the client.
-func TestAllowAllAcrossPrimaries(t *testing.T) {
-	skipIfShort(t)
+func TestAllowAllTakesOneCallPerPrimary(t *testing.T) {
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	e := clusterEngine(t, cl)
 	ctx := context.Background()

@@ -32,7 +32,7 @@ func mustAllowAll(t *testing.T, e *engine.Engine, reqs ...engine.Request) (bool,
 		t.Fatalf("AllowAll: %v", err)
 	}
 	if len(results) != len(reqs) {
-		t.Fatalf("AllowAll: %d results for %d requests", len(results), len(reqs))
+		t.Fatalf("AllowAll: %d results for %d requests, want one each", len(results), len(reqs))
 	}
 	return allowed, results
 }
@@ -100,7 +100,7 @@ func TestAllowAllDenialRecordsNothing(t *testing.T) {
 
 // An advisory request's denial denies nothing, and records nothing; with room it is recorded
 // with the group, and not when the group is denied. A cost of 0 is judged, never recorded.
-func TestAllowAllAdvisoryAndChecks(t *testing.T) {
+func TestAllowAllAdvisoryRequestsAndChecksDenyNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c)
 	a, full, shadow := enginetest.NewKey(t), enginetest.NewKey(t), enginetest.NewKey(t)
@@ -150,7 +150,7 @@ func TestAllowAllAdvisoryAndChecks(t *testing.T) {
 
 // Every invalid call is refused before anything is sent, naming the bad request: nothing is
 // written on any of its keys. Pipelined mode offers no AllowAll.
-func TestAllowAllValidation(t *testing.T) {
+func TestAllowAllRefusesInvalidCallsBeforeSending(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	ctx := context.Background()
@@ -195,7 +195,7 @@ func manyRequests(keys []string, p engine.Policy, n int) []engine.Request {
 // call, a call's first request, the last), the group is denied and no key holds an event;
 // with room on every key, every request is recorded. A bad request in a later call is refused
 // before the first call is sent.
-func TestAllowAllOfManyRequests(t *testing.T) {
+func TestAllowAllOfManyRequestsIsAllOrNothing(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	const max = 3
@@ -219,7 +219,7 @@ func TestAllowAllOfManyRequests(t *testing.T) {
 		what := fmt.Sprintf("%d requests, key %d used up", tc.n, tc.full)
 		allowed, rs := mustAllowAll(t, e, manyRequests(keys, p, 1)...)
 		if allowed {
-			t.Fatalf("%s: admitted", what)
+			t.Fatalf("%s: admitted, want the group denied", what)
 		}
 		for i, k := range keys {
 			r := rs[i]
@@ -242,7 +242,7 @@ func TestAllowAllOfManyRequests(t *testing.T) {
 		}
 		allowed, rs = mustAllowAll(t, e, manyRequests(fresh, p, 2)...)
 		if !allowed {
-			t.Fatalf("%d requests with room: denied", tc.n)
+			t.Fatalf("%d requests with room: denied, want the group admitted", tc.n)
 		}
 		for i, k := range fresh {
 			if rs[i].Entry.IsZero() || rs[i].Remaining != max-2 {
@@ -270,7 +270,7 @@ func TestAllowAllOfManyRequests(t *testing.T) {
 // sets of keys, with far more demand than room: per key, what was recorded never exceeds Max,
 // and once they are done each log holds exactly what callers were told was recorded (what a
 // denied group held between its calls was given back).
-func TestAllowAllOfManyRequestsUnderConcurrency(t *testing.T) {
+func TestAllowAllOfManyRequestsNeverOverAdmits(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 4)
 	l := engine.PerHour(10)
 	p := engine.Policy{l}
@@ -293,7 +293,7 @@ func TestAllowAllOfManyRequestsUnderConcurrency(t *testing.T) {
 	t.Logf("%d calls, %d denied", run.calls, run.denials)
 	for _, k := range keys {
 		if sums[k] > l.Max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], l.Max)
 		}
 		enginetest.Want(t, "events in "+k+"'s log", logOf(t, c, k).Events, sums[k])
 	}
@@ -337,13 +337,13 @@ func (run *allowAllRun) add(t *testing.T, reqs []engine.Request, allowed bool, r
 		case r.At.IsZero():
 			t.Errorf("request %d on %s: no decision (%+v)", i, q.Key, r)
 		case !allowed && recorded:
-			t.Errorf("denied group recorded request %d on %s: %+v", i, q.Key, r)
+			t.Errorf("denied group recorded request %d on %s: %+v, want nothing recorded", i, q.Key, r)
 		case allowed && !q.Advisory && !r.Allowed:
-			t.Errorf("admitted group with request %d on %s denied: %+v", i, q.Key, r)
+			t.Errorf("admitted group with request %d on %s denied: %+v, want room on every request that is not advisory", i, q.Key, r)
 		case allowed && r.Allowed && q.N > 0 && !recorded:
 			t.Errorf("admitted group did not record request %d on %s: %+v", i, q.Key, r)
 		case !r.Allowed && recorded:
-			t.Errorf("request %d on %s recorded without room: %+v", i, q.Key, r)
+			t.Errorf("request %d on %s recorded without room: %+v, want no entry", i, q.Key, r)
 		}
 		if !r.Allowed {
 			run.sawFull[q.Key] = true
@@ -377,7 +377,7 @@ func (run *allowAllRun) audit(t *testing.T, keys []string, l engine.Limit) map[s
 				}
 			}
 			if held > l.Max {
-				t.Fatalf("key %s: %d events admitted in the window ending at admission %d (%s), Max %d", k, held, i, x.at, l.Max)
+				t.Fatalf("key %s: %d events admitted in the window ending at admission %d (%s), want at most Max %d", k, held, i, x.at, l.Max)
 			}
 			sums[k] += x.cost
 		}
@@ -459,7 +459,7 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 	t.Logf("%d calls, %d denied", run.calls, run.denials)
 	for i, k := range keys {
 		if sums[k] > max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], max)
 		}
 		if run.sawFull[k] && sums[k] != max {
 			t.Fatalf("key %s (%s): a Result found it without room, yet only %d of %d were recorded", k, policyOf(i), sums[k], max)
@@ -491,7 +491,7 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 // On the server's clock, with a window that slides many times during the run, no trailing
 // window of any key ever holds more than Max of the requests AllowAll recorded, and the logs
 // hold exactly what was recorded.
-func TestAllowAllSlidingWindowAudit(t *testing.T) {
+func TestAllowAllNeverOverAdmitsAsTheWindowSlides(t *testing.T) {
 	es, c := enginetest.Engines(t, exampleServer, 4)
 	l := engine.Limit{Max: 6, Window: 50 * time.Millisecond}
 	p := engine.Policy{l}
@@ -564,7 +564,7 @@ func TestAllowAllSlidingWindowAudit(t *testing.T) {
 // decide, each Result carrying the error; fail-closed returns the error. A key that holds
 // something else is ErrUnknownLayout, which fail-open never admits. The metrics count one
 // decision per call, of operation policy.
-func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
+func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
 	ctx := context.Background()
@@ -579,10 +579,10 @@ func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
 	a, full := enginetest.NewKey(t), enginetest.NewKey(t)
 
 	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 2}); !allowed { // policy/allowed
-		t.Fatal("filling a key: denied")
+		t.Fatal("filling a key: denied, want an admission")
 	}
 	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}); allowed { // policy/denied
-		t.Fatal("a group with a full key: admitted")
+		t.Fatal("a group with a full key: admitted, want a denial")
 	}
 	allowed, rs := mustAllowAll(t, shadow, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}) // policy/shadow_denied
 	if !allowed || !rs[0].Allowed || rs[0].ShadowDenied || !rs[0].Entry.IsZero() || !rs[1].Allowed || !rs[1].ShadowDenied {
@@ -607,7 +607,7 @@ func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
 	reqs := []engine.Request{{Key: a, Policy: p, N: 1}, {Key: full, Policy: p, N: 1}}
 	allowed, rs, err := open.AllowAll(tctx, reqs) // policy/fail_open
 	if err != nil || !allowed || len(rs) != 2 || !rs[0].Allowed || rs[0].BackendErr == nil || !rs[1].Allowed || rs[1].BackendErr == nil {
-		t.Fatalf("fail-open with the server down: %v, %+v, %v", allowed, rs, err)
+		t.Fatalf("fail-open with the server down: %v, %+v, %v; want the group admitted, each Result carrying a BackendErr", allowed, rs, err)
 	}
 	if _, _, err := closed.AllowAll(tctx, reqs); !errors.Is(err, engine.ErrUnavailable) { // policy/error
 		t.Fatalf("fail-closed with the server down: %v, want ErrUnavailable", err)
@@ -631,7 +631,7 @@ func TestAllowAllShadowFailOpenAndMetrics(t *testing.T) {
 // exactly what callers were told was recorded: what denied requests held for a while was
 // given back.
 func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
-	skipClusterIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	c := valkeytest.NewCluster(t, 3, 0)
 	es := clusterEngines(t, c, 4)
 	l := engine.PerHour(15)
@@ -656,14 +656,14 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 	t.Logf("%d calls, %d denied, recorded per key %v", run.calls, run.denials, sums)
 	for _, k := range keys {
 		if sums[k] > l.Max {
-			t.Fatalf("key %s: %d recorded, Max %d", k, sums[k], l.Max)
+			t.Fatalf("key %s: %d recorded, want at most Max %d", k, sums[k], l.Max)
 		}
 		log, err := inspect.Read(context.Background(), reader, enginetest.Prefix+k, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if log.Events != sums[k] {
-			t.Fatalf("key %s: the log holds %d events, callers were told %d were recorded", k, log.Events, sums[k])
+			t.Fatalf("key %s: the log holds %d events, want the %d callers were told were recorded", k, log.Events, sums[k])
 		}
 	}
 	if run.denials == 0 {
@@ -673,14 +673,14 @@ func TestAllowAllClusterNeverOverAdmits(t *testing.T) {
 
 // One request with a cost is AllowPolicy's decision: the deny cache answers its repeated
 // denial, and an advisory one denied denies nothing and records nothing.
-func TestAllowAllOneRequest(t *testing.T) {
+func TestAllowAllOfOneRequestIsAllowPolicy(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithDenyCache(16))
 	k := enginetest.NewKey(t)
 	p := engine.Policy{engine.PerMinute(2)}
 	allowed, rs := mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 2})
 	if !allowed || !rs[0].Allowed || rs[0].Entry.IsZero() || rs[0].Remaining != 0 {
-		t.Fatalf("first: %v %+v", allowed, rs[0])
+		t.Fatalf("first: %v %+v; want admitted, recorded, 0 remaining", allowed, rs[0])
 	}
 	allowed, rs = mustAllowAll(t, e, engine.Request{Key: k, Policy: p, N: 1})
 	if allowed || rs[0].Allowed || rs[0].FromCache {

@@ -11,7 +11,7 @@ import (
 	"github.com/strictrate/strictrate/scripts"
 )
 
-func TestPolicyValidate(t *testing.T) {
+func TestPolicyValidateNamesWhatIsWrong(t *testing.T) {
 	ok := []Policy{
 		{PerSecond(5)},
 		{PerSecond(5), PerHour(100)},
@@ -53,13 +53,13 @@ func TestPolicyValidate(t *testing.T) {
 	}
 }
 
-func TestPolicyLongestAndString(t *testing.T) {
+func TestPolicyLongestAndStringNameItsLimits(t *testing.T) {
 	p := Policy{PerSecond(5), PerHour(100), PerMinute(30)}
 	if got := p.Longest(); got != PerHour(100) {
 		t.Errorf("Longest = %s, want 100/1h0m0s", got)
 	}
 	if got := (Policy{}).Longest(); got != (Limit{}) {
-		t.Errorf("Longest of an empty policy = %s", got)
+		t.Errorf("Longest of an empty policy = %s, want the zero Limit", got)
 	}
 	if got, want := p.String(), "5/1s and 100/1h0m0s and 30/1m0s"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
@@ -67,16 +67,16 @@ func TestPolicyLongestAndString(t *testing.T) {
 }
 
 // A policy's tag names its limits whatever their order, and tells different limits apart.
-func TestPolicyTag(t *testing.T) {
+func TestPolicyTagIgnoresTheLimitsOrder(t *testing.T) {
 	a, b := Limit{Max: 5, Window: time.Hour}, Limit{Max: 100, Window: time.Minute}
 	if got, want := (Policy{a, b}).Tag(), "100/60000000,5/3600000000"; got != want {
 		t.Fatalf("Tag = %q, want %q", got, want)
 	}
 	if (Policy{b, a}).Tag() != (Policy{a, b}).Tag() {
-		t.Fatal("the same limits in another order have another tag")
+		t.Fatalf("the same limits in another order: tags %q and %q, want one", (Policy{b, a}).Tag(), (Policy{a, b}).Tag())
 	}
 	if (Policy{a}).Tag() == (Policy{{Max: 6, Window: time.Hour}}).Tag() || (Policy{a}).Tag() == (Policy{a, b}).Tag() {
-		t.Fatal("different policies share a tag")
+		t.Fatal("different policies share a tag, want a tag each")
 	}
 }
 
@@ -88,17 +88,6 @@ func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
 		t.Fatal("lib_log.lua defines no MAX_CURSORS")
 	}
 	if got, _ := strconv.Atoi(m[1]); got != MaxPolicyLimits {
-		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, MaxPolicyLimits %d", got, MaxPolicyLimits)
-	}
-}
-
-// The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
-func TestServerClockIsTheScripts(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
-	if m == nil {
-		t.Fatal("decide.lua defines no SERVER_CLOCK")
-	}
-	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
-		t.Fatalf("decide.lua's SERVER_CLOCK is %d, the engine's %d", got, serverClock)
+		t.Fatalf("lib_log.lua's MAX_CURSORS is %d, want MaxPolicyLimits %d", got, MaxPolicyLimits)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -18,7 +19,7 @@ import (
 
 // "3 per second and 5 per minute": the short window denies while the long one has room, then
 // the long one denies while the short one has room; each RetryAfter names the binding window.
-func TestPolicyStacking(t *testing.T) {
+func TestPolicyEachStackedLimitDenies(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -104,7 +105,7 @@ func TestPolicyRetryAfterExact(t *testing.T) {
 }
 
 // ResetAfter is the newest event plus the longest window, and the key expires then.
-func TestPolicyResetAfter(t *testing.T) {
+func TestPolicyResetAfterIsTheLongestWindows(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, clock := enginetest.Clocked(t, c)
 	key := enginetest.NewKey(t)
@@ -128,13 +129,17 @@ func TestPolicyResetAfter(t *testing.T) {
 // 64 goroutines over 4 clients race for one key under two limits: exactly the binding Max is
 // admitted, each admitted request sees a different count, and the log holds exactly that many.
 func TestPolicyExactUnderConcurrency(t *testing.T) {
-	for _, p := range []engine.Policy{
-		{{Max: 100, Window: time.Hour}, {Max: 150, Window: 2 * time.Hour}},
-		{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}},
+	for _, tc := range []struct {
+		p       engine.Policy
+		binding int // the Max that admits: the least of them
+	}{
+		{engine.Policy{{Max: 100, Window: time.Hour}, {Max: 150, Window: 2 * time.Hour}}, 100},
+		{engine.Policy{{Max: 150, Window: time.Hour}, {Max: 100, Window: 2 * time.Hour}, {Max: 120, Window: time.Minute}}, 100},
 	} {
-		t.Run(p.String(), func(t *testing.T) {
+		p, binding := tc.p, tc.binding
+		t.Run(fmt.Sprintf("%s admits %d", p, binding), func(t *testing.T) {
 			es, c := enginetest.Engines(t, exampleServer, 4)
-			key, binding := enginetest.NewKey(t), 100
+			key := enginetest.NewKey(t)
 			results := enginetest.RunConcurrently(t, es, 64, 800, func(e *engine.Engine) (engine.Result, error) {
 				return e.AllowPolicy(context.Background(), key, p, 1)
 			})
@@ -225,16 +230,16 @@ func TestPolicyMatchesModel(t *testing.T) {
 			denied++
 		}
 		if size := enginetest.StoredEvents(t, c, key); size > 20 || size != int64(len(m.events)) {
-			t.Fatalf("request %d: log size %d, model %d, bound 20", i, size, len(m.events))
+			t.Fatalf("request %d: log size %d, want the model's %d, at most 20", i, size, len(m.events))
 		}
 	}
 	if denied < 200 || denied > 1800 {
-		t.Fatalf("%d of 2000 denied: the walk should exercise both outcomes", denied)
+		t.Fatalf("%d of 2000 denied, want 200 to 1800: the walk should exercise both outcomes", denied)
 	}
 }
 
 // The server's clock: the limits hold and the decision is taken at the server's time.
-func TestPolicyServerClock(t *testing.T) {
+func TestPolicyDecidesOnTheServersClock(t *testing.T) {
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c)
 	key := enginetest.NewKey(t)
@@ -251,7 +256,7 @@ func TestPolicyServerClock(t *testing.T) {
 		t.Fatalf("RetryAfter %s, want just under an hour", r.RetryAfter)
 	}
 	if skew := r.At.Sub(start); skew < -time.Minute || skew > time.Minute {
-		t.Fatalf("At %s is far from the local clock %s", r.At, start)
+		t.Fatalf("At %s, want within a minute of the local clock %s", r.At, start)
 	}
 	// On the server's clock the expiry is the newest entry's time plus the day, rounded up to
 	// the millisecond: up to one more than a day from the millisecond PTTL counts from.
@@ -262,7 +267,7 @@ func TestPolicyServerClock(t *testing.T) {
 
 // Requests of one microsecond get distinct entries, each its own identity (seq 1, 2, ...),
 // a burst of 1200 events among them as one entry; nothing is lost to a collision.
-func TestPolicySameMicrosecond(t *testing.T) {
+func TestPolicySameMicrosecondKeepsEveryEntry(t *testing.T) {
 	at := time.Date(2100, 1, 2, 3, 4, 5, 123456000, time.UTC) // 16 digits of microseconds
 	c := exampleServer.Client(t)
 	e := enginetest.New(t, c, engine.WithClock(func() time.Time { return at }))
@@ -305,7 +310,7 @@ func TestPolicyOneLimitIsAllowN(t *testing.T) {
 		}
 		a.Entry.Key, b.Entry.Key = "", ""
 		if a != b {
-			t.Fatalf("request %d: AllowN %+v, AllowPolicy %+v", i, a, b)
+			t.Fatalf("request %d: AllowPolicy %+v, want AllowN's %+v", i, b, a)
 		}
 	}
 	key := enginetest.NewKey(t) + "3"
@@ -359,7 +364,7 @@ func TestPolicyInvalidArgumentsWriteNothing(t *testing.T) {
 					}
 					r, err := tc.e.AllowPolicy(ctx, key, tc.p, tc.n)
 					if r.Allowed {
-						t.Fatalf("refused call returned an admitting Result %+v", r)
+						t.Fatalf("refused call returned an admitting Result %+v, want none", r)
 					}
 					return err
 				})
@@ -390,4 +395,69 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 	}
 	enginetest.Want(t, "after flush: remaining", enginetest.MustAllowPolicy(t, e, key, p, 1).Remaining, 1)
 	enginetest.Want(t, "log size", enginetest.StoredEvents(t, c, key), int64(2))
+}
+
+// PeekPolicy takes AllowPolicy's decision without recording it: on a random sequence, a peek
+// before each AllowPolicy answers as it does (the room before it, for an admission), and the
+// log only ever holds what AllowPolicy recorded.
+func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	key, ctx := enginetest.NewKey(t), context.Background()
+	p := engine.Policy{{Max: 9, Window: 5 * time.Second}, {Max: 4, Window: time.Second}, {Max: 40, Window: 20 * time.Second}}
+	rng := rand.New(rand.NewPCG(13, 5))
+	now := enginetest.T0
+	var recorded int64
+	allowed, denied := 0, 0
+	for i := 0; i < 400; i++ {
+		now = now.Add(time.Duration(rng.IntN(800_000)) * time.Microsecond)
+		clock.Set(now)
+		n := 1 + rng.IntN(3)
+		peek, err := e.PeekPolicy(ctx, key, p, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := enginetest.StoredEvents(t, c, key); got != recorded {
+			t.Fatalf("step %d: the log holds %d events after a peek, want %d", i, got, recorded)
+		}
+		r := enginetest.MustAllowPolicy(t, e, key, p, n)
+		recorded = enginetest.StoredEvents(t, c, key) // what it recorded, less what its trim dropped
+		what := fmt.Sprintf("step %d (n=%d at +%s):\n peek  %+v\n allow %+v", i, n, now.Sub(enginetest.T0), peek, r)
+		if peek.Allowed != r.Allowed || peek.RetryAfter != r.RetryAfter || peek.Window != r.Window || !peek.At.Equal(r.At) || !peek.Entry.IsZero() {
+			t.Fatal(what)
+		}
+		if r.Allowed {
+			allowed++
+			if peek.Remaining != r.Remaining+n {
+				t.Fatalf("%s\nwant the peek's Remaining to be the room before the admission", what)
+			}
+			continue
+		}
+		denied++
+		r.Entry = engine.EntryID{}
+		if peek != r {
+			t.Fatalf("%s\nwant a denial's Result unchanged by the peek", what)
+		}
+	}
+	if allowed < 50 || denied < 50 {
+		t.Fatalf("%d admitted, %d denied, want at least 50 of each: the sequence should exercise both", allowed, denied)
+	}
+	// One limit: PeekPolicy is Peek.
+	l := engine.PerSecond(4)
+	one, err := e.PeekPolicy(ctx, key, engine.Policy{l}, 1)
+	if err != nil || one != enginetest.MustPeek(t, e, key, l) {
+		t.Fatalf("PeekPolicy of one limit %+v (%v), want Peek's", one, err)
+	}
+	// Invalid requests are refused as AllowPolicy refuses them.
+	for name, call := range map[string]func() error{
+		"empty key":        func() error { _, err := e.PeekPolicy(ctx, "", p, 1); return err },
+		"empty policy":     func() error { _, err := e.PeekPolicy(ctx, key, nil, 1); return err },
+		"n above a Max":    func() error { _, err := e.PeekPolicy(ctx, key, p, 5); return err },
+		"n of 0":           func() error { _, err := e.PeekPolicy(ctx, key, p, 0); return err },
+		"duplicate window": func() error { _, err := e.PeekPolicy(ctx, key, engine.Policy{l, l}, 1); return err },
+	} {
+		if err := call(); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
 }

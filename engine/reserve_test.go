@@ -115,7 +115,7 @@ func TestReservationAgainstModel(t *testing.T) {
 					}
 				}
 				if live != m.count(us) {
-					t.Fatalf("seed %d op %d: the log holds %d events in the window, the model %d", seed, op, live, m.count(us))
+					t.Fatalf("seed %d op %d: the log holds %d events in the window, want the model's %d", seed, op, live, m.count(us))
 				}
 			}
 		}
@@ -228,7 +228,7 @@ func TestReservationsNeverOverAdmit(t *testing.T) {
 // A reservation is refused before anything is sent for a hold that is not positive and for a
 // policy with calendar limits (its counters would count it in one period, while admissions
 // made from it may fall in the next).
-func TestReservationBadInput(t *testing.T) {
+func TestReservationBadInputRefused(t *testing.T) {
 	e := enginetest.New(t, exampleServer.Client(t))
 	ctx := context.Background()
 	key := enginetest.NewKey(t)
@@ -251,6 +251,6 @@ func TestReservationBadInput(t *testing.T) {
 		}
 	}
 	if log := enginetest.Log(t, exampleServer.Client(t), enginetest.Prefix, key); log.Events != 0 {
-		t.Fatalf("refused reservations wrote %d events", log.Events)
+		t.Fatalf("refused reservations wrote %d events, want 0", log.Events)
 	}
 }

@@ -81,8 +81,6 @@ func leaseMembers(t *testing.T, c valkey.Client, k string) []valkey.ZScore {
 		c.B().Zrange().Key("strictrate:"+engine.LeaseNamespace+k).Min("0").Max("-1").Withscores().Build()), valkey.ValkeyResult.AsZScores)
 }
 
-const concurrentPolicy = `"concurrency";q=2;qu="concurrent-requests"`
-
 // Max requests of one client run at once; the next is answered 429 with Retry-After and the
 // RateLimit fields (exact on a caller's clock); another client has its own slots; a finished
 // request gives its slot back.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,24 +22,11 @@ import (
 	"github.com/strictrate/strictrate/clientaddr"
 	"github.com/strictrate/strictrate/clientkey"
 	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/fields"
 	"github.com/strictrate/strictrate/httplimit"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
-
-var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-
-// do sends one request from remote through h and returns the recorded response.
-func do(h http.Handler, remote string, header http.Header) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(http.MethodGet, "/", nil)
-	req.RemoteAddr = remote
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	return rec
-}
 
 // rateLimit parses the response's RateLimit field: one item, with r and t, in that order.
 func rateLimit(t *testing.T, h http.Header) (name string, r, reset int64) {
@@ -75,13 +63,6 @@ func checkPolicyField(t *testing.T, h http.Header, want string) {
 		if fmt.Sprint(it.keys) != "[q w]" || it.params["q"] < 1 || it.params["w"] < 1 {
 			t.Fatalf("RateLimit-Policy item %+v: want q >= 1 and w >= 1", it)
 		}
-	}
-}
-
-func wantStatus(t *testing.T, what string, rec *httptest.ResponseRecorder, code int) {
-	t.Helper()
-	if rec.Code != code {
-		t.Fatalf("%s: status %d (%q), want %d", what, rec.Code, rec.Body.String(), code)
 	}
 }
 
@@ -288,26 +269,6 @@ func TestRealServerUnderConcurrency(t *testing.T) {
 			t.Fatalf("admitted r values %v: want each of 0..19 once", remaining)
 		}
 	}
-}
-
-// serveLoopback serves h on a loopback port with a real http.Server until the test ends, and
-// returns its URL and a client that keeps up to 16 connections to it.
-func serveLoopback(t *testing.T, h http.Handler) (string, *http.Client) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	t.Cleanup(func() {
-		client.CloseIdleConnections()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	return "http://" + ln.Addr().String() + "/", client
 }
 
 // exists reports whether the engine's key for the middleware key k exists.
@@ -600,5 +561,477 @@ func TestShadowMode(t *testing.T) {
 		if rec.Header().Get("Retry-After") != "" {
 			t.Fatalf("request %d: Retry-After in shadow mode", i+1)
 		}
+	}
+}
+
+// t on an admitted response is draft -10's: the wait until the named limit next gets quota
+// back, when the oldest event of its window leaves, long before the newest does. On a denial
+// it stays the wait until the request would be admitted.
+func TestTIsWhenQuotaComesBack(t *testing.T) {
+	e, clock := enginetest.Clocked(t, server.Client(t))
+	h := httplimit.Limit(e, engine.Limit{Max: 3, Window: time.Minute}, httplimit.WithKeyPrefix(uniquePrefix(t)),
+		httplimit.WithLegacyHeaders(true))(ok)
+	for _, step := range []struct {
+		at        time.Duration
+		code      int
+		rateLimit string
+	}{
+		{0, http.StatusOK, `"1m";r=2;t=60`},                                     // the only event
+		{20 * time.Second, http.StatusOK, `"1m";r=1;t=40`},                      // the first leaves at +60s, the newest at +80s
+		{30*time.Second + 500*time.Millisecond, http.StatusOK, `"1m";r=0;t=30`}, // 29.5s, rounded up
+		{45 * time.Second, http.StatusTooManyRequests, `"1m";r=0;t=15`},         // until admitted
+		{61 * time.Second, http.StatusOK, `"1m";r=0;t=19`},                      // the +20s event is the oldest now
+	} {
+		clock.Set(enginetest.T0.Add(step.at))
+		rec := do(h, "192.0.2.1:1", nil)
+		wantStatus(t, fmt.Sprintf("at +%s", step.at), rec, step.code)
+		if got := rec.Header().Get("RateLimit"); got != step.rateLimit {
+			t.Fatalf("at +%s: RateLimit %q, want %q", step.at, got, step.rateLimit)
+		}
+		_, _, reset := rateLimit(t, rec.Header())
+		if got := rec.Header().Get("X-RateLimit-Reset"); got != strconv.FormatInt(reset, 10) {
+			t.Fatalf("at +%s: X-RateLimit-Reset %q, want t (%d)", step.at, got, reset)
+		}
+	}
+}
+
+// IPv6 clients are keyed by their /64 by default: two addresses in one /64 share a count,
+// addresses in another /64 do not; WithIPv6Prefix widens or narrows it; IPv4-mapped addresses
+// count as their IPv4 address.
+func TestIPv6Prefix(t *testing.T) {
+	e := enginetest.New(t, server.Client(t))
+	l := engine.PerMinute(1)
+	def := httplimit.Limit(e, l, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	wantStatus(t, "first address of a /64", do(def, "[2001:db8:1:2::1]:1", nil), http.StatusOK)
+	wantStatus(t, "another address of that /64", do(def, "[2001:db8:1:2:ffff:ffff:ffff:ffff]:1", nil), http.StatusTooManyRequests)
+	wantStatus(t, "the next /64", do(def, "[2001:db8:1:3::1]:1", nil), http.StatusOK)
+	wantStatus(t, "IPv4", do(def, "192.0.2.9:1", nil), http.StatusOK)
+	wantStatus(t, "IPv4-mapped: the same client", do(def, "[::ffff:192.0.2.9]:1", nil), http.StatusTooManyRequests)
+
+	wide := httplimit.Limit(e, l, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithIPv6Prefix(48))(ok)
+	wantStatus(t, "/48: first", do(wide, "[2001:db8:1:2::1]:1", nil), http.StatusOK)
+	wantStatus(t, "/48: another /64 of it", do(wide, "[2001:db8:1:3::1]:1", nil), http.StatusTooManyRequests)
+	wantStatus(t, "/48: another /48", do(wide, "[2001:db8:2::1]:1", nil), http.StatusOK)
+
+	each := httplimit.Limit(e, l, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithIPv6Prefix(128))(ok)
+	wantStatus(t, "/128: first", do(each, "[2001:db8:1:2::1]:1", nil), http.StatusOK)
+	wantStatus(t, "/128: another address", do(each, "[2001:db8:1:2::2]:1", nil), http.StatusOK)
+
+	for _, bits := range []int{0, 129} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("WithIPv6Prefix(%d): New did not panic", bits)
+				}
+			}()
+			httplimit.Limit(e, l, httplimit.WithIPv6Prefix(bits))
+		}()
+	}
+}
+
+// A cost from the request is admitted and recorded as that many events; a cost the function
+// cannot give, or one no request could ever be admitted with, is a 400 and records nothing.
+func TestCost(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c)
+	prefix := uniquePrefix(t)
+	errNoCost := errors.New("no X-Cost")
+	cost := httplimit.WithCost(func(r *http.Request) (int, error) {
+		v := r.Header.Get("X-Cost")
+		if v == "" {
+			return 0, errNoCost
+		}
+		return strconv.Atoi(v)
+	})
+	p := engine.Policy{{Max: 5, Window: time.Minute}, {Max: 8, Window: time.Hour}}
+	var handled error
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(prefix), cost)(ok)
+	withHandler := httplimit.New(e, p, httplimit.WithKeyPrefix(prefix), cost,
+		httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+			handled = err
+			w.WriteHeader(http.StatusUnprocessableEntity)
+		}))(ok)
+	costs := func(v string) http.Header { return http.Header{"X-Cost": {v}} }
+	const client = "192.0.2.1"
+	logged := func() int64 { return enginetest.Events(t, c, "strictrate:", prefix+p.Tag()+":"+client) }
+
+	rec := do(h, client+":1", costs("3"))
+	wantStatus(t, "cost 3", rec, http.StatusOK)
+	if got := rec.Header().Get("RateLimit"); got != `"1m";r=2;t=60` {
+		t.Fatalf("cost 3: RateLimit %q", got)
+	}
+	if got := logged(); got != 3 {
+		t.Fatalf("after a cost of 3 the log holds %d events", got)
+	}
+	wantStatus(t, "cost 3 more: over the minute's 5", do(h, client+":1", costs("3")), http.StatusTooManyRequests)
+	for _, bad := range []http.Header{costs("abc"), costs("0"), costs("-2"), costs("6"), nil} {
+		wantStatus(t, fmt.Sprintf("cost %q", bad.Get("X-Cost")), do(h, client+":1", bad), http.StatusBadRequest)
+	}
+	wantStatus(t, "cost 9, custom handler", do(withHandler, client+":1", costs("9")), http.StatusUnprocessableEntity)
+	if !errors.Is(handled, httplimit.ErrCost) || errors.Is(handled, httplimit.ErrKey) {
+		t.Fatalf("error handler got %v, want ErrCost", handled)
+	}
+	wantStatus(t, "no cost, custom handler", do(withHandler, client+":1", nil), http.StatusUnprocessableEntity)
+	if !errors.Is(handled, httplimit.ErrCost) || !errors.Is(handled, errNoCost) {
+		t.Fatalf("error handler got %v, want ErrCost wrapping the function's error", handled)
+	}
+	if got := logged(); got != 3 {
+		t.Fatalf("after refused costs the log holds %d events, want 3", got)
+	}
+	wantStatus(t, "cost 2: the rest of the minute", do(h, client+":1", costs("2")), http.StatusOK)
+	if got := logged(); got != 5 {
+		t.Fatalf("the log holds %d events, want 5", got)
+	}
+}
+
+// WithFieldsVersion(fields.Draft10) is the default syntax; a revision the fields package does
+// not write is refused when the middleware is made.
+func TestFieldsVersion(t *testing.T) {
+	e, _ := enginetest.Clocked(t, server.Client(t))
+	p := engine.Policy{engine.PerSecond(5), engine.PerHour(100)}
+	def := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	v10 := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithFieldsVersion(fields.Draft10))(ok)
+	a, b := do(def, "192.0.2.1:1", nil).Header(), do(v10, "192.0.2.1:1", nil).Header()
+	for _, name := range []string{"RateLimit", "RateLimit-Policy"} {
+		if a.Get(name) == "" || a.Get(name) != b.Get(name) {
+			t.Fatalf("%s: default %q, draft -10 %q", name, a.Get(name), b.Get(name))
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("an unknown revision did not panic")
+		}
+	}()
+	httplimit.New(e, p, httplimit.WithFieldsVersion(99))
+}
+
+// Two middlewares of different policies on one engine, with the default key prefix (a login
+// limit and a search limit): each holds on its own requests. They used to share each client's
+// key, and the search limit's short window trimmed what the login limit counted: 20 of 20
+// logins went through a limit of 5 per hour.
+func TestMiddlewaresOfDifferentPoliciesCountApart(t *testing.T) {
+	e := enginetest.New(t, server.Client(t))
+	login := httplimit.Limit(e, engine.PerHour(5))(ok)
+	search := httplimit.Limit(e, engine.Limit{Max: 100, Window: 10 * time.Millisecond})(ok)
+	client := "198.51.100.23:4000"
+	logins, searches := 0, 0
+	for i := 0; i < 20; i++ {
+		if do(login, client, nil).Code == http.StatusOK {
+			logins++
+		}
+		time.Sleep(12 * time.Millisecond)
+		if do(search, client, nil).Code == http.StatusOK {
+			searches++
+		}
+	}
+	if logins != 5 || searches != 20 {
+		t.Fatalf("%d logins and %d searches admitted, want 5 and 20", logins, searches)
+	}
+}
+
+// serveUnix serves h with a real http.Server on a Unix socket in a temporary directory until
+// the test ends, and returns a client whose every request goes to that socket.
+func serveUnix(t *testing.T, h http.Handler) *http.Client {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "http.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	var d net.Dialer
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", path) },
+	}}
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return client
+}
+
+// get sends a GET with header to the server c talks to and returns the status.
+func get(t *testing.T, c *http.Client, header http.Header) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://unix/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = header
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// On a Unix-socket listener every request has the RemoteAddr "@" (or ""): without
+// WithTrustedUnixSocket it has no key, a 400 whose error says what to do; with it the
+// proxy on the socket is trusted, its forwarding header keys each client, and a request
+// without one is keyed clientaddr.UnixSocketKey.
+func TestUnixSocket(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c)
+	var got error
+	onError := httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		got = err
+		w.WriteHeader(http.StatusBadRequest)
+	})
+	plain := serveUnix(t, httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(uniquePrefix(t)), onError)(ok))
+	if code := get(t, plain, http.Header{"X-Forwarded-For": {"203.0.113.9"}}); code != http.StatusBadRequest {
+		t.Fatalf("without WithTrustedUnixSocket: status %d, want 400", code)
+	}
+	if !errors.Is(got, httplimit.ErrKey) || !errors.Is(got, clientaddr.ErrUnixSocket) ||
+		!strings.Contains(got.Error(), "WithTrustedUnixSocket") || !strings.Contains(got.Error(), "WithKeyFunc") {
+		t.Fatalf("without WithTrustedUnixSocket: error %v; want ErrKey and ErrUnixSocket, naming WithTrustedUnixSocket and WithKeyFunc", got)
+	}
+
+	for _, h := range []clientaddr.Header{clientaddr.XForwardedFor, clientaddr.Forwarded} {
+		prefix := uniquePrefix(t)
+		client := serveUnix(t, httplimit.Limit(e, engine.PerMinute(1), httplimit.WithKeyPrefix(prefix), onError,
+			httplimit.WithTrustedUnixSocket(), httplimit.WithForwardedHeader(h),
+			httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")))(ok))
+		from := func(addr string) http.Header {
+			if h == clientaddr.Forwarded {
+				return http.Header{"Forwarded": {`for="` + addr + `"`}}
+			}
+			return http.Header{"X-Forwarded-For": {addr + ", 10.0.0.2"}}
+		}
+		for _, step := range []struct {
+			what   string
+			header http.Header
+			code   int
+		}{
+			{"a client", from("203.0.113.9"), http.StatusOK},
+			{"the client again", from("203.0.113.9"), http.StatusTooManyRequests},
+			{"another client", from("203.0.113.10"), http.StatusOK},
+			{"no forwarding header", nil, http.StatusOK},
+			{"no forwarding header again", nil, http.StatusTooManyRequests},
+		} {
+			if code := get(t, client, step.header); code != step.code {
+				t.Fatalf("%s, %s: status %d (%v), want %d", h.Name(), step.what, code, got, step.code)
+			}
+		}
+		for _, key := range []string{"203.0.113.9", "203.0.113.10", clientaddr.UnixSocketKey} {
+			if !exists(t, c, prefix, key) {
+				t.Fatalf("%s: no key %q", h.Name(), key)
+			}
+		}
+	}
+}
+
+// Behind a trusted proxy that appends to the client's own Forwarded line, what the client
+// wrote cannot change the key: neither an open quote (a new key per request) nor a quoted
+// string that would make its for= the key (another client's count). A malformed element the
+// walk has to read is a 400 wrapping clientaddr.ErrMalformedHeader.
+func TestForwardedFromClient(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c)
+	prefix := uniquePrefix(t)
+	var got error
+	h := httplimit.Limit(e, engine.PerMinute(5), httplimit.WithKeyPrefix(prefix),
+		httplimit.WithTrustedProxies(netip.MustParsePrefix("10.0.0.0/8")), httplimit.WithForwardedHeader(clientaddr.Forwarded),
+		httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+			got = err
+			w.WriteHeader(http.StatusBadRequest)
+		}))(ok)
+	for _, tc := range []struct{ line, want, notWant string }{
+		{`for="1, for=203.0.113.9`, "203.0.113.9", `"1, for=203.0.113.9`},
+		{`for=198.51.100.77;x=", for=203.0.113.10`, "203.0.113.10", "198.51.100.77"},
+	} {
+		wantStatus(t, tc.line, do(h, "10.0.0.1:1", http.Header{"Forwarded": {tc.line}}), http.StatusOK)
+		if !exists(t, c, prefix, tc.want) || exists(t, c, prefix, tc.notWant) {
+			t.Fatalf("Forwarded: %s: want the key %q, not %q", tc.line, tc.want, tc.notWant)
+		}
+	}
+	wantStatus(t, "malformed", do(h, "10.0.0.1:1", http.Header{"Forwarded": {`for="203.0.113.11`}}), http.StatusBadRequest)
+	if !errors.Is(got, httplimit.ErrKey) || !errors.Is(got, clientaddr.ErrMalformedHeader) {
+		t.Fatalf("malformed Forwarded: error %v, want ErrKey and clientaddr.ErrMalformedHeader", got)
+	}
+}
+
+// utcMonth returns the UTC month that holds t.
+func utcMonth(t time.Time) (start, end time.Time) {
+	y, m, _ := t.UTC().Date()
+	start = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
+	return start, start.AddDate(0, 1, 0)
+}
+
+// secondsUntil is d in whole seconds, rounded up, as the fields and Retry-After write it.
+func secondsUntil(from, to time.Time) int64 {
+	d := to.Sub(from)
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// "10 per second and 1000 a calendar month (UTC)" on the caller's clock: RateLimit-Policy
+// names the month "month", with w the current month's length (30 days in November, 31 in
+// December: the field follows the period); RateLimit names the tightest limit, the second
+// while it has less room, the month once it has; a full month's denial has Retry-After and t
+// the time to the month's end.
+func TestCalendarMonthFields(t *testing.T) {
+	e, clock := enginetest.Clocked(t, server.Client(t))
+	p := engine.Policy{engine.PerSecond(10), engine.Calendar(1000, engine.Month, time.UTC)}
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)), httplimit.WithLegacyHeaders(true))(ok)
+	const client = "192.0.2.1:1"
+	start, end := utcMonth(enginetest.T0)
+	monthSeconds := int64(end.Sub(start) / time.Second)
+	if monthSeconds != 30*24*3600 {
+		t.Fatalf("November 2026 is %d seconds long", monthSeconds) // the test's own arithmetic
+	}
+	policyField := fmt.Sprintf(`"1s";q=10;w=1, "month";q=1000;w=%d`, monthSeconds)
+
+	rec := do(h, client, nil)
+	wantStatus(t, "first", rec, http.StatusOK)
+	checkPolicyField(t, rec.Header(), policyField)
+	if name, r, reset := rateLimit(t, rec.Header()); name != "1s" || r != 9 || reset != 1 {
+		t.Fatalf("first: RateLimit %q, want the second named: \"1s\";r=9;t=1", rec.Header().Get("RateLimit"))
+	}
+	if got := rec.Header().Get("X-RateLimit-Limit"); got != "10" {
+		t.Fatalf("first: X-RateLimit-Limit %q, want 10", got)
+	}
+
+	// Fill the month, 5 in the first second, then 10 a second (the first request took one
+	// already).
+	now := enginetest.T0
+	for i := 1; i < 1000; i++ {
+		if i%10 == 5 {
+			now = now.Add(time.Second)
+			clock.Set(now)
+		}
+		rec = do(h, client, nil)
+		wantStatus(t, fmt.Sprintf("request %d", i+1), rec, http.StatusOK)
+		if i == 995 {
+			// A new second: the second has 9 left, the month 4; the month binds, and its
+			// quota comes back when it ends.
+			checkPolicyField(t, rec.Header(), policyField)
+			want := fmt.Sprintf(`"month";r=4;t=%d`, secondsUntil(now, end))
+			if got := rec.Header().Get("RateLimit"); got != want {
+				t.Fatalf("request %d: RateLimit %q, want %q", i+1, got, want)
+			}
+			if got := rec.Header().Get("X-RateLimit-Limit"); got != "1000" {
+				t.Fatalf("request %d: X-RateLimit-Limit %q, want the month's 1000", i+1, got)
+			}
+		}
+	}
+
+	now = now.Add(1500 * time.Millisecond) // the second has room again; the month has none
+	clock.Set(now)
+	rec = do(h, client, nil)
+	wantStatus(t, "month full", rec, http.StatusTooManyRequests)
+	checkPolicyField(t, rec.Header(), policyField)
+	wait := secondsUntil(now, end)
+	if got := rec.Header().Get("Retry-After"); got != strconv.FormatInt(wait, 10) {
+		t.Fatalf("month full: Retry-After %q, want %d, the seconds until the month ends", got, wait)
+	}
+	if name, r, reset := rateLimit(t, rec.Header()); name != "month" || r != 0 || reset != wait {
+		t.Fatalf("month full: RateLimit %q, want \"month\";r=0;t=%d", rec.Header().Get("RateLimit"), wait)
+	}
+
+	// December: a new count, and the policy field gives December's 31 days.
+	clock.Set(end)
+	rec = do(h, client, nil)
+	wantStatus(t, "next month", rec, http.StatusOK)
+	checkPolicyField(t, rec.Header(), fmt.Sprintf(`"1s";q=10;w=1, "month";q=1000;w=%d`, 31*24*3600))
+	if got := rec.Header().Get("RateLimit"); got != `"1s";r=9;t=1` {
+		t.Fatalf("next month: RateLimit %q", got)
+	}
+	// And back in November (a clock that went back): November's fields again.
+	clock.Set(now)
+	checkPolicyField(t, do(h, client, nil).Header(), policyField)
+}
+
+// On the server's clock: w is the current UTC month's length, and a month that is full (a
+// small one, so that the test fills it at once) is denied with Retry-After and t within a
+// second of the time until the month ends.
+func TestCalendarMonthOnServerClock(t *testing.T) {
+	e := enginetest.New(t, server.Client(t))
+	p := engine.Policy{engine.PerSecond(10), engine.Calendar(3, engine.Month, time.UTC)}
+	var denial engine.Result
+	h := httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)),
+		httplimit.WithDeniedHandler(func(w http.ResponseWriter, _ *http.Request, res engine.Result) {
+			denial = res
+			w.WriteHeader(http.StatusTooManyRequests)
+		}))(ok)
+	before := time.Now()
+	for i := range 3 {
+		wantStatus(t, fmt.Sprintf("request %d", i+1), do(h, "192.0.2.1:1", nil), http.StatusOK)
+	}
+	rec := do(h, "192.0.2.1:1", nil)
+	after := time.Now()
+	wantStatus(t, "4th", rec, http.StatusTooManyRequests)
+	start, end := utcMonth(denial.At)
+	if s, _ := utcMonth(before); !s.Equal(start) {
+		t.Skipf("the month changed during the test (%s to %s)", before, denial.At)
+	}
+	checkPolicyField(t, rec.Header(), fmt.Sprintf(`"1s";q=10;w=1, "month";q=3;w=%d`, int64(end.Sub(start)/time.Second)))
+	ra, err := strconv.ParseInt(rec.Header().Get("Retry-After"), 10, 64)
+	if err != nil {
+		t.Fatalf("Retry-After %q: %v", rec.Header().Get("Retry-After"), err)
+	}
+	// The server's clock and this one may differ a little; a second covers the rounding.
+	if lo, hi := int64(end.Sub(after)/time.Second), secondsUntil(before, end)+1; ra < lo || ra > hi {
+		t.Fatalf("Retry-After %d, want the time until the month ends, %d to %d", ra, lo, hi)
+	}
+	if name, r, reset := rateLimit(t, rec.Header()); name != "month" || r != 0 || reset != ra {
+		t.Fatalf("RateLimit %q, want \"month\";r=0;t=%d", rec.Header().Get("RateLimit"), ra)
+	}
+	if want := secondsUntil(denial.At, end); ra != want {
+		t.Fatalf("Retry-After %d, want %d, the time from the decision to the month's end", ra, want)
+	}
+}
+
+// A limit with a Resolution has the fields of the same limit without it: its window's name and
+// w, and on a clock at the start of its slots, the same r and t.
+func TestResolutionLimitFields(t *testing.T) {
+	e, clock := enginetest.Clocked(t, server.Client(t)) // T0 is on a whole minute
+	plain := engine.Policy{engine.PerSecond(10), {Max: 5, Window: time.Hour}}
+	slotted := engine.Policy{engine.PerSecond(10), {Max: 5, Window: time.Hour, Resolution: time.Minute}}
+	hp := httplimit.New(e, plain, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	hs := httplimit.New(e, slotted, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok)
+	for i, at := range []time.Duration{0, 0, time.Minute, time.Minute, 2 * time.Minute, 2 * time.Minute, time.Hour} {
+		clock.Set(enginetest.T0.Add(at))
+		a, b := do(hp, "192.0.2.1:1", nil), do(hs, "192.0.2.1:1", nil)
+		checkPolicyField(t, b.Header(), `"1s";q=10;w=1, "1h";q=5;w=3600`)
+		for _, name := range []string{"RateLimit-Policy", "RateLimit", "Retry-After"} {
+			if got, want := b.Header().Get(name), a.Header().Get(name); got != want {
+				t.Fatalf("request %d: %s %q with a Resolution, %q without", i+1, name, got, want)
+			}
+		}
+		if a.Code != b.Code {
+			t.Fatalf("request %d: status %d with a Resolution, %d without", i+1, b.Code, a.Code)
+		}
+	}
+}
+
+// Every calendar period has a name of its own in a policy, and w its current length: a day, an
+// ISO week, a year, a billing month; two months in different zones are told apart by their
+// zones.
+func TestCalendarNames(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Skipf("no zone data: %v", err)
+	}
+	e, _ := enginetest.Clocked(t, server.Client(t)) // 2026-11-30 12:00 UTC, a Monday
+	p := engine.Policy{
+		engine.PerMinute(50),
+		engine.Calendar(100, engine.Day, time.UTC),
+		engine.Calendar(200, engine.Week, time.UTC),
+		engine.Calendar(300, engine.Month, time.UTC),
+		engine.Calendar(400, engine.Month, berlin),
+		engine.Calendar(500, engine.Month, time.UTC).WithBillingDay(15),
+		engine.Calendar(600, engine.Year, time.UTC),
+	}
+	rec := do(httplimit.New(e, p, httplimit.WithKeyPrefix(uniquePrefix(t)))(ok), "192.0.2.1:1", nil)
+	wantStatus(t, "request", rec, http.StatusOK)
+	const day = 24 * 3600
+	checkPolicyField(t, rec.Header(), fmt.Sprintf(`"1m";q=50;w=60, "day";q=100;w=%d, "week";q=200;w=%d, `+
+		`"month@UTC";q=300;w=%d, "month@Europe/Berlin";q=400;w=%d, "month-15";q=500;w=%d, "year";q=600;w=%d`,
+		day, 7*day, 30*day, 30*day, 30*day, 365*day))
+	if got := rec.Header().Get("RateLimit"); got != `"1m";r=49;t=60` {
+		t.Fatalf("RateLimit %q", got)
 	}
 }

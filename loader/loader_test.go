@@ -141,9 +141,7 @@ func TestExecThenReturnsEveryReply(t *testing.T) {
 // allow-cross-slot-keys lets it), EVAL follows NOSCRIPT, and Then's commands go behind on the
 // same node.
 func TestExecOnNodeTakesKeysOfSeveralSlots(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster; skipped with -short")
-	}
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	ctx := context.Background()
 	client := cl.Client(t, valkey.ClientOption{})

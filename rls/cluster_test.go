@@ -34,9 +34,7 @@ descriptors:
 // nothing, not even for a while once the run is over), and what is left can still be taken to
 // the last hit.
 func TestClusterNeverOverAdmits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("cluster tests start several servers; skipped with -short")
-	}
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cluster := valkeytest.NewCluster(t, 3, 0)
 	client := cluster.Client(t, valkey.ClientOption{})
 	r := start(t, enginetest.New(t, client), clusterConfig)

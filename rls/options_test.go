@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/rls"
 )
 
@@ -242,6 +243,7 @@ func TestResponseHeaders(t *testing.T) {
 // requests of distinct overrides each get their fields, and the service keeps the fields of
 // the configuration's rules alone, until a new configuration drops them.
 func TestOverrideFieldsNotKept(t *testing.T) {
+	valkeytest.SkipIfShort(t, "sends 60,000 requests")
 	e := enginetest.New(t, server.Client(t))
 	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"), rls.WithResponseHeaders(rls.HeadersFields))
 	svc.SetConfig(mustConfig(t, basicConfig))

@@ -97,9 +97,7 @@ func startChild(t *testing.T, prefix string) pb.RateLimitServiceClient {
 // account hits and 30 feature hits are admitted, the keys hold exactly what was admitted (a
 // denied request consumed nothing anywhere), and no process admitted past a limit.
 func TestServicesInProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts OS processes")
-	}
+	valkeytest.SkipIfShort(t, "starts OS processes")
 	prefix := t.Name() + uuid.NewString() + ":"
 	clients := []pb.RateLimitServiceClient{startChild(t, prefix), startChild(t, prefix), startChild(t, prefix)}
 	account, feature := descriptor("account", "a1"), descriptor("feature", "f1")

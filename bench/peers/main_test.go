@@ -17,6 +17,7 @@ import (
 // The program runs end to end, briefly: every row is measured, printed and written, with
 // positive figures.
 func TestRunMeasuresEveryRow(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the whole peers program")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	path := filepath.Join(t.TempDir(), "peers.json")

@@ -9,12 +9,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // TestRunStrictrateAlone runs the command's core with tiny durations against strictrate-rls
 // alone: the throughput table must hold figures for one and three descriptors, and the
 // exactness scenarios that need no minute boundary must show what an exact limiter admits.
 func TestRunStrictrateAlone(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the whole rls bench program")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out := filepath.Join(t.TempDir(), "bench.md")

@@ -185,6 +185,7 @@ func freeTCPPort(t *testing.T) string {
 }
 
 func TestValkeyCluster(t *testing.T) {
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cluster := valkeytest.NewCluster(t, 3, 0)
 	s := mustSettings(t, "REDIS_TYPE", "CLUSTER", "REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", strings.Join(cluster.Addrs()[:2], ","))
 	c := connect(t, s)

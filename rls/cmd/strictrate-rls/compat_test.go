@@ -138,6 +138,7 @@ descriptors:
 // status stays OVER_LIMIT and the quota rule's is OK. QUOTA_MODE=true puts every rule in
 // quota mode.
 func TestReferenceQuotaMode(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	const dom = "quota-domain"
 	regular, quota := d("regular", "limit"), d("quota", "limit")
@@ -194,6 +195,7 @@ descriptors:
 // minute, b at 10; b's remaining goes 9, 8, 7), and the answer is OK with the descriptor's own
 // status OVER_LIMIT (test/service/ratelimit_test.go, TestServiceGlobalShadowMode).
 func TestReferenceShadowMode(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	const cfg = `domain: d
 descriptors:
@@ -235,6 +237,7 @@ func healthOf(t *testing.T, addr, service string) (healthpb.HealthCheckResponse_
 // while the configuration has no domain, SERVING once it has one
 // (TestGrpcHealthyWithAtLeastOneConfigLoaded, TestServiceHealthStatusAtLeastOneConfigLoaded).
 func TestReferenceGRPCHealth(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	forEachServer(t, func(t *testing.T, s target) {
 		t.Parallel()
@@ -296,6 +299,7 @@ func httpAnswer(t *testing.T, method, url, body string, withBody bool) string {
 // (FORCE_START_WITHOUT_INITIAL_CONFIG with a rejected file); 200 and 429 with the response in
 // JSON.
 func TestReferenceJSON(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	const badRequest = `400 text/plain; charset=utf-8 "Bad Request\n"`
 	forEachServer(t, func(t *testing.T, s target) {
@@ -337,6 +341,7 @@ func TestReferenceJSON(t *testing.T) {
 // two pairs the same size and written in the same clock tick, which a file's size and time
 // cannot tell apart.
 func TestReferenceCertificateRotation(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	forEachServer(t, func(t *testing.T, s target) {
 		t.Parallel()
@@ -390,6 +395,7 @@ func TestReferenceCertificateRotation(t *testing.T) {
 // without a port open. Credentials are refused at once; an address is retried for
 // REDIS_STARTUP_MAX_ELAPSED_TIME (the reference's newer name), here 2 s.
 func TestReferenceStartWithoutValkey(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	ports, err := valkeytest.FreePorts(1)
 	if err != nil {
@@ -458,6 +464,7 @@ descriptors:
 // lookup finds. The pinned reference refuses the file, so these run against the command
 // alone.
 func TestReferenceNewerConfig(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	p := target{name: "strictrate-rls", bin: binary}.serveConfig(t, newerConfig)
 	c := dial(t, p.grpc)
@@ -487,6 +494,7 @@ func TestReferenceNewerConfig(t *testing.T) {
 // rules applying to the next request, and its removal is loaded too
 // (test/integration/integration_test.go, testConfigReload, with its reload.yaml).
 func TestReferenceConfigReload(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	const reload = `domain: reload
 descriptors:

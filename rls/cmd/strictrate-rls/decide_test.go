@@ -8,6 +8,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // itemsConfig limits each item to 1 a minute and each user to 10.
@@ -39,6 +40,7 @@ func withLimit(d *rlv3.RateLimitDescriptor, n uint32, unit typev3.RateLimitUnit)
 // the service does not know beside a used-up descriptor, and a rule's descriptor sent with
 // and without an override of its unit, in either order.
 func TestWhatEnvoySees(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), itemsConfig)

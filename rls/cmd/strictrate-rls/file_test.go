@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strictrate/strictrate/internal/valkeytest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -50,6 +51,7 @@ func fileEnv(t *testing.T, root string) env {
 // while serving, and a bad edit is refused (logged, counted) while the last good configuration
 // stays in force.
 func TestFileConfig(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	file := filepath.Join(root, "ratelimit", "config", "edge.yaml")
@@ -106,6 +108,7 @@ func TestFileConfig(t *testing.T) {
 // names the file, unless FORCE_START_WITHOUT_INITIAL_CONFIG, with which it serves (answering
 // errors until a configuration loads) and loads the file once it is fixed.
 func TestBadConfigAtStart(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	file := filepath.Join(root, "ratelimit", "config", "bad.yaml")
@@ -153,6 +156,7 @@ func refusedAtStart(t *testing.T, e env, wants ...string) {
 // no limit; the reference would accept it, and capping it in silence would deny what it
 // admits.
 func TestHugeRuleAtStart(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	writeFile(t, filepath.Join(root, "ratelimit", "config", "huge.yaml"), edgeConfig(4294967295))
@@ -162,6 +166,7 @@ func TestHugeRuleAtStart(t *testing.T) {
 // TestWatchRoot: with RUNTIME_WATCH_ROOT=true (the reference's default), a deployment that
 // swaps the link RUNTIME_ROOT to a new tree is reloaded.
 func TestWatchRoot(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	dir := t.TempDir()
 	for version, limit := range map[string]int{"v1": 1, "v2": 2} {
@@ -204,6 +209,7 @@ func post(url, body string) (int, string, error) {
 // TestMergeDomainConfig: two files of one domain are refused at start, as the reference refuses
 // them, unless MERGE_DOMAIN_CONFIG=true, with which the rules of both apply.
 func TestMergeDomainConfig(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	dir := filepath.Join(root, "ratelimit", "config")
@@ -230,6 +236,7 @@ descriptors:
 // TestDisableStats: DISABLE_STATS serves no metrics, on the debug port or the Prometheus
 // one, while decisions go on as before.
 func TestDisableStats(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(3))

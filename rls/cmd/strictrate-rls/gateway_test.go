@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/strictrate/strictrate/internal/valkeytest"
 	"github.com/strictrate/strictrate/rls/internal/testpki"
 	"github.com/strictrate/strictrate/rls/internal/testxds"
 )
@@ -53,6 +54,7 @@ func gatewayConfig(domain string, unit rlsconfv3.RateLimitUnit, perUnit uint32) 
 // the gRPC server requires Envoy's client certificate, and the Prometheus endpoint serves the
 // reference's metrics.
 func TestEnvoyGatewayDeployment(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	pki := testpki.New(t, "strictrate-rls test CA")
 	// One certificate for serving and for presenting as a client, as Envoy Gateway issues them.
@@ -165,6 +167,7 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 // FORCE_START_WITHOUT_INITIAL_CONFIG (without it, it used to wait for a first configuration
 // that could never come).
 func TestXDSUnusableServerAddress(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	for _, force := range []string{"false", "true"} {
 		e := baseEnv(t)

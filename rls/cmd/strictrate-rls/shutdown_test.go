@@ -16,6 +16,7 @@ import (
 // TestSIGTERM: on SIGTERM, /healthcheck fails at once, a request in flight is still answered
 // (the process drains), and the process exits 0 within the drain timeout.
 func TestSIGTERM(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	// A Valkey of the test's own, which it pauses to hold a request in flight.
 	valkey := valkeytest.New(t, valkeytest.OwnServer())
@@ -81,6 +82,7 @@ func TestSIGTERM(t *testing.T) {
 // TestReferenceSettings: a reference setting that is not supported is named in a warning at
 // start; one whose absence would change what is limited stops the command, named.
 func TestReferenceSettings(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	root := t.TempDir()
 	writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), edgeConfig(5))

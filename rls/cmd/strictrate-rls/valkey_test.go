@@ -20,6 +20,7 @@ import (
 // (so that Envoy's failure_mode_deny decides) or, with STRICTRATE_FAIL_OPEN=true, OK;
 // /healthcheck fails; once Valkey is back on its address, decisions resume.
 func TestValkeyDown(t *testing.T) {
+	valkeytest.SkipIfShort(t, "runs the strictrate-rls command as a process")
 	t.Parallel()
 	valkey := valkeytest.New(t, valkeytest.OwnServer())
 	root := t.TempDir()

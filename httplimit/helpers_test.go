@@ -1,13 +1,24 @@
+// The helpers httplimit_test.go (New and Limit, httplimit.go) and concurrent_test.go
+// (NewConcurrent) share: the package's one server (TestMain), requests sent by hand or through
+// a real server on loopback, and a parser of the RateLimit fields' Structured Field syntax,
+// tested itself (TestParseSFList).
+
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -112,3 +123,49 @@ func TestParseSFList(t *testing.T) {
 		}
 	}
 }
+
+// ok is the handler the middleware guards: it answers 200 "ok".
+var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+
+// do sends one request from remote through h and returns the recorded response.
+func do(h http.Handler, remote string, header http.Header) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = remote
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// wantStatus fails t unless rec has the status code.
+func wantStatus(t *testing.T, what string, rec *httptest.ResponseRecorder, code int) {
+	t.Helper()
+	if rec.Code != code {
+		t.Fatalf("%s: status %d (%q), want %d", what, rec.Code, rec.Body.String(), code)
+	}
+}
+
+// serveLoopback serves h on a loopback port with a real http.Server until the test ends, and
+// returns its URL and a client that keeps up to 16 connections to it.
+func serveLoopback(t *testing.T, h http.Handler) (string, *http.Client) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String() + "/", client
+}
+
+// concurrentPolicy is the RateLimit-Policy field of an in-flight limit of 2.
+const concurrentPolicy = `"concurrency";q=2;qu="concurrent-requests"`

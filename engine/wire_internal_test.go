@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/scripts"
 )
 
 // The one contract between the scripts' replies (lib_reply.lua's encode_decision) and the one
@@ -19,7 +22,7 @@ import (
 // the batch script, decode to the same values, which are the ones the log's history implies;
 // first with every value at its default (the reply leaves them all out), then with every
 // value an admission can set away from its default, then a denial.
-func TestReplyContractSingleAndBatch(t *testing.T) {
+func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 	server := valkeytest.New(t)
 	client := server.Client(t)
 	ctx := context.Background()
@@ -53,7 +56,7 @@ func TestReplyContractSingleAndBatch(t *testing.T) {
 		e.decides.exec(ctx, nil, batched, &scratch{})
 		for i, cl := range []*call[request]{single, batched[1]} {
 			if cl.err != nil || cl.req.replyErr != nil {
-				t.Fatalf("decision %d: %v %v", i, cl.err, cl.req.replyErr)
+				t.Fatalf("decision %d: %v %v; want a decision", i, cl.err, cl.req.replyErr)
 			}
 			got[i] = cl.req.d
 		}
@@ -162,7 +165,7 @@ return r`
 	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", dec(2, 250)), 2)
 	if calls[0].err == nil || !strings.HasPrefix(calls[0].err.Error(), "BADLAYOUT") || calls[1].err != nil ||
 		calls[1].req.replyErr != nil || calls[1].req.d.retryAfter != 250 {
-		t.Fatalf("an error reply, then a denial: %+v, %+v", calls[0], calls[1])
+		t.Fatalf("an error reply, then a denial: %+v, %+v; want BADLAYOUT for the first, a denial with retryAfter 250 for the second", calls[0], calls[1])
 	}
 	for name, vals := range map[string][]string{
 		"empty string":            {""},
@@ -203,5 +206,34 @@ return r`
 		if cl.err == nil || cl.req.replyErr != nil {
 			t.Errorf("transport error: %+v, want the call's error", cl)
 		}
+	}
+}
+
+func TestClockReadingRefusesTimesOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		t  time.Time
+		ok bool
+	}{
+		{time.Unix(0, 0), true},
+		{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Date(1850, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Time{}, false},
+		{time.Date(2113, 1, 1, 0, 0, 0, 0, time.UTC), false},
+	} {
+		_, err := clockReading{t: tc.t, set: true}.micros()
+		if (err == nil) != tc.ok {
+			t.Errorf("micros(%s) err = %v, want ok=%v", tc.t, err, tc.ok)
+		}
+	}
+}
+
+// The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
+func TestServerClockIsTheScripts(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	if m == nil {
+		t.Fatal("decide.lua defines no SERVER_CLOCK")
+	}
+	if got, _ := strconv.ParseInt(m[1], 10, 64); got != serverClock {
+		t.Fatalf("decide.lua's SERVER_CLOCK is %d, want the engine's %d", got, serverClock)
 	}
 }

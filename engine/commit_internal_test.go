@@ -17,8 +17,6 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
-	"github.com/strictrate/strictrate/loader"
-	"github.com/strictrate/strictrate/scripts"
 )
 
 // outcome is what a decision came back with, for these tests: its decision, the call's or its
@@ -140,7 +138,7 @@ func TestBatchPanicReachesEveryCaller(t *testing.T) {
 
 // A caller whose context ends after its request was taken into a batch leaves its call to the
 // batch, which still signals it; the call is not reused while the batch may write to it.
-func TestBatchCallerGoneAfterSend(t *testing.T) {
+func TestBatchStillSignalsACallerGoneAfterSend(t *testing.T) {
 	client := valkeytest.New(t).Client(t)
 	e, err := New(client, WithBatching(true))
 	if err != nil {
@@ -241,22 +239,6 @@ func mustRequest(t *testing.T, full string, set *limitSet) request {
 	return r
 }
 
-// storedLog is what key's log (key without the engine's prefix) holds, as inspect.lua reads
-// it: its events, its entries and its layout (0: no key). Package inspect reads the rest; these
-// tests are inside package engine, which it imports.
-type storedLog struct{ Events, Count, Layout int }
-
-func readLog(t *testing.T, e *Engine, key string) storedLog {
-	t.Helper()
-	reply, _ := loader.NewReadOnly("inspect", scripts.Source("inspect", 0)).Exec(context.Background(), e.client,
-		loader.Call{Keys: []string{e.prefix + key}, Args: []string{"1"}})
-	vals, err := reply.AsIntSlice()
-	if err != nil || len(vals) < 3 {
-		t.Fatalf("inspect %s: %v, %v", key, vals, err)
-	}
-	return storedLog{Events: int(vals[0]), Count: int(vals[1]), Layout: int(vals[2])}
-}
-
 // wantEntries fails t unless key's log (key without the engine's prefix) holds n entries.
 func wantEntries(t *testing.T, e *Engine, key string, n int) {
 	t.Helper()
@@ -280,7 +262,7 @@ func serverReply(t *testing.T, c valkey.Client, text string) error {
 // decisions is sent again alone) and the others (each caller's, as they are): only a refusal
 // before the script ran, or a connection that was never opened, is sent again. Inside a batch's
 // reply, only a request the node could not serve is.
-func TestBatchRetryRules(t *testing.T) {
+func TestBatchRetriesOnlyWhatNeverRan(t *testing.T) {
 	c := valkeytest.New(t).Client(t)
 	for text, want := range map[string]bool{
 		"MOVED 3999 127.0.0.1:6381":                               true,
@@ -328,49 +310,8 @@ func TestBatchRetryRules(t *testing.T) {
 		}
 	}
 	if notTakenOnNode(errors.New("Script attempted to access a non local key in a cluster node")) {
-		t.Error("notTakenOnNode took a client-side error for a server's reply")
+		t.Error("notTakenOnNode(a client-side error of the same text) = true, want false: only a server's reply says so")
 	}
-}
-
-// skipIfShort skips a test that starts a cluster.
-func skipIfShort(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a cluster; skipped with -short")
-	}
-}
-
-// clusterEngine returns an engine on a cluster client of c, with batching on, and its
-// committer's slot map loaded.
-func clusterEngine(t *testing.T, c *valkeytest.Cluster, opts ...Option) *Engine {
-	t.Helper()
-	e, err := New(c.Client(t, valkey.ClientOption{}), append([]Option{WithBatching(true)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := valkeytest.WaitFor(context.Background(), 10*time.Second, "the slot map to load", func() (bool, error) {
-		_, ok := e.decides.slots.primary(0)
-		return ok, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-// keysOn returns n fresh keys (without the engine's prefix) whose full keys are in slots node
-// serves, each in a slot of its own, none in skip.
-func keysOn(t *testing.T, e *Engine, node *valkeytest.Node, n, skip int) []string {
-	t.Helper()
-	var keys []string
-	slots := map[int]bool{skip: true}
-	for len(keys) < n {
-		k := "split:" + uuid.NewString()
-		if slot := valkeytest.KeySlot(e.prefix + k); node.Owns(e.prefix+k) && !slots[slot] {
-			slots[slot] = true
-			keys = append(keys, k)
-		}
-	}
-	return keys
 }
 
 // A batch for one node spans several of its slots, one of them migrating: the node takes the
@@ -379,7 +320,7 @@ func keysOn(t *testing.T, e *Engine, node *valkeytest.Node, n, skip int) []strin
 // and goes again alone, through the cluster client, which follows ASK. Every decision is
 // taken once: each log holds one entry per admission.
 func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
-	skipIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	e := clusterEngine(t, cl)
 	ctx := context.Background()
@@ -393,7 +334,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	// moved and kept have a log before the migration starts.
 	for _, k := range []string{moved, kept} {
 		if r, err := e.Allow(ctx, k, Limit{Max: 10, Window: time.Hour}); err != nil || !r.Allowed {
-			t.Fatalf("first Allow of %s: %+v, %v", k, r, err)
+			t.Fatalf("first Allow of %s: %+v, %v; want an admission", k, r, err)
 		}
 	}
 	m, err := cl.BeginMigration(ctx, slot, from, to)
@@ -443,7 +384,7 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	reqs = []request{mustRequest(t, e.prefix+moved, set), mustRequest(t, e.prefix+kept, set)}
 	for i, out := range sendByHand(t, c, &queue[request]{node: from.Addr}, ctx, reqs) {
 		if out.err != nil || !out.admits() {
-			t.Fatalf("decision %d after the move, sent to the source: %v, %+v", i, out.err, out.d)
+			t.Fatalf("decision %d after the move, sent to the source: %v, %+v; want an admission", i, out.err, out.d)
 		}
 	}
 	if got := c.retried.Load(); got != 4 {
@@ -483,53 +424,11 @@ func TestBatchOnNodeSplitsWhatTheNodeDoesNotHold(t *testing.T) {
 	}
 }
 
-// A node is named as valkey-go names it: the endpoint CLUSTER SLOTS gives and the port, the
-// asked node's host when the endpoint is empty, nothing when it is unknown.
-func TestNodeAddr(t *testing.T) {
-	for _, tc := range []struct {
-		from, endpoint string
-		port           int64
-		want           string
-	}{
-		{"127.0.0.1:7000", "127.0.0.1", 7001, "127.0.0.1:7001"},
-		{"127.0.0.1:7000", "", 7001, "127.0.0.1:7001"},
-		{"10.0.0.1:7000", "cache-2.internal", 6379, "cache-2.internal:6379"},
-		{"[::1]:7000", "", 7002, "[::1]:7002"},
-		{"127.0.0.1:7000", "?", 7001, ""},
-	} {
-		if got := nodeAddr(tc.from, tc.endpoint, tc.port); got != tc.want {
-			t.Errorf("nodeAddr(%q, %q, %d) = %q, want %q", tc.from, tc.endpoint, tc.port, got, tc.want)
-		}
-	}
-}
-
-// scriptCallsOn reads how many script calls (EVALSHA, EVAL) node ran, and how many it refused
-// before running them (a redirection).
-func scriptCallsOn(t *testing.T, node *valkeytest.Node) (calls, rejected int64) {
-	t.Helper()
-	stats := commandStatsOn(t, node)
-	for _, name := range []string{"evalsha", "eval"} {
-		calls += stats[name].Calls
-		rejected += stats[name].RejectedCalls
-	}
-	return calls, rejected
-}
-
-// commandStatsOn reads node's INFO commandstats.
-func commandStatsOn(t *testing.T, node *valkeytest.Node) map[string]valkeytest.CommandStat {
-	t.Helper()
-	info, err := valkeytest.ReadInfo(context.Background(), node.Client(), "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.CommandStats()
-}
-
 // A batch for a node the engine's client does not know, or whose connection cannot be opened
 // (its process is gone), never left: each of its decisions goes again alone, through the
 // cluster client, and is taken once.
 func TestBatchForAGoneNodeGoesAgainAlone(t *testing.T) {
-	skipIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	e := clusterEngine(t, cl)
 	ctx := context.Background()
@@ -580,7 +479,7 @@ func TestBatchForAGoneNodeGoesAgainAlone(t *testing.T) {
 // paused (it was written; whether the node runs it is the node's affair) is each caller's
 // error, no decision of it goes again, and no key holds more than one entry for it.
 func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
-	skipIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 0)
 	e := clusterEngine(t, cl)
 	c, node := e.decides, cl.Primaries[2]
@@ -593,7 +492,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 	// Warm the node's connection, so the call below is written at once.
 	for i, out := range sendByHand(t, c, &queue[request]{node: node.Addr}, context.Background(), reqs[:2]) {
 		if !out.admits() {
-			t.Fatalf("warm-up decision %d: %v, %+v", i, out.err, out.d)
+			t.Fatalf("warm-up decision %d: %v, %+v; want an admission", i, out.err, out.d)
 		}
 	}
 	nc := node.Client()
@@ -611,7 +510,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 		}
 	}
 	if got := c.retried.Load() - before; got != 0 {
-		t.Fatalf("%d decisions of a call that may have run were sent again", got)
+		t.Fatalf("%d decisions of a call that may have run were sent again, want 0", got)
 	}
 	time.Sleep(time.Until(paused.Add(pause + 200*time.Millisecond)))
 	for i, k := range keys {
@@ -621,7 +520,7 @@ func TestBatchThatMayHaveRunIsNotSentAgain(t *testing.T) {
 			warm = 1
 		}
 		if log.Count < warm || log.Count > warm+1 {
-			t.Fatalf("%s holds %d entries after %d warm-up decisions and one call that timed out", k, log.Count, warm)
+			t.Fatalf("%s holds %d entries after %d warm-up decisions and one call that timed out, want %d or %d", k, log.Count, warm, warm, warm+1)
 		}
 	}
 }
@@ -641,7 +540,7 @@ func TestBatchOverMaxmemoryGoesAgainAlone(t *testing.T) {
 	keys := []string{"oom:" + uuid.NewString(), "oom:" + uuid.NewString(), "oom:" + uuid.NewString()}
 	for _, k := range keys {
 		if r, err := e.Allow(ctx, k, l); err != nil || !r.Allowed {
-			t.Fatalf("Allow %s: %+v, %v", k, r, err)
+			t.Fatalf("Allow %s: %+v, %v; want an admission", k, r, err)
 		}
 	}
 	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
@@ -671,7 +570,7 @@ func TestBatchOverMaxmemoryGoesAgainAlone(t *testing.T) {
 // does: WithReplicaAck's WAIT goes behind it on the node's connection, once per call, and
 // every decision of the batch is held by the replica when its caller hears yes.
 func TestBatchOnNodeWaitsForReplicas(t *testing.T) {
-	skipIfShort(t)
+	valkeytest.SkipIfShort(t, "starts a cluster")
 	cl := valkeytest.NewCluster(t, 3, 1)
 	e := clusterEngine(t, cl, WithReplicaAck(1, 2*time.Second))
 	ctx := context.Background()

@@ -32,7 +32,7 @@ func expiresAtMicros(tb testing.TB, c valkey.Client, key string) int64 {
 // layout 3 log; an engine that writes layout 2 reads it and writes it back as layout 2, with
 // the exact expiry; and a caller's clock writes layout 2 (the header's expiry is the
 // server's time).
-func TestWriteLayout3(t *testing.T) {
+func TestWriteLayout3KeepsTheExpiryInTheHeader(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e3 := enginetest.New(t, c, engine.WithWriteLayout(3))
@@ -45,7 +45,7 @@ func TestWriteLayout3(t *testing.T) {
 		t.Helper()
 		at := expiresAtMicros(t, c, key)
 		if need := r.At.UnixMicro() + w; at < need {
-			t.Fatalf("%s: the key goes at %d µs, before its entry of %s leaves the window at %d", what, at, r.At, need)
+			t.Fatalf("%s: the key goes at %d µs, want no earlier than its entry of %s leaves the window, at %d", what, at, r.At, need)
 		}
 		return at
 	}
@@ -149,8 +149,21 @@ func TestEveryLogOutlivesItsNewestEntry(t *testing.T) {
 				r = enginetest.MustAllowPolicy(t, e, key, p, 1)
 			}
 			if at, need := expiresAtMicros(t, c, key), r.At.UnixMicro()+l.Window.Microseconds(); at < need {
-				t.Fatalf("layout %d, decision %d: the key goes at %d µs, %d µs before its entry leaves the window", layout, i, at, need-at)
+				t.Fatalf("layout %d, decision %d: the key goes at %d µs, %d µs before its entry leaves the window at %d, want no earlier", layout, i, at, need-at, need)
 			}
+		}
+	}
+}
+
+func TestWithPrefixKeepsKeysUnderIt(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithPrefix("other:"))
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(1), 1)
+	for k, n := range map[string]int64{"other:" + key: 1, enginetest.Prefix + key: 0} {
+		got, err := c.Do(context.Background(), c.B().Exists().Key(k).Build()).AsInt64()
+		if err != nil || got != n {
+			t.Fatalf("EXISTS %s = %d, %v; want %d", k, got, err, n)
 		}
 	}
 }

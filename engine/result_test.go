@@ -2,9 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -134,70 +131,5 @@ func TestQuotaAfterSkipsRefundedEntries(t *testing.T) {
 	}
 	if r := enginetest.MustAllowN(t, e, key, l, 1); r.QuotaAfter != 55*time.Second || r.Remaining != 3 {
 		t.Fatalf("AllowN after refunding the oldest: %+v, want quota after 55s, 3 remaining", r)
-	}
-}
-
-// PeekPolicy takes AllowPolicy's decision without recording it: on a random sequence, a peek
-// before each AllowPolicy answers as it does (the room before it, for an admission), and the
-// log only ever holds what AllowPolicy recorded.
-func TestPeekPolicyMatchesAllowPolicy(t *testing.T) {
-	c := exampleServer.Client(t)
-	e, clock := enginetest.Clocked(t, c)
-	key, ctx := enginetest.NewKey(t), context.Background()
-	p := engine.Policy{{Max: 9, Window: 5 * time.Second}, {Max: 4, Window: time.Second}, {Max: 40, Window: 20 * time.Second}}
-	rng := rand.New(rand.NewPCG(13, 5))
-	now := enginetest.T0
-	var recorded int64
-	allowed, denied := 0, 0
-	for i := 0; i < 400; i++ {
-		now = now.Add(time.Duration(rng.IntN(800_000)) * time.Microsecond)
-		clock.Set(now)
-		n := 1 + rng.IntN(3)
-		peek, err := e.PeekPolicy(ctx, key, p, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := enginetest.StoredEvents(t, c, key); got != recorded {
-			t.Fatalf("step %d: the log holds %d events after a peek, want %d", i, got, recorded)
-		}
-		r := enginetest.MustAllowPolicy(t, e, key, p, n)
-		recorded = enginetest.StoredEvents(t, c, key) // what it recorded, less what its trim dropped
-		what := fmt.Sprintf("step %d (n=%d at +%s):\n peek  %+v\n allow %+v", i, n, now.Sub(enginetest.T0), peek, r)
-		if peek.Allowed != r.Allowed || peek.RetryAfter != r.RetryAfter || peek.Window != r.Window || !peek.At.Equal(r.At) || !peek.Entry.IsZero() {
-			t.Fatal(what)
-		}
-		if r.Allowed {
-			allowed++
-			if peek.Remaining != r.Remaining+n {
-				t.Fatalf("%s\nwant the peek's Remaining to be the room before the admission", what)
-			}
-			continue
-		}
-		denied++
-		r.Entry = engine.EntryID{}
-		if peek != r {
-			t.Fatalf("%s\nwant a denial's Result unchanged by the peek", what)
-		}
-	}
-	if allowed < 50 || denied < 50 {
-		t.Fatalf("%d admitted, %d denied: the sequence should exercise both", allowed, denied)
-	}
-	// One limit: PeekPolicy is Peek.
-	l := engine.PerSecond(4)
-	one, err := e.PeekPolicy(ctx, key, engine.Policy{l}, 1)
-	if err != nil || one != enginetest.MustPeek(t, e, key, l) {
-		t.Fatalf("PeekPolicy of one limit %+v (%v), want Peek's", one, err)
-	}
-	// Invalid requests are refused as AllowPolicy refuses them.
-	for name, call := range map[string]func() error{
-		"empty key":        func() error { _, err := e.PeekPolicy(ctx, "", p, 1); return err },
-		"empty policy":     func() error { _, err := e.PeekPolicy(ctx, key, nil, 1); return err },
-		"n above a Max":    func() error { _, err := e.PeekPolicy(ctx, key, p, 5); return err },
-		"n of 0":           func() error { _, err := e.PeekPolicy(ctx, key, p, 0); return err },
-		"duplicate window": func() error { _, err := e.PeekPolicy(ctx, key, engine.Policy{l, l}, 1); return err },
-	} {
-		if err := call(); !errors.Is(err, engine.ErrInvalidArgument) {
-			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
-		}
 	}
 }

@@ -1,0 +1,188 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/inspect"
+	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
+)
+
+// A key that holds what this release cannot read as a log (another program's value, or a log
+// in a layout of a later release) is refused by every operation with ErrUnknownLayout, naming
+// the key and what it holds; it is never counted, converted or written, and fail-open does not
+// admit on it: batched or not, single limit or policy.
+func TestUnknownLayoutIsRefused(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	// A header of a kind no release so far writes, as a later layout version's would be.
+	later := "W" + strings.Repeat("\x00", 48)
+	contents := map[string]struct {
+		fill  func(full string) valkey.Completed
+		found string // what the error must say the key holds
+	}{
+		"a string":               {func(k string) valkey.Completed { return c.B().Set().Key(k).Value("42").Build() }, "a string"},
+		"a hash":                 {func(k string) valkey.Completed { return c.B().Hset().Key(k).FieldValue().FieldValue("f", "v").Build() }, "a hash"},
+		"another program's zset": {func(k string) valkey.Completed { return c.B().Zadd().Key(k).ScoreMember().ScoreMember(1, "m").Build() }, "a zset"},
+		"another program's list": {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element("hello", "world").Build() }, "0x68"},
+		"a later release's log":  {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element(later).Build() }, "0x57"},
+	}
+	l := engine.PerMinute(5)
+	policy := engine.Policy{engine.PerSecond(2), l}
+	for _, failOpen := range []bool{false, true} {
+		engines := map[string]*engine.Engine{
+			"batched":     enginetest.New(t, c, engine.WithFailOpen(failOpen)),
+			"not batched": enginetest.New(t, c, engine.WithFailOpen(failOpen), engine.WithBatching(false)),
+		}
+		for what, content := range contents {
+			for how, e := range engines {
+				key := enginetest.NewKey(t)
+				full := enginetest.Prefix + key
+				if err := c.Do(ctx, content.fill(full)).Error(); err != nil {
+					t.Fatal(err)
+				}
+				before := stateOf(t, c, full)
+				entry := engine.Result{Allowed: true, Entry: engine.EntryID{Key: full, At: time.Now(), Seq: 1, Cost: 1}}
+				calls := map[string]func() (engine.Result, error){
+					"Allow":       func() (engine.Result, error) { return e.Allow(ctx, key, l) },
+					"AllowPolicy": func() (engine.Result, error) { return e.AllowPolicy(ctx, key, policy, 1) },
+					"Peek":        func() (engine.Result, error) { return e.Peek(ctx, key, l) },
+					"PeekPolicy":  func() (engine.Result, error) { return e.PeekPolicy(ctx, key, policy, 1) },
+					"Record":      func() (engine.Result, error) { return engine.Result{}, e.Record(ctx, key, 5, time.Minute, time.Now()) },
+					"Inspect": func() (engine.Result, error) {
+						_, err := inspect.Read(ctx, c, enginetest.Prefix+key, 0)
+						return engine.Result{}, err
+					},
+					"Refund": func() (engine.Result, error) { return engine.Result{}, e.Refund(ctx, key, entry) },
+				}
+				for name, call := range calls {
+					r, err := call()
+					if !errors.Is(err, engine.ErrUnknownLayout) || r.Allowed || r.BackendErr != nil {
+						t.Errorf("%s, %s, fail-open %v: %s: %+v, %v; want ErrUnknownLayout", what, how, failOpen, name, r, err)
+						continue
+					}
+					if !containsAll(err.Error(), key, content.found) {
+						t.Errorf("%s: %s: %q does not name the key and %q", what, name, err, content.found)
+					}
+					wantUntouched(t, c, what+": "+name, full, before)
+				}
+			}
+		}
+	}
+}
+
+// Under maxmemory with noeviction the server refuses the writes that grow memory (a new key's
+// RPUSH), and lets the others through (LSET, PEXPIRE): a key whose log fits its header is still
+// decided exactly; a new key cannot be, which is ErrUnavailable (OOM): fail-closed refuses,
+// fail-open admits with the error in BackendErr, and nothing is recorded.
+func TestOutOfMemoryIsUnavailable(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c := own.Client(t)
+	ctx := context.Background()
+	e := enginetest.New(t, c)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := c.Do(ctx, c.B().ConfigSet().ParameterValue().ParameterValue(kv[0], kv[1]).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = c.Do(context.Background(), c.B().ConfigSet().ParameterValue().ParameterValue("maxmemory", "0").Build()).Error()
+	})
+	// The existing key is still decided, exactly.
+	for i := 2; i <= 6; i++ {
+		r := enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
+		enginetest.Want(t, "admitted while under 5", r.Allowed, i <= 5)
+	}
+	fresh := enginetest.NewKey(t)
+	_, err := e.Allow(ctx, fresh, engine.PerMinute(5))
+	if !errors.Is(err, engine.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("Allow of a new key on a server out of memory: %v; want ErrUnavailable (OOM)", err)
+	}
+	r, err := open.Allow(ctx, fresh, engine.PerMinute(5))
+	if err != nil || !r.Allowed || !errors.Is(r.BackendErr, engine.ErrUnavailable) {
+		t.Fatalf("fail-open Allow out of memory: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
+	}
+	if got := enginetest.StoredEvents(t, c, fresh); got != 0 {
+		t.Fatalf("the new key holds %d events after refused writes, want 0", got)
+	}
+}
+
+// A client's own timeout (valkey-go gives up on a connection that stops answering) is the
+// server not answering: ErrUnavailable, not the caller's context.DeadlineExceeded, so that
+// fail-open and callers tell it from their own deadline.
+func TestClientTimeoutIsUnavailable(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, ConnWriteTimeout: 300 * time.Millisecond,
+		Dialer: net.Dialer{Timeout: 300 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := enginetest.New(t, c, engine.WithBatching(false))
+	key := enginetest.NewKey(t)
+	enginetest.MustAllowN(t, e, key, engine.PerMinute(5), 1)
+	ctx := context.Background()
+	// Stopped for as long as the calls below take, and let run again once they are done.
+	if err := own.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := own.Resume(); err != nil {
+			t.Error(err)
+		}
+	}()
+	// The first call times out reading; the next ones time out dialling anew (the connection's
+	// handshake, under the client's own deadline).
+	for i := 0; i < 3; i++ {
+		_, err = e.Allow(ctx, key, engine.PerMinute(5))
+		if !errors.Is(err, engine.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("call %d: Allow with context.Background() while the client timed out: %v; want ErrUnavailable, not context.DeadlineExceeded", i+1, err)
+		}
+	}
+}
+
+// A huge key costs an error message no more than a short one: errors quote at most a few
+// hundred bytes of it and say how long it was.
+func TestErrorsCutLongKeys(t *testing.T) {
+	e := enginetest.New(t, exampleServer.Client(t), engine.WithBatching(false))
+	key := strings.Repeat("k", 1<<20)
+	l := engine.PerHour(1)
+	if err := e.Record(context.Background(), key, 1, time.Hour, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	err := e.Record(context.Background(), key, 1, time.Hour, time.Now())
+	var denied *engine.DeniedError
+	if !errors.As(err, &denied) || denied.Key != key {
+		t.Fatalf("the second Record: %v; want a DeniedError carrying the whole key", err)
+	}
+	if n := len(err.Error()); n > 512 || !strings.Contains(err.Error(), "1048576 bytes") {
+		t.Fatalf("the DeniedError's message is %d bytes: %.200s; want at most 512, saying the key's 1048576 bytes", n, err.Error())
+	}
+	// A server error names the key too: a key that holds a string.
+	c := exampleServer.Client(t)
+	if err := c.Do(context.Background(), c.B().Set().Key(enginetest.Prefix+key).Value("x").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Allow(context.Background(), key, l)
+	if err == nil || len(err.Error()) > 1024 {
+		t.Fatalf("Allow on a string key: an error of %d bytes (%v), want an error of at most 1024", len(errString(err)), err != nil)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
