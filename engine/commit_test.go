@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"github.com/strictrate/strictrate/inspect"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/pipelined"
 )
 
 // With batching on, 64 goroutines over 4 clients racing for one key are decided in batches
@@ -792,4 +794,75 @@ func TestClusterBatchFailoverLosesNoAcknowledgedDecision(t *testing.T) {
 		}
 	}
 	t.Logf("across the failover: %d admitted, %d calls failed, on %d keys", allowedAll, errsAll, len(keys))
+}
+
+// A caller's deadline bounds its call while the connection the call needs is being made: a
+// server that accepts connections and does not answer (stopped here) holds valkey-go's
+// greeting of a new connection for the client's dial and write timeouts (a minute each here),
+// whatever the call's context. Each kind of call, on a client whose connection the server has just closed,
+// must come back with an error long before that, with the server still stopped. (Before the
+// engine sent such a call on a goroutine of its own, the one that made the connection waited
+// for the dial timeout.)
+func TestDeadlineHoldsWhileTheConnectionIsMade(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	admin := own.Client(t)
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{own.Addr}, PipelineMultiplex: -1,
+		Dialer: net.Dialer{Timeout: time.Minute}, ConnWriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := enginetest.New(t, c)
+	pe, err := pipelined.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := engine.PerHour(10)
+	refundKey := enginetest.NewKey(t)
+	admitted := enginetest.MustAllowN(t, e, refundKey, l, 1)
+	calls := map[string]func(ctx context.Context) error{
+		"Allow": func(ctx context.Context) error { _, err := e.Allow(ctx, enginetest.NewKey(t), l); return err },
+		"Peek":  func(ctx context.Context) error { _, err := e.Peek(ctx, enginetest.NewKey(t), l); return err },
+		"AllowAll": func(ctx context.Context) error {
+			_, _, err := e.AllowAll(ctx, []engine.Request{{Key: enginetest.NewKey(t), Policy: engine.Policy{l}, N: 1}})
+			return err
+		},
+		"Acquire": func(ctx context.Context) error {
+			_, err := e.Acquire(ctx, enginetest.NewKey(t), 1, time.Minute)
+			return err
+		},
+		"Refund":          func(ctx context.Context) error { return e.Refund(ctx, refundKey, admitted) },
+		"Reset":           func(ctx context.Context) error { return e.Reset(ctx, enginetest.NewKey(t)) },
+		"pipelined.Allow": func(ctx context.Context) error { _, err := pe.Allow(ctx, enginetest.NewKey(t), l); return err },
+		"pipelined.Reset": func(ctx context.Context) error { return pe.Reset(ctx, enginetest.NewKey(t)) },
+	}
+	const deadline, bound = 200 * time.Millisecond, 10 * time.Second
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			// The server closes the client's connection, and stops: the client notices on its
+			// next call (an error at once, or a new connection), and makes a new one on the
+			// call after at the latest, which the server never greets.
+			if err := admin.Do(context.Background(), admin.B().ClientKill().TypeNormal().SkipmeYes().Build()).Error(); err != nil {
+				t.Fatal(err)
+			}
+			if err := own.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := own.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}()
+			for i := range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				began := time.Now()
+				err := call(ctx)
+				took := time.Since(began)
+				cancel()
+				if err == nil || took > bound {
+					t.Fatalf("call %d with the server stopped: %v after %s; want an error well before the dial timeout (a minute)", i+1, err, took)
+				}
+			}
+		})
+	}
 }
