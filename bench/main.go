@@ -205,6 +205,7 @@ func parseSizes(s string) ([]int, error) {
 	return sizes, nil
 }
 
+// joinInts writes xs as parseSizes reads them, for -busy-sizes' help and errors.
 func joinInts(xs []int) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
