@@ -11,6 +11,8 @@
 //	go run ./bench -scenario cluster # a 3-primary cluster of its own: batched against unbatched
 //	go run ./bench -scenario quota  # a million per 30 days by the hour, exact, calendar months: bytes per key, server µs per decision
 //	go run ./bench -scenario localquota # a hot key with and without local quota, and through a paused server
+//	go run ./bench -scenario busykeys # server µs per decision on logs of 5 to 100,000 live entries: admissions and denials
+//	go run ./bench -scenario busykeys -busy-sizes 5,1000 # the same, on these log sizes only
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
 //
@@ -27,6 +29,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -49,13 +53,15 @@ type config struct {
 	WriteLayout int           `json:"write_layout"`
 	// QuotaRequests is the quota scenario's Max per 30 days and the requests spread over them
 	// (0: defaultQuotaRequests).
-	QuotaRequests int    `json:"quota_requests,omitempty"`
-	Scenario      string `json:"scenario"`
-	JSONPath      string `json:"-"`
-	ChartsDir     string `json:"-"`
+	QuotaRequests int `json:"quota_requests,omitempty"`
+	// BusySizes are the busykeys scenario's log sizes, -busy-sizes (nil: defaultBusySizes).
+	BusySizes []int  `json:"busy_sizes_live_entries,omitempty"`
+	Scenario  string `json:"scenario"`
+	JSONPath  string `json:"-"`
+	ChartsDir string `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota", "localquota"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota", "localquota", "busykeys"}
 
 func main() {
 	var cfg config
@@ -70,6 +76,11 @@ func main() {
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
 	fs.IntVar(&cfg.WriteLayout, "write-layout", 2, "the layout version the engines write (engine.WithWriteLayout): 2 or 3")
 	fs.IntVar(&cfg.QuotaRequests, "quota-requests", defaultQuotaRequests, "the quota scenario's requests, spread over 30 days, and its limit's Max")
+	fs.Func("busy-sizes", "the busykeys scenario's log sizes, live entries, comma-separated (default "+joinInts(defaultBusySizes)+")", func(s string) error {
+		sizes, err := parseSizes(s)
+		cfg.BusySizes = sizes
+		return err
+	})
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
 	fs.StringVar(&cfg.ChartsDir, "charts", "", "also draw SVG charts of the run (exactness, throughput, latency) into this directory")
@@ -140,6 +151,11 @@ func (c config) validate() error {
 	case c.QuotaRequests != 0 && (c.QuotaRequests < minQuotaRequests || c.QuotaRequests > engine.MaxEvents):
 		return fmt.Errorf("-quota-requests must be %d to %d", minQuotaRequests, engine.MaxEvents)
 	}
+	for i, n := range c.BusySizes {
+		if n < 1 || n > maxBusySize || slices.Contains(c.BusySizes[:i], n) {
+			return fmt.Errorf("-busy-sizes %s: want distinct sizes of 1 to %s", joinInts(c.BusySizes), commas(maxBusySize))
+		}
+	}
 	if c.Scenario == "all" {
 		return nil
 	}
@@ -174,4 +190,26 @@ func currentSettings(ctx context.Context, cfg config, srv *valkeytest.Server, c 
 		OS:            runtime.GOOS + "/" + runtime.GOARCH,
 		Started:       time.Now().UTC().Format(time.RFC3339),
 	}
+}
+
+// parseSizes reads a comma-separated list of integers: "5,32,1000".
+func parseSizes(s string) ([]int, error) {
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("%q: want integers separated by commas", s)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes, nil
+}
+
+// joinInts writes xs as parseSizes reads them, for -busy-sizes' help and errors.
+func joinInts(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.Itoa(x)
+	}
+	return strings.Join(parts, ",")
 }

@@ -39,7 +39,8 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	valkeytest.SkipIfShort(t, "runs the whole bench program")
 	chartsDir := filepath.Join(t.TempDir(), "charts")
 	cfg := config{Duration: 400 * time.Millisecond, Concurrency: 16, Clients: 2, Keys: 100, Limit: 20,
-		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir, QuotaRequests: 20_000}
+		Window: 100 * time.Millisecond, Scenario: "all", ChartsDir: chartsDir, QuotaRequests: 20_000,
+		BusySizes: []int{5, 33}}
 	r, out, progress := runBench(t, cfg)
 	for _, want := range []string{"### Exactness", "### Throughput", "### Memory", "### Durability", "### Local quota", "| atomic |", "| pipelined |"} {
 		if !strings.Contains(out.String(), want) {
@@ -174,6 +175,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 
 	checkFloor(t, r.Floor, out.String())
 	checkQuota(t, r, 20_000, out.String())
+	checkBusy(t, r.BusyKeys, []int{5, 33}, out.String())
 
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
 		if len(r.Ceiling) != 3 {
@@ -203,6 +205,9 @@ func TestConfigValidate(t *testing.T) {
 		"short window":       func(c *config) { c.Window = time.Microsecond },
 		"unknown scenario":   func(c *config) { c.Scenario = "nope" },
 		"few quota requests": func(c *config) { c.QuotaRequests = 10 },
+		"busy size 0":        func(c *config) { c.BusySizes = []int{5, 0} },
+		"busy size twice":    func(c *config) { c.BusySizes = []int{5, 32, 5} },
+		"busy size too big":  func(c *config) { c.BusySizes = []int{maxBusySize + 1} },
 	} {
 		c := good
 		mutate(&c)

@@ -147,7 +147,9 @@ type Report struct {
 	QuotaCost   []QuotaCostRow   `json:"quota_server_cost,omitempty"`
 	// LocalQuota is the local quota scenario's (localquota.go).
 	LocalQuota []LocalQuotaRow `json:"local_quota,omitempty"`
-	Notes      []string        `json:"notes,omitempty"`
+	// BusyKeys is the busykeys scenario's (busy.go), a row per log size.
+	BusyKeys []BusyRow `json:"busy_keys,omitempty"`
+	Notes    []string  `json:"notes,omitempty"`
 }
 
 func (b *bencher) runAll(ctx context.Context) (*Report, error) {
@@ -199,6 +201,13 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 			return nil, fmt.Errorf("localquota: %w", err)
 		}
 		r.LocalQuota = rows
+	}
+	if b.wants("busykeys") {
+		rows, err := b.busyKeys(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("busykeys: %w", err)
+		}
+		r.BusyKeys = rows
 	}
 	if b.wants("leases") {
 		rows, err := b.leases(ctx)
