@@ -108,8 +108,8 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if err := o.validateDurableAck(); err != nil {
 		return nil, err
 	}
-	if o.writeLayout != 2 && o.writeLayout != 3 {
-		return nil, fmt.Errorf("%w: WithWriteLayout(%d): this release writes layout 2 or 3", ErrInvalidArgument, o.writeLayout)
+	if o.writeLayout != 2 && o.writeLayout != 3 && o.writeLayout != 5 {
+		return nil, fmt.Errorf("%w: WithWriteLayout(%d): this release writes layout 2, 3 or 5", ErrInvalidArgument, o.writeLayout)
 	}
 	e := &Engine{
 		client:   client,
@@ -215,7 +215,7 @@ func (e *Engine) newCommits(layout int) {
 	all := loader.New("decide_all", scripts.Source("decide_all", layout))
 	e.groups = newCommit(e, kind[*allCall]{op: opPolicy, acked: true, single: all, batch: all,
 		encode: encodeGroups, decode: decodeGroups, size: groupSize}, slots)
-	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Source("settle", 0)),
+	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Source("settle", layout)),
 		encode: encodeSettle, decode: decodeSettle}, nil)
 	e.acquires = newCommit(e, kind[leaseReq]{op: opAcquire, acked: true, single: loader.New("lease_acquire", scripts.Source("lease_acquire", 0)),
 		encode: encodeLease, decode: decodeLease}, nil)

@@ -545,6 +545,55 @@ type modelLog struct {
 	key     string // the log's name in Valkey, as an admission's EntryID carries it
 	entries []modelEntry
 	horizon int64
+	// layout is the layout version the engine writes; under 5 a unit log's wait is exact
+	// (lib_log.lua, version 5).
+	layout int
+	// weighted is the latest time of an entry that ever cost other than 1 since the log last
+	// emptied: the script's last_weighted is at most this (and at least the latest such
+	// entry's that still costs other than 1: weightedNow).
+	weighted int64
+	// deepExact counts the denials whose exact wait lies deeper than the script walks, which
+	// the script reads exactly on a unit log.
+	deepExact int
+}
+
+// noTime stands for "no entry", below every time (lib_log.lua's NO_TIME_BEFORE).
+const noTime = -(1 << 54)
+
+// weigh notes that the entry of time at costs cost.
+func (m *modelLog) weigh(at int64, cost int) {
+	if cost != 1 {
+		m.weighted = max(m.weighted, at)
+	}
+}
+
+// weightedNow is the latest time of a live entry that costs other than 1.
+func (m *modelLog) weightedNow() int64 {
+	w := int64(noTime)
+	for _, e := range m.entries {
+		if e.cost != 1 {
+			w = max(w, e.at)
+		}
+	}
+	return w
+}
+
+// unit reports whether the script reads the log as a unit log (every entry of cost 1), and
+// whether that is sure: under layout 5 it does when its last_weighted is before the oldest
+// entry, and last_weighted lies between weightedNow and weighted, depending on how the log
+// was stored (a small header's is recomputed from its entries).
+func (m *modelLog) unit() (unit, sure bool) {
+	if m.layout < 5 || len(m.entries) == 0 {
+		return false, true
+	}
+	oldest := m.entries[0].at
+	switch {
+	case m.weighted < oldest:
+		return true, true
+	case m.weightedNow() >= oldest:
+		return false, true
+	}
+	return false, false
 }
 
 func (m *modelLog) trim(cutoff int64) {
@@ -553,6 +602,9 @@ func (m *modelLog) trim(cutoff int64) {
 		i++
 	}
 	m.entries = m.entries[i:]
+	if i > 0 && len(m.entries) == 0 {
+		m.weighted = noTime // the script deletes the key, and makes it anew
+	}
 }
 
 // count is the events in window at now: entries after now-window, later than now included.
@@ -567,10 +619,11 @@ func (m *modelLog) count(now, window int64) int {
 }
 
 // covering is the time of the entry in window at which need events have been counted, oldest
-// first, when it is among the coverWalk oldest or newest entries of the window; deeper, the
-// time of the coverWalk-th oldest: the script reads no more, and says when the request is
-// admitted at the earliest.
-func (m *modelLog) covering(now, window int64, need int) int64 {
+// first (exact), and what the script answers when it walks (walked): the same when the entry
+// is among the coverWalk oldest or newest entries of the window; deeper, the time of the
+// coverWalk-th oldest: the script reads no more, and says when the request is admitted at the
+// earliest. On a unit log the script answers exact.
+func (m *modelLog) covering(now, window int64, need int) (exact, walked int64) {
 	var in []modelEntry
 	for _, e := range m.entries {
 		if e.at > now-window {
@@ -581,9 +634,9 @@ func (m *modelLog) covering(now, window int64, need int) int64 {
 	for i, e := range in {
 		if sum += e.cost; sum >= need {
 			if i >= coverWalk && i < len(in)-coverWalk {
-				return in[coverWalk-1].at
+				return e.at, in[coverWalk-1].at
 			}
-			return e.at
+			return e.at, e.at
 		}
 	}
 	panic("covering: not enough events")
@@ -604,14 +657,15 @@ func (m *modelLog) quotaAfter(now int64, window time.Duration) time.Duration {
 }
 
 // decide is AllowPolicy (write) or Peek (read-only) in the model, limits ascending.
-func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) engine.Result {
+func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) (r engine.Result, alt *engine.Result) {
 	longest := micros(limits[len(limits)-1].Window)
 	if write {
 		m.horizon = max(m.horizon, longest)
 		m.trim(now - m.horizon)
 	}
 	reach := max(longest, m.horizon)
-	remaining, tightest, retry := 0, 0, int64(0)
+	unit, sure := m.unit()
+	remaining, tightest, retry, exactRetry := 0, 0, int64(0), int64(0)
 	for i, l := range limits {
 		w := micros(l.Window)
 		c := m.count(now, w)
@@ -619,16 +673,27 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 			remaining, tightest = l.Max-c, i
 		}
 		if c+n > l.Max {
-			retry = max(retry, m.covering(now, w, c+n-l.Max)+w-now)
+			exact, walked := m.covering(now, w, c+n-l.Max)
+			if unit && walked != exact {
+				walked = exact
+				m.deepExact++
+			}
+			retry = max(retry, walked+w-now)
+			exactRetry = max(exactRetry, exact+w-now)
 		}
 	}
-	r := engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}
+	r = engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}
 	if retry > 0 {
 		r.Remaining = max(remaining, 0)
 		r.RetryAfter = time.Duration(retry) * time.Microsecond
 		r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 		r.QuotaAfter = m.quotaAfter(now, r.Window)
-		return r
+		if !sure && exactRetry != retry {
+			other := r
+			other.RetryAfter = time.Duration(exactRetry) * time.Microsecond
+			alt = &other
+		}
+		return r, alt
 	}
 	r.Allowed = true
 	if !write {
@@ -637,7 +702,7 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 			r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 		}
 		r.QuotaAfter = m.quotaAfter(now, r.Window)
-		return r
+		return r, nil
 	}
 	r.Remaining = remaining - n
 	p, seq := len(m.entries), 1
@@ -656,10 +721,11 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) e
 		p--
 	}
 	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, span: 1, cost: n, was: n})
+	m.weigh(now, n)
 	r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 	r.QuotaAfter = m.quotaAfter(now, r.Window)
 	r.Entry = engine.EntryID{Key: m.key, At: r.At, Seq: seq, Cost: n}
-	return r
+	return r, nil
 }
 
 // settle lowers the entry id names to actual; one refunded in full is then compacted: joined
@@ -673,6 +739,7 @@ func (m *modelLog) settle(id engine.EntryID, actual int) {
 				return
 			}
 			e.cost = actual
+			m.weigh(e.at, actual)
 			if actual == 0 {
 				m.compact(i)
 			}

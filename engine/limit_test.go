@@ -71,7 +71,8 @@ type resModel struct {
 func (m *resModel) decide(now int64, n int, limits []engine.Limit, write bool) engine.Result {
 	res := finestResolution(limits)
 	if !write || res == 0 {
-		return m.modelLog.decide(now, n, limits, write)
+		r, _ := m.modelLog.decide(now, n, limits, write) // layout 2: no other answer
+		return r
 	}
 	longest := micros(limits[len(limits)-1].Window)
 	m.horizon = max(m.horizon, longest)
@@ -85,7 +86,8 @@ func (m *resModel) decide(now int64, n int, limits []engine.Limit, write bool) e
 			remaining, tightest = l.Max-c, i
 		}
 		if c+n > l.Max {
-			retry = max(retry, m.covering(now, w, c+n-l.Max)+w-now)
+			_, walked := m.covering(now, w, c+n-l.Max)
+			retry = max(retry, walked+w-now)
 		}
 	}
 	r := engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}

@@ -35,17 +35,21 @@ func defaultOptions() options {
 		writeLayout: 2}
 }
 
-// WithWriteLayout sets the layout version of the logs this engine writes: 2, the default, or
-// 3. Every version from 1 to 3 is read either way. Layout 3 keeps a key's expiry in its log's
-// header, so that most decisions of a busy key send the server three commands instead of
-// four (measured in the bench's floor table); a key then lasts up to one more window, at most
-// an hour more, after its last admission.
+// WithWriteLayout sets the layout version of the logs this engine writes: 2, the default, 3
+// or 5. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
+// log's header, so that most decisions of a busy key send the server three commands instead
+// of four (measured in the bench's floor table); a key then lasts up to one more window, at
+// most an hour more, after its last admission. Layout 5 is layout 3 with a busy key's header
+// (a log longer than the 32 entries a header holds) that keeps copies of the oldest entries
+// and the time of the newest entry whose cost was not 1, so that a decision on a busy key
+// costs the server about what one on an idle key does, and a denial's RetryAfter on a log of
+// cost-1 entries is exact at any depth (docs/limits.md; the bench's busykeys table).
 //
 // A release that reads a layout does not mean every process does: a process of an earlier
-// release refuses a key of a later layout (ErrUnknownLayout). So turn layout 3 on only once
-// every process that shares the keys runs a release that reads it (this one or later), and
-// never roll back past it while layout 3 keys exist (docs/operating.md, "Upgrading across a
-// layout change"). A later release will write layout 3 by default.
+// release refuses a key of a later layout (ErrUnknownLayout). So turn layout 3 or 5 on only
+// once every process that shares the keys runs a release that reads it (this one or later),
+// and never roll back past it while keys of that layout exist (docs/operating.md, "Upgrading
+// across a layout change"). A later release will write layout 5 by default.
 func WithWriteLayout(version int) Option { return func(o *options) { o.writeLayout = version } }
 
 // WithPrefix sets the prefix put before every key; the default is "strictrate:". Keys of

@@ -34,8 +34,8 @@
 -- The common path (one limit, a log of up to 32 live entries: lib_small.lua) makes four
 -- server calls: TIME, LINDEX (the header, which holds the newest entries), LSET (the header
 -- with the new entry), PEXPIRE; three when the header keeps the key's expiry (layout 3). A
--- bigger log adds an LRANGE of its oldest entries when some leave the window, and now and
--- then an RPUSH or an LTRIM.
+-- busy key (one limit, a longer log: lib_busy.lua) adds an LRANGE of its oldest entries when
+-- some leave the window, and now and then an RPUSH or an LTRIM.
 
 --const SERVER_CLOCK 1152921504606846976
 
@@ -73,6 +73,22 @@ if one_limit then
     -- lib_reply.lua's encoding, written out for the common replies: admitted as the first
     -- entry of its microsecond ({3, remaining, 0, quota_after}, or {1, remaining} when its
     -- quota comes back a window from now), else every value.
+    if retry_after == 0 and seq == 1 then
+      if quota_after == window then
+        return struct.pack('>i8Bi8', server_now, 1, remaining)
+      end
+      return struct.pack('>i8Bi8i8i8', server_now, 3, remaining, 0, quota_after)
+    end
+    return struct.pack('>i8Bi8i8i8i8i8i8', server_now, 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
+  end
+end
+
+-- include: lib_busy.lua
+
+if one_limit then
+  -- One limit on a busy key (lib_busy.lua), encoded as above.
+  local remaining, retry_after, quota_after, reset_after, tightest, seq = decide_busy(key, h, now, n, window, max, server_now ~= 0)
+  if remaining ~= nil then
     if retry_after == 0 and seq == 1 then
       if quota_after == window then
         return struct.pack('>i8Bi8', server_now, 1, remaining)

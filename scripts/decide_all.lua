@@ -47,6 +47,7 @@
 -- include: lib_reply.lua
 -- include: lib_small.lua
 -- include: lib_slot.lua
+-- include: lib_busy.lua
 -- include: lib_log.lua
 -- include: lib_decide.lua
 -- include: lib_peek.lua
@@ -63,14 +64,15 @@ end
 local sets, a = read_sets(1)
 -- weight is what a request's peek would cost the server, for choosing its group's lead (the
 -- request decided without a peek): 2 for a log that takes the general path (lib_log.lua), 1
--- for a small header that peek_small reads (lib_peek.lua), 0 for no log.
+-- for a header that peek_small or peek_busy reads (lib_peek.lua, lib_busy.lua), 0 for no log.
 local function weight(r)
   local h = r.header
   if type(h) ~= 'string' then
     return 0
   end
   local kind = string.byte(h, 1)
-  if (kind == KIND_T or kind == KIND_U or kind == KIND_V or kind == KIND_S) and one_limit(r.limits) ~= nil then
+  if (kind == KIND_T or kind == KIND_U or kind == KIND_V or kind == KIND_S or kind == KIND_G or kind == KIND_K)
+    and one_limit(r.limits) ~= nil then
     return 1
   end
   return 2

@@ -15,7 +15,7 @@
 -- include: lib_log.lua
 
 -- layout_version is the layout version (lib_log.lua) of a header read_log accepted
--- (lib_header.lua): 1 to 4; 0 for none.
+-- (lib_header.lua): 1 to 5; 0 for none.
 local function layout_version(h)
   if not h then
     return 0
@@ -27,6 +27,8 @@ local function layout_version(h)
     return 3
   elseif kind == KIND_C then
     return 4
+  elseif kind == KIND_K or kind == KIND_L then
+    return 5
   end
   return 2
 end

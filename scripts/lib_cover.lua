@@ -5,7 +5,8 @@
 
 -- covering returns when need of the held events of a window (its live entries, from entry
 -- from on) have left it: the time of the entry at which the entries' cost, oldest first,
--- reaches need. It reads at most COVER_WALK entries from each end of the window, the end
+-- reaches need. On a unit log it reads that entry alone. Else it reads at most COVER_WALK
+-- entries from each end of the window, the end
 -- where that entry most likely lies first, so that no request buys server time with its
 -- cost, or with how far a lowered limit leaves the log over it: the entry is among the
 -- oldest when few events must leave (a request of cost 1), among the newest when most must
@@ -15,6 +16,11 @@
 function g.covering(log, from, need, held)
   if from == 0 and log.closed > 0 and log.oldest_cost >= need then
     return log.oldest
+  end
+  if log.last_weighted < g.oldest_time(log) then
+    -- A unit log (lib_log.lua, version 5): every entry is one event, so the entry sought is
+    -- the need-th from the window's first, exactly, read alone.
+    return (g.entry_at(log, from + need - 1))
   end
   local front_end = from + COVER_WALK
   if front_end > log.count then

@@ -4,14 +4,18 @@
 -- (flat (window, max) pairs, windows ascending), recorded when admitted, and the key's expiry
 -- set. server_clock says whether now is the server's clock; h is the key's header when the
 -- caller has read it (read_header), nil else. It returns
--- the six values of a decision, in lib_reply.lua's order: decide_small's when it takes the
--- request, else the general path's.
+-- the six values of a decision, in lib_reply.lua's order: decide_small's or decide_busy's
+-- when one takes the request, else the general path's.
 local function decide_request(key, now, n, limits, server_clock, h)
   if h == nil then
     h = read_header(key)
   end
   if #limits == 2 then
     local remaining, retry_after, quota_after, reset_after, tightest, seq = decide_small(key, h, now, n, limits[1], limits[2], server_clock)
+    if remaining ~= nil then
+      return remaining, retry_after, quota_after, reset_after, tightest, seq
+    end
+    remaining, retry_after, quota_after, reset_after, tightest, seq = decide_busy(key, h, now, n, limits[1], limits[2], server_clock)
     if remaining ~= nil then
       return remaining, retry_after, quota_after, reset_after, tightest, seq
     end

@@ -3,7 +3,7 @@
 -- read into a log, the table every other part works on, and written back.
 --
 -- A log holds the header's fields by their names (total, count, newest, seq, horizon, gone,
--- closed, oldest, oldest_cost, tail_refunded), its cursors (lib_cursor.lua) and calendar
+-- closed, oldest, oldest_cost, tail_refunded, last_weighted), its cursors (lib_cursor.lua) and calendar
 -- counters (lib_counters.lua) as lists of tables, and open, the open chunk as a string; key;
 -- exists, whether the key exists; dirty, whether the header must be written. The parts note
 -- more on it as a call goes (the open chunk decoded: lib_entries.lua; what the call did to
@@ -18,7 +18,7 @@ function g.read_log(key, h)
   if not h then
     return {key = key, exists = false, dirty = false, total = 0, count = 0, newest = NO_TIME_BEFORE,
       seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = '',
-      counters = {}}
+      counters = {}, last_weighted = NO_TIME_BEFORE}
   end
   -- A header opens with its kind: the layout's version and the header's shape (lib_log.lua).
   local kind = string.byte(h, 1)
@@ -36,36 +36,59 @@ function g.read_log(key, h)
     end
     h = string.sub(h, pos)
     kind = string.byte(h, 1)
-    if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H then
+    if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H and kind ~= KIND_K and kind ~= KIND_L then
       g.refuse_layout(key, h)
     end
   end
-  local small, full = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H
-  if not (small and #h >= 36 or full and #h >= 71 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
+  local small, full, unit = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H, kind == KIND_K or kind == KIND_L
+  if not (small and #h >= 36 or full and #h >= 71 or unit and #h >= 79 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
     g.refuse_layout(key, h)
   end
   local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
   local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
-  if small or full then
+  if small or full or unit then
     horizon, pos = struct.unpack('>i7', h, pos)
   elseif kind == KIND_V then
     -- expires is not kept: this log is written back as version 2, which claims none.
     horizon, pos = struct.unpack('>i7', h, pos)
     pos = pos + 7
   end
-  if full or kind == KIND_F then
+  -- last_weighted: no entry at or before it is known to cost 1 (see lib_log.lua, version 5). A
+  -- header that does not keep it (version 1 or 2, full) knows nothing of its entries' costs
+  -- but what it reads: every live entry may be weighted, up to the newest.
+  local last_weighted = newest
+  if full or unit or kind == KIND_F then
     gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+  end
+  local cached = 0
+  if unit then
+    last_weighted, cached, pos = struct.unpack('>i7B', h, pos)
   end
   local log = {key = key, exists = true, dirty = false, total = total, count = count,
     newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
-    oldest_cost = oldest_cost, cursors = {}, open = nil, tail_refunded = kind == KIND_U or kind == KIND_H,
-    counters = counters}
+    oldest_cost = oldest_cost, cursors = {}, open = nil,
+    tail_refunded = kind == KIND_U or kind == KIND_H or kind == KIND_L, counters = counters,
+    last_weighted = last_weighted}
   for i = 1, ncursors do
     local c = {}
     c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
     log.cursors[i] = c
   end
-  log.open = string.sub(h, pos)
+  -- The head cache (version 5) copies the oldest closed entries for the busy path alone
+  -- (lib_busy.lua): the general path reads the elements, and writes the cache empty.
+  log.open = string.sub(h, pos + 8 * cached)
+  if closed == 0 and not unit then
+    -- A header that holds every live entry tells their costs: the newest that is not 1.
+    log.last_weighted = NO_TIME_BEFORE
+    local p = 1
+    while p <= #log.open do
+      local t, cost, next_p = read_entry(log.open, p)
+      if cost ~= 1 then
+        log.last_weighted = t
+      end
+      p = next_p
+    end
+  end
   return log
 end
 
@@ -78,15 +101,15 @@ function g.refuse_layout(key, h)
     found = 'a ' .. redis.call('TYPE', key).ok
   else
     found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
-      .. 'header of layout 1, 2 or 3', #h, string.byte(h, 1) or 0)
+      .. 'header of layouts 1 to 5', #h, string.byte(h, 1) or 0)
   end
   error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
 end
 
 -- save writes the header when it changed: small ('T', or 'U' when the last entry is a
 -- refunded run) when the log has no element but the header and keeps no cursor, else full
--- ('G' or 'H'); behind the calendar counters when it keeps some. It notes created on a log
--- whose key it made.
+-- ('G' or 'H'; with WRITE_LAYOUT 5, 'K' or 'L', which keep last_weighted); behind the
+-- calendar counters when it keeps some. It notes created on a log whose key it made.
 function g.save(log)
   if not log.dirty then
     return
@@ -104,6 +127,10 @@ function g.save(log)
   if log.gone == 0 and log.closed == 0 and #parts == 0 then
     header = header .. (log.tail_refunded and 'U' or 'T') .. struct.pack('>i7i7i7i7i7', log.total, log.count,
       log.newest, log.seq, log.horizon) .. log.open
+  elseif WRITE_LAYOUT >= 5 then
+    header = header .. (log.tail_refunded and 'L' or 'K') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7i7B', log.total, log.count,
+      log.newest, log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts, log.last_weighted, 0)
+      .. table.concat(parts) .. log.open
   else
     header = header .. (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count,
       log.newest, log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts)

@@ -39,10 +39,19 @@ function g.insert(log, t, cost)
       c.after = t
     end
   end
+  g.weigh(log, t, cost)
   log.total = log.total + cost
   log.count = log.count + 1
   log.dirty = true
   return seq
+end
+
+-- weigh notes an entry of time t that now costs cost: one that is not of cost 1 moves
+-- last_weighted up to it (lib_log.lua, version 5).
+function g.weigh(log, t, cost)
+  if cost ~= 1 and t > log.last_weighted then
+    log.last_weighted = t
+  end
 end
 
 -- insert_before adds an entry of cost at time t behind the last entry at or before t, when
@@ -147,6 +156,7 @@ end
 -- (cost 0).
 function g.set_cost(log, i, cost, span)
   local t = g.entry_at(log, i)
+  g.weigh(log, t, cost)
   if i < log.closed then
     redis.call('LSET', log.key, 1 + log.gone + i, g.make_element(t, cost, span))
     if i == 0 then

@@ -44,7 +44,7 @@
 -- header as 'T' with a sixth field, expires (see below); only decide_small (lib_small.lua)
 -- writes it, and only when the script is composed with WRITE_LAYOUT 3 (the engine's
 -- WithWriteLayout); every other write of a 'V' log writes version 2. Version 1 (earlier
--- releases): 'S' and 'F', the same without the horizon. Versions 1 to 3 are read; a write
+-- releases): 'S' and 'F', the same without the horizon. Versions 1 to 5 are read; a write
 -- replaces version 1 by version 2. A later version takes other kinds. A key whose value is
 -- anything else (another type, a list whose first element is no header of these versions: a
 -- later release's, or another program's) is refused with an error reply BADLAYOUT that says
@@ -61,6 +61,26 @@
 -- (a later counter exists: a caller's clock behind) is denied until that period's end. A log with counters is written as version 4 whatever the
 -- engine's WithWriteLayout: only a calendar limit makes one, and a release that reads no 'C'
 -- refuses it (BADLAYOUT) rather than lose its counts.
+--
+-- Version 5 adds 'K' and 'L': a full header as 'G' and 'H' with, after the cursors' count,
+-- an eleventh field, last_weighted, and one byte, cached, the entries of its head cache;
+-- then the cursors, then the head cache, then the open chunk. The head cache holds copies of
+-- the oldest closed entries (up to HEAD_CACHE, oldest first, 8 bytes each as in the open
+-- chunk; the first is the oldest), so that the busy path (lib_busy.lua) trims with no read
+-- but one LRANGE per HEAD_CACHE entries; the general path ignores it and writes it empty.
+-- last_weighted is a time at or after the newest live entry whose cost is not 1
+-- (NO_TIME_BEFORE when none ever was). So a log whose oldest
+-- live entry is after last_weighted holds only entries of cost 1 (a unit log), and the entry
+-- at which a window's events reach any count is found by its number alone, with one read
+-- (lib_cover.lua, lib_busy.lua): a denial costs the same at any depth. Every write that
+-- makes an entry's cost other than 1 (an admission of cost n > 1, a slot's merge, a refund)
+-- moves last_weighted up to that entry's time; nothing moves it down, so the claim is
+-- always true, and a log becomes a unit log again once its last weighted entry has left
+-- every window. A log read from a header that does not keep it (version 2, full) takes its
+-- newest entry's time; a small one, whose entries are all read, the newest entry's of cost
+-- other than 1. Only a script composed with WRITE_LAYOUT 5 (the engine's WithWriteLayout)
+-- writes version 5, and then writes its small headers as version 3; every other write of a
+-- 'K' or 'L' log writes version 2.
 --
 -- expires ('V' only) is a time, in the server's milliseconds, at or before which the key's
 -- expiry lies: whoever writes a 'V' header has set the key to expire then or later, and a
@@ -121,6 +141,14 @@
 --const KIND_F 70
 --const KIND_V 86
 --const KIND_C 67
+--const KIND_K 75
+--const KIND_L 76
+-- HEAD_CACHE is the most entries a version 5 header's head cache holds.
+--const HEAD_CACHE 8
+-- WRITE_LAYOUT is the layout version the scripts write (the engine's WithWriteLayout:
+-- scripts.go composes the scripts with that value): 2; 3, whose small header keeps the key's
+-- expiry (lib_small.lua); or 5, which adds 'K' and 'L' to 3.
+--const WRITE_LAYOUT 2
 -- MAX_COUNTERS is the most calendar counters a log keeps: the periods live at once on a key
 -- (a policy's day, week, month and year, say), as many as a policy's limits.
 --const MAX_COUNTERS 16

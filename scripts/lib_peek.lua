@@ -57,6 +57,30 @@ local function peek_small(h, now, n, window, max)
   return math.max(max - total, 0), retry_after, quota_after, newest + math.max(window, horizon) - now
 end
 
+-- peek_busy is peek_small for a busy key (lib_busy.lua): the same results, read without
+-- writing anything; nil when the busy path does not take the peek.
+local function peek_busy(key, h, now, n, window, max)
+  local kind, total, _, newest, _, gone, closed, oldest, oldest_cost, last_weighted, p, _, first, cs, cf, cn = busy_read(key, h, now, window)
+  if kind == nil then
+    return nil
+  elseif total == 0 then
+    return max, 0, 0, 0
+  end
+  local retry_after = 0
+  if total + n > max then
+    local t = busy_cover(key, h, p, gone, closed, oldest, oldest_cost, last_weighted, cs, cf, cn, total, total + n - max)
+    if t == nil then
+      return nil
+    end
+    retry_after = t + window - now
+  end
+  local remaining = max - total
+  if remaining < 0 then
+    remaining = 0
+  end
+  return remaining, retry_after, first + window - now, newest + window - now
+end
+
 -- one_limit is the window and max of limits when they are one limit, with or without a
 -- resolution (-1, res before its pair: a resolution changes where an entry is recorded, not
 -- how the window counts), which peek_small can peek on a small header; else nil.
@@ -76,6 +100,9 @@ local function peek_request(key, now, n, limits, _, h)
   local window, max = one_limit(limits)
   if window ~= nil then
     local remaining, retry_after, quota_after, reset_after = peek_small(h, now, n, window, max)
+    if remaining == nil then
+      remaining, retry_after, quota_after, reset_after = peek_busy(key, h, now, n, window, max)
+    end
     if remaining ~= nil then
       return remaining, retry_after, quota_after, reset_after, 1, 1
     end

@@ -26,7 +26,7 @@ end
 -- merge_small is the common decision of a limit with a resolution res (lib_log.lua, Slots),
 -- without making a log, on a log of version 2 that holds this window as its horizon: an
 -- admission whose slot's entry is the newest entry, at the end of the header's open chunk
--- ('T', or 'G' without cursors), none of whose entries has left the window, so that nothing
+-- ('T', or 'G', or 'K' under WRITE_LAYOUT 5, without cursors), none of whose entries has left the window, so that nothing
 -- is trimmed: the new cost is added to that entry in place, and the header rewritten; or an
 -- admission of a new slot on a small log ('T', fewer than 32 entries), whose entries that
 -- left the window are dropped from the front and the slot's entry appended. It returns nil,
@@ -38,11 +38,16 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   end
   local kind, total, count, newest, seq, horizon, pos = struct.unpack('>Bi7i7i7i7i7', h)
   local first_t, first_cost
-  if kind == KIND_G then
+  if kind == KIND_G or kind == KIND_K and WRITE_LAYOUT >= 5 and #h >= 80 then
     local gone, closed, oldest, oldest_cost, ncursors
     gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
     if ncursors ~= 0 or closed == 0 then
       return nil
+    end
+    if kind == KIND_K then
+      -- last_weighted, which the merged entry (of cost 2 or more) moves to newest, and the
+      -- head cache, which it leaves as it is: the open chunk follows.
+      pos = pos + 8 + 8 * string.byte(h, pos + 7)
     end
     first_t, first_cost = oldest, oldest_cost
   elseif kind == KIND_T then
@@ -144,6 +149,9 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   else
     entry = struct.pack('>i7BI4', newest, 255, cost)
   end
-  return write_slot(key, struct.pack('>Bi7', kind, total + n) .. string.sub(h, 9, at - 1) .. entry,
-    now, newest, first_t, window, server_clock, max - total - n, seq)
+  local header = struct.pack('>Bi7', kind, total + n) .. string.sub(h, 9, at - 1) .. entry
+  if kind == KIND_K then
+    header = string.sub(header, 1, 71) .. struct.pack('>i7', newest) .. string.sub(header, 79)
+  end
+  return write_slot(key, header, now, newest, first_t, window, server_clock, max - total - n, seq)
 end

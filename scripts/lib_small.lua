@@ -13,10 +13,9 @@
 -- (remaining, retry_after, quota_after, reset_after, tightest, seq), the entry recorded when
 -- admitted and the key's expiry set.
 --
--- WRITE_LAYOUT is the layout version decide_small writes: 2, or 3 when the engine is told to
--- (WithWriteLayout: scripts.go composes the script with that value). EXPIRY_SLACK_MAX bounds
--- how far beyond its need a version 3 write sets the key's expiry: an hour, in microseconds.
---const WRITE_LAYOUT 2
+-- decide_small writes a small header of version 3 ('V', which keeps the key's expiry) when
+-- WRITE_LAYOUT (lib_log.lua) is 3 or more, else of version 2. EXPIRY_SLACK_MAX bounds how far
+-- beyond its need a version 3 write sets the key's expiry: an hour, in microseconds.
 --const EXPIRY_SLACK_MAX 3600000000
 --
 -- What a call costs is counted here in server calls, library calls and values made (measured
@@ -128,7 +127,7 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     seq = 1
   end
   -- The expiry: the key must last until the new entry leaves the window, now + window (as
-  -- keep_log_until in lib_log.lua sets it). With WRITE_LAYOUT 3 and the server's clock, an expires
+  -- keep_log_until in lib_log.lua sets it). With WRITE_LAYOUT 3 or more and the server's clock, an expires
   -- that reaches that far means no call; else PEXPIREAT sets it further by the slack (the
   -- window, at most EXPIRY_SLACK_MAX), and the header keeps it. Else the expiry is set exactly
   -- (PEXPIREAT on the server's clock, PEXPIRE with its slack on a caller's), and the header
@@ -138,7 +137,7 @@ local function decide_small(key, h, now, n, window, max, server_clock)
   if not server_clock then
     at = window + 999
     expires, command, at = 0, 'PEXPIRE', (at - at % 1000) / 1000 + RELATIVE_EXPIRY_SLACK_MS
-  elseif WRITE_LAYOUT ~= 3 then
+  elseif WRITE_LAYOUT < 3 then
     expires, command, at = 0, 'PEXPIREAT', (at - at % 1000) / 1000
   elseif expires * 1000 < now + window then
     local slack = window

@@ -11,7 +11,7 @@ function g.trim(log, cutoff)
     if log.exists and log.count + log.gone > 0 then
       redis.call('DEL', log.key)
       log.exists, log.total, log.count, log.gone, log.closed = false, 0, 0, 0, 0
-      log.tail_refunded = false
+      log.tail_refunded, log.last_weighted = false, NO_TIME_BEFORE
       log.newest, log.seq, log.open, log.dirty = NO_TIME_BEFORE, 0, '', true
       local cursors = log.cursors
       for k = 1, #cursors do

@@ -52,21 +52,22 @@ const shebangPrefix = "#!"
 // Source returns the script name (its file's name without ".lua": "decide", "decide_batch",
 // "peek", "peek_batch", "decide_all", "settle", "inspect", "lease_acquire", "lease_extend",
 // "lease_release" or "probe") composed: each include line replaced by its part, each constant
-// by its value. layout sets the layout version the decision scripts write (lib_small.lua's
-// WRITE_LAYOUT): 2, or 3, whose small header keeps the key's expiry so that most decisions of
-// a busy key set none; 0 leaves the file's own, 2. Every composition reads every layout this
-// release knows. It is composed once per process. Source panics for a name or layout the
+// by its value. layout sets the layout version the scripts that write logs write (lib_log.lua's
+// WRITE_LAYOUT): 2; 3, whose small header keeps the key's expiry so that most decisions of a
+// busy key set none; or 5, which adds a full header that knows a unit log (every entry of
+// cost 1), so that a denial on it reads one entry at any depth; 0 leaves the file's own, 2.
+// Every composition reads every layout this release knows. It is composed once per process. Source panics for a name or layout the
 // package does not have: the engine names its scripts and checks its layout option first,
 // and the package's tests compose every one.
 func Source(name string, layout int) string {
-	if layout != 0 && layout != 2 && layout != 3 {
-		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2 or 3", layout))
+	if layout != 0 && layout != 2 && layout != 3 && layout != 5 {
+		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2, 3 or 5", layout))
 	}
 	return composedOnce(name+".lua", layout)
 }
 
-// writeLayoutConst is the constant (lib_small.lua) that says which layout version a decision
-// writes.
+// writeLayoutConst is the constant (lib_log.lua) that says which layout version the scripts
+// write.
 const writeLayoutConst = "WRITE_LAYOUT"
 
 // scriptFiles are the scripts Source returns, each composed once per process on
@@ -81,7 +82,7 @@ var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_b
 var composed = func() map[string]func() string {
 	m := map[string]func() string{}
 	for _, name := range scriptFiles {
-		for _, layout := range []int{0, 2, 3} {
+		for _, layout := range []int{0, 2, 3, 5} {
 			m[composedKey(name, layout)] = sync.OnceValue(func() string {
 				var src string
 				var err error
