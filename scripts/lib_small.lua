@@ -49,7 +49,7 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     h = ''
   end
   -- A longer window counted on this key keeps entries this one does not count: general().
-  if now < newest or count >= OPEN_CHUNK_MAX or horizon > window or n >= 254 then
+  if now < newest or count > OPEN_CHUNK_MAX or horizon > window or n >= 254 then
     return nil
   end
   -- Trim: the entries at or before cutoff leave, from the front of the open chunk. A header
@@ -108,8 +108,14 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     end
     return remaining, t + window - now, quota_at + window - now, newest + window - now, 1, 1
   end
-  -- Admitted: the first live entry with events leaves first (every entry is at or before now);
-  -- without one, the new entry.
+  -- Admitted. A full open chunk that nothing left takes the general path, which closes it; one
+  -- that trimmed an entry holds the new one (a log at the chunk's size stays small while its
+  -- traffic is steady). Nothing is written yet.
+  if count >= OPEN_CHUNK_MAX then
+    return nil
+  end
+  -- The first live entry with events leaves first (every entry is at or before now); without
+  -- one, the new entry.
   if total > 0 and lead_cost == 0 then
     p = first
     repeat
