@@ -167,3 +167,98 @@ func TestWithPrefixKeepsKeysUnderIt(t *testing.T) {
 		}
 	}
 }
+
+// Layout 5 decides a busy key (a log longer than the header's 32 entries) on its header, and
+// stays exact under concurrency: 64 goroutines over 4 clients, half of the engines writing
+// layout 5 and half layout 2 (a rollout under way: each reads the other's headers), on logs
+// of up to 150 entries, of cost 1 and of cost 2, audited on the decisions' server timestamps:
+// no window over Max and no false denial. A key that only layout 5 engines wrote reads as
+// layout 5 while its log is long.
+func TestWriteLayout5ExactUnderConcurrency(t *testing.T) {
+	es5, c := enginetest.Engines(t, exampleServer, 2, engine.WithWriteLayout(5))
+	es2, _ := enginetest.Engines(t, exampleServer, 2)
+	mixed := append(append([]*engine.Engine{}, es5...), es2...)
+	l := engine.Limit{Max: 150, Window: 300 * time.Millisecond}
+	for _, cost := range []int{1, 2} {
+		for _, engines := range [][]*engine.Engine{es5, mixed} {
+			key := enginetest.NewKey(t)
+			rs := enginetest.RunConcurrently(t, engines, 64, 3000, func(e *engine.Engine) (engine.Result, error) {
+				return e.AllowN(context.Background(), key, l, cost)
+			})
+			ds := make([]weightedDecision, len(rs))
+			for i, r := range rs {
+				ds[i] = weightedDecision{at: r.At.UnixMicro(), cost: cost, allowed: r.Allowed}
+			}
+			admitted := auditWeighted(t, ds, l)
+			if admitted < l.Max {
+				t.Fatalf("cost %d: admitted %d events of 3000 requests: the limit was never reached", cost, admitted)
+			}
+			if len(engines) == len(es5) {
+				// Long enough to be a busy key, and the next admission writes it as one.
+				enginetest.MustAllowN(t, es5[0], key, engine.Limit{Max: 1 << 20, Window: time.Hour}, cost)
+				if log := enginetest.Log(t, c, enginetest.Prefix, key); log.Count > 32 {
+					enginetest.Want(t, "layout of a long log written by layout 5 engines", log.Layout, 5)
+				} else {
+					t.Fatalf("cost %d: the log holds %d entries, want more than the header's 32", cost, log.Count)
+				}
+			}
+		}
+	}
+}
+
+// On a log of layout 5 whose live entries all cost 1, a denial's RetryAfter is exact at any
+// depth: the entry whose leaving brings the window under the limit is found by its number.
+// 1,000 entries 1 ms apart, then a limit lowered to 300: 701 entries must leave, the 701st
+// oldest last; the request is denied until that moment, to the microsecond, and admitted at
+// it. Under layout 2 the same denial reads at most 32 entries from each end and answers the
+// wait for the 32nd oldest, a lower bound; a weighted entry in the log makes layout 5 answer
+// that way too.
+func TestWriteLayout5RetryAfterExactAtAnyDepth(t *testing.T) {
+	c := exampleServer.Client(t)
+	const entries, dt = 1000, time.Millisecond
+	l := engine.Limit{Max: entries + 1, Window: 2 * entries * dt}
+	lowered := engine.Limit{Max: 300, Window: l.Window}
+	for _, tc := range []struct {
+		layout   int
+		weighted bool
+		exact    bool
+	}{{5, false, true}, {2, false, false}, {5, true, false}} {
+		e, clock := enginetest.Clocked(t, c, engine.WithWriteLayout(tc.layout))
+		key := enginetest.NewKey(t)
+		t0 := clock.Now()
+		for i := 0; i < entries; i++ {
+			clock.Set(t0.Add(time.Duration(i) * dt))
+			n := 1
+			if tc.weighted && i == entries/2 {
+				n = 2 // one weighted entry, in the middle: the log is no unit log
+			}
+			enginetest.MustAllowN(t, e, key, engine.Limit{Max: entries + 2, Window: l.Window}, n)
+		}
+		enginetest.Want(t, "layout", enginetest.Log(t, c, enginetest.Prefix, key).Layout, tc.layout)
+		now := t0.Add(entries * dt)
+		clock.Set(now)
+		r := enginetest.MustAllowN(t, e, key, lowered, 1)
+		if r.Allowed {
+			t.Fatalf("layout %d: admitted over a lowered limit", tc.layout)
+		}
+		// The entries to leave: as many as leave the log's events but Max-1, so that one more
+		// fits (the weighted entry's second event is one more to leave: the same count).
+		leave := entries - (lowered.Max - 1)
+		exact := t0.Add(time.Duration(leave-1)*dt + l.Window).Sub(now)
+		lowerBound := t0.Add(31*dt + l.Window).Sub(now)
+		switch {
+		case tc.exact && r.RetryAfter != exact:
+			t.Fatalf("layout %d: RetryAfter %s, want exactly %s", tc.layout, r.RetryAfter, exact)
+		case !tc.exact && r.RetryAfter != lowerBound:
+			t.Fatalf("layout %d, weighted %v: RetryAfter %s, want the 32nd oldest's %s", tc.layout, tc.weighted, r.RetryAfter, lowerBound)
+		}
+		clock.Set(now.Add(exact - time.Microsecond))
+		if r := enginetest.MustAllowN(t, e, key, lowered, 1); r.Allowed {
+			t.Fatalf("layout %d: admitted a microsecond before the exact wait", tc.layout)
+		}
+		clock.Set(now.Add(exact))
+		if !enginetest.MustAllowN(t, e, key, lowered, 1).Allowed {
+			t.Fatalf("layout %d: denied at the exact wait", tc.layout)
+		}
+	}
+}
