@@ -67,7 +67,9 @@ if now == SERVER_CLOCK then
   server_now = now
 end
 local h = redis.pcall('LINDEX', key, 0)
-if one_limit then
+-- A busy header of version 5 ('K') goes straight to the busy path: decide_small would unpack
+-- its fields only to decline it (3,000 of a busy admission's 92,000 instructions on callgrind).
+if one_limit and (type(h) ~= 'string' or string.byte(h) ~= KIND_K) then
   local remaining, retry_after, quota_after, reset_after, tightest, seq = decide_small(key, h, now, n, window, max, server_now ~= 0)
   if remaining ~= nil then
     -- lib_reply.lua's encoding, written out for the common replies: admitted as the first
