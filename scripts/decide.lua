@@ -88,7 +88,8 @@ end
 -- include: lib_busy.lua
 
 if one_limit then
-  -- One limit on a busy key (lib_busy.lua), encoded as above.
+  -- One limit on a busy key (lib_busy.lua), encoded as above. (Written out twice on purpose:
+  -- a function both share costs the small decision 1,400 instructions a call, 2 %.)
   local remaining, retry_after, quota_after, reset_after, tightest, seq = decide_busy(key, h, now, n, window, max, server_now ~= 0)
   if remaining ~= nil then
     if retry_after == 0 and seq == 1 then
