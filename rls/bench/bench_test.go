@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,8 +15,9 @@ import (
 )
 
 // TestRunStrictrateAlone runs the command's core with tiny durations against strictrate-rls
-// alone: the throughput table must hold figures for one and three descriptors, and the
-// exactness scenarios that need no minute boundary must show what an exact limiter admits.
+// alone, writing layout 5: the throughput table must hold figures for one and three
+// descriptors, and the exactness scenarios that need no minute boundary must show what an
+// exact limiter admits.
 func TestRunStrictrateAlone(t *testing.T) {
 	valkeytest.SkipIfShort(t, "runs the whole rls bench program")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -23,7 +25,7 @@ func TestRunStrictrateAlone(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bench.md")
 	cfg := config{
 		Duration: 400 * time.Millisecond, Rounds: 2, Warmup: 100 * time.Millisecond,
-		Concurrency: 8, Conns: 2, Keys: 100, Exactness: true, Boundary: false, Out: out,
+		Concurrency: 8, Conns: 2, Keys: 100, Exactness: true, Boundary: false, Out: out, WriteLayout: 5,
 	}
 	var stdout, progress strings.Builder
 	if err := run(ctx, cfg, &stdout, &progress); err != nil {
@@ -36,6 +38,10 @@ func TestRunStrictrateAlone(t *testing.T) {
 	}
 	if string(written) != md {
 		t.Errorf("-out file differs from stdout")
+	}
+
+	if !strings.Contains(md, "strictrate-rls with STRICTRATE_WRITE_LAYOUT=5") {
+		t.Errorf("the report does not say that strictrate-rls wrote layout 5:\n%s", md)
 	}
 
 	row := regexp.MustCompile(`(?m)^\| strictrate-rls \| ([13]) \| ([\d,]+) \| ([\d.]+) ms \| ([\d.]+) ms \| — \|.*\| (\d+) \| (\d+) \| (\d+) \|$`)
@@ -114,5 +120,24 @@ func TestCounters(t *testing.T) {
 	})
 	if s.Decisions != 10 || s.PerSecond != 4 || s.P50 != 5 || s.P99 != 8 || s.Used != (counters{2, -1, 2, 2}) {
 		t.Errorf("summarize: got %+v", s)
+	}
+}
+
+// TestStrictrateEnv checks that -write-layout is passed to strictrate-rls as
+// STRICTRATE_WRITE_LAYOUT, before -strictrate-env so that an explicit variable wins, and
+// that 0 passes nothing.
+func TestStrictrateEnv(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  config
+		want []string
+	}{
+		{config{}, nil},
+		{config{WriteLayout: 5}, []string{"STRICTRATE_WRITE_LAYOUT=5"}},
+		{config{WriteLayout: 5, StrictrateEnv: []string{"STRICTRATE_WRITE_LAYOUT=3"}},
+			[]string{"STRICTRATE_WRITE_LAYOUT=5", "STRICTRATE_WRITE_LAYOUT=3"}},
+	} {
+		if got := tc.cfg.strictrateEnv(); !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: %q, want %q", tc.cfg, got, tc.want)
+		}
 	}
 }

@@ -44,7 +44,7 @@ func TestDefaults(t *testing.T) {
 		RedisSocketType: "unix", RedisType: RedisSingle, RedisURL: "/var/run/nutcracker/ratelimit.sock", RedisTimeout: 10 * time.Second,
 		RedisStartupInitialInterval: time.Second, RedisStartupMaxInterval: 30 * time.Second, RedisStartupMaxElapsedTime: 30 * time.Second,
 		TracingServiceName: "RateLimit", TracingSamplingRate: 1, TracingExporterProtocol: "http",
-		Batching: true, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
+		Batching: true, WriteLayout: 2, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", s, want)
@@ -264,6 +264,9 @@ func TestInvalid(t *testing.T) {
 		{"STRICTRATE_REPLICA_ACK_TIMEOUT", "soon"},
 		{"STRICTRATE_REQUEST_TIMEOUT", "0s"},
 		{"STRICTRATE_SLOTS_PER_WINDOW", "-5"},
+		{"STRICTRATE_WRITE_LAYOUT", "4"},
+		{"STRICTRATE_WRITE_LAYOUT", "1"}, // read, never written
+		{"STRICTRATE_WRITE_LAYOUT", "v5"},
 	} {
 		_, _, err := FromEnv(env(kv...))
 		if !errors.Is(err, ErrInvalid) {
@@ -359,7 +362,7 @@ func TestReadsValues(t *testing.T) {
 		"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "0x1000000",
 		"LOCAL_CACHE_SIZE_IN_BYTES", "1048576", "NEAR_LIMIT_RATIO", "0.9", "SHADOW_MODE", "t",
 		"LIMIT_RESPONSE_HEADERS_ENABLED", "true", "STRICTRATE_LEGACY_HEADERS", "true", "LIMIT_RESET_HEADER", "X-RateLimit-Reset",
-		"STRICTRATE_FAIL_OPEN", "true", "STRICTRATE_BATCHING", "false",
+		"STRICTRATE_FAIL_OPEN", "true", "STRICTRATE_BATCHING", "false", "STRICTRATE_WRITE_LAYOUT", "5",
 		"STRICTRATE_REPLICA_ACK", "1", "STRICTRATE_REPLICA_ACK_TIMEOUT", "50ms",
 		"STRICTRATE_DURABLE_ACK_LOCAL", "1", "STRICTRATE_DURABLE_ACK_REPLICAS", "1", "STRICTRATE_DURABLE_ACK_TIMEOUT", "100ms",
 		"STRICTRATE_CALENDAR", "true", "STRICTRATE_CALENDAR_ZONE", "Europe/Paris",
@@ -381,7 +384,7 @@ func TestReadsValues(t *testing.T) {
 		!s.LegacyHeaders || s.HeaderRateLimitReset != "X-RateLimit-Reset" || s.HeaderRateLimitLimit != "RateLimit-Limit" {
 		t.Errorf("limits: %+v", s)
 	}
-	if !s.FailOpen || s.Batching || s.ReplicaAck != 1 || s.ReplicaAckTimeout != 50*time.Millisecond ||
+	if !s.FailOpen || s.Batching || s.WriteLayout != 5 || s.ReplicaAck != 1 || s.ReplicaAckTimeout != 50*time.Millisecond ||
 		!s.DurableAckLocal || s.DurableAckReplicas != 1 || s.DurableAckTimeout != 100*time.Millisecond ||
 		s.Calendar == nil || s.Calendar.String() != "Europe/Paris" || s.SlotsPerWindow != 0 ||
 		s.RequestTimeout != 250*time.Millisecond || s.DrainTimeout != 30*time.Second {
