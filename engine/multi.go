@@ -168,8 +168,10 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 		check := !admitted
 		c.check = check
 		dest := destination{node: c.node}
-		if c.node == "" {
-			dest.slot = slotOf(c.parts[0].req.key) // one slot's keys, through the engine's client
+		if c.node == "" && e.groups.slots != nil {
+			// A cluster whose slot map names no primary for these keys: one slot's keys,
+			// through the engine's client. On a single server every group shares one queue.
+			dest.slot = slotOf(c.parts[0].req.key)
 		}
 		cl := e.groups.do(ctx, c, dest)
 		callErr, ack := cl.err, cl.ack

@@ -74,9 +74,11 @@ func TestAllowAllsShareCallsUnderGroupCommit(t *testing.T) {
 		for g := range goroutines {
 			wg.Go(func() {
 				for i := range each {
+					// Each goroutine's first key its own: a group is queued by its
+					// server, not by its first key's slot.
 					reqs := []Request{
-						{Key: "shared", Policy: shared, N: 1},
 						{Key: "own:" + itoa(g), Policy: Policy{PerHour(each)}, N: 1},
+						{Key: "shared", Policy: shared, N: 1},
 						{Key: "round:" + itoa(i), Policy: Policy{PerHour(goroutines)}, N: 1},
 					}
 					allowed, _, err := e.AllowAll(ctx, reqs)
@@ -106,8 +108,8 @@ func TestAllowAllsShareCallsUnderGroupCommit(t *testing.T) {
 			t.Fatalf("batching %v: %d admitted, want the shared key's Max %d", batching, got, max)
 		}
 		switch {
-		case batching && calls >= goroutines*each:
-			t.Fatalf("batching: %d script calls for %d AllowAlls: no call carried several", calls, goroutines*each)
+		case batching && calls > goroutines*each/2:
+			t.Fatalf("batching: %d script calls for %d AllowAlls: calls carried fewer than two on average", calls, goroutines*each)
 		case !batching && calls != goroutines*each:
 			t.Fatalf("without batching: %d script calls for %d AllowAlls, want one each", calls, goroutines*each)
 		}
