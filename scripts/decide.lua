@@ -110,6 +110,10 @@ if res > 0 then
   -- One limit with a resolution, its slot's entry the newest: merge_small, in full (its quota
   -- and reset are no window, so every value goes in the reply).
   local remaining, retry_after, quota_after, reset_after, tightest, seq = merge_small(key, h, now, n, res, window, max, server_now ~= 0)
+  if remaining == nil then
+    -- A busy key's slot (lib_busy.lua).
+    remaining, retry_after, quota_after, reset_after, tightest, seq = decide_busy(key, h, now, n, window, max, server_now ~= 0, res)
+  end
   if remaining ~= nil then
     return struct.pack('>i8Bi8i8i8i8i8i8', server_now, 6, remaining, retry_after, quota_after, reset_after, tightest, seq)
   end

@@ -49,7 +49,8 @@ local function busy_element(e)
   return t, v
 end
 
--- busy_read reads h, key's header, as the busy path takes it, at now for a limit of window:
+-- busy_read reads h, key's header, as the busy path takes it, at now for a limit of window,
+-- for an entry to be recorded at at (now when nil; a slot's end for a limit with a resolution):
 -- the header's fields, with the entries that left the window taken out (the elements behind
 -- the header read as far as they left, from the head cache first under version 5; the open
 -- chunk's, when every closed one left: p is then the byte of the first that stays);
@@ -58,7 +59,7 @@ end
 -- cs from byte cf, the oldest live closed entries in the open chunk's encoding, oldest
 -- first. cs is h itself while nothing was read into it, and then the cache runs on into the
 -- open chunk. It returns nil when the busy path does not take the log (see the top).
-local function busy_read(key, h, now, window)
+local function busy_read(key, h, now, window, at)
   if type(h) ~= 'string' or #h < 71 then
     return nil
   end
@@ -72,7 +73,7 @@ local function busy_read(key, h, now, window)
     return nil
   end
   local cutoff = now - window
-  if ncursors ~= 0 or horizon ~= window or now < newest or newest <= cutoff or closed == 0
+  if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed == 0
     or #h - p + 1 ~= 8 * (count - closed) then
     return nil
   end
@@ -189,12 +190,23 @@ local function busy_cover(key, h, p, gone, closed, oldest, oldest_cost, last_wei
 end
 
 -- decide_busy is decide_small (lib_small.lua) for a busy key: same arguments, same results,
--- nil when the busy path does not take the request.
-local function decide_busy(key, h, now, n, window, max, server_clock)
-  local kind, total, count, newest, seq, gone, closed, oldest, oldest_cost, last_weighted, p, changed, first, cs, cf, cn = busy_read(key, h, now, window)
+-- nil when the busy path does not take the request. With res, the limit's resolution (lib_log.lua,
+-- Slots), it records at the end of now's slot, at: when the newest entry is that slot's (in the
+-- open chunk, with events), it takes the cost in place, as merge_small does (lib_slot.lua);
+-- after it, a new entry.
+local function decide_busy(key, h, now, n, window, max, server_clock, res)
+  local at = now
+  if res then
+    at = now - now % res
+    if at < now then
+      at = at + res
+    end
+  end
+  local kind, total, count, newest, seq, gone, closed, oldest, oldest_cost, last_weighted, p, changed, first, cs, cf, cn = busy_read(key, h, now, window, at)
   if kind == nil then
     return nil
   end
+  local merge = false
   local denied, t = total + n > max, nil
   if denied then
     t = busy_cover(key, h, p, gone, closed, oldest, oldest_cost, last_weighted, cs, cf, cn, total, total + n - max)
@@ -208,21 +220,28 @@ local function decide_busy(key, h, now, n, window, max, server_clock)
     if n >= 254 then
       return nil -- an entry the open chunk would hold in more than 8 bytes
     end
-    if first == nil then
-      first = now
-    end
-    if now == newest then
+    if res and at == newest then
+      -- The slot's entry: the open chunk's last, of cost 1 to 253 - n (else the general path).
+      local cost = #h >= p + 7 and string.byte(h, #h) or 0
+      if cost == 0 or cost + n >= 254 then
+        return nil
+      end
+      merge, n = true, cost + n
+    elseif now == newest then
       seq = seq + 1
     else
       seq = 1
     end
-    if n ~= 1 and now > last_weighted then
-      last_weighted = now
+    if first == nil then
+      first = at
+    end
+    if n ~= 1 and at > last_weighted then
+      last_weighted = at
     end
     -- The expiry first (a server that refuses it refuses before anything is recorded;
     -- lib_small.lua sets it the same way), then the entries that left go, a full open chunk
     -- moves behind the header, and the header takes the new entry.
-    local ms = window + 999
+    local ms = at - now + window + 999
     if server_clock then
       ms = now + ms
       redis.call('PEXPIREAT', key, (ms - ms % 1000) / 1000)
@@ -247,7 +266,11 @@ local function decide_busy(key, h, now, n, window, max, server_clock)
     tail = string.sub(cs, cf, cf + 8 * cn - 1) .. string.sub(h, p)
   end
   local entry = ''
-  if not denied then
+  if merge then
+    -- The slot's entry, the header's last 8 bytes, takes the new cost; the count stays.
+    total, tail = total + n - string.byte(h, #h), string.sub(tail, 1, #tail - 8)
+    entry = struct.pack('>i7B', at, n)
+  elseif not denied then
     if #h - p + 1 >= 8 * BUSY_OPEN_MAX then
       -- The open chunk moves behind the header, each entry an element: a cost-1 entry its 7
       -- bytes of time (lib_entries.lua).
@@ -274,7 +297,7 @@ local function decide_busy(key, h, now, n, window, max, server_clock)
       end
       closed = closed + #es
     end
-    total, count, newest, entry = total + n, count + 1, now, struct.pack('>i7B', now, n)
+    total, count, newest, entry = total + n, count + 1, at, struct.pack('>i7B', at, n)
   end
   -- The header: full, of the kind WRITE_LAYOUT writes ('K', or 'G' below version 5, which
   -- keeps no cache), or small ('T') when nothing is left behind it.
@@ -295,5 +318,11 @@ local function decide_busy(key, h, now, n, window, max, server_clock)
   if denied then
     return math.max(max - total, 0), t + window - now, first + window - now, newest + window - now, 1, 1
   end
-  return max - total, 0, first + window - now, window, 1, seq
+  -- The quota comes back when the first entry with events leaves, within a window at the
+  -- latest (a slot's entry lies in the future).
+  local quota_after = first + window - now
+  if quota_after > window then
+    quota_after = window
+  end
+  return max - total, 0, quota_after, newest + window - now, 1, seq
 end

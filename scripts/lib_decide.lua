@@ -22,6 +22,9 @@ local function decide_request(key, now, n, limits, server_clock, h)
   end
   if #limits == 4 and limits[1] == -1 then
     local remaining, retry_after, quota_after, reset_after, tightest, seq = merge_small(key, h, now, n, limits[2], limits[3], limits[4], server_clock)
+    if remaining == nil then
+      remaining, retry_after, quota_after, reset_after, tightest, seq = decide_busy(key, h, now, n, limits[3], limits[4], server_clock, limits[2])
+    end
     if remaining ~= nil then
       return remaining, retry_after, quota_after, reset_after, tightest, seq
     end
