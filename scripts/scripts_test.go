@@ -355,6 +355,11 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 // The lease scripts as the server runs them, on a caller's clock: max leases granted, the
 // next denied until the soonest expires, an extended lease outlives its first expiry, an
 // expired one cannot be extended, and a release removes only its own lease.
+//
+// The caller's clock here moves only as the test says, but on a caller's clock the scripts
+// make the key live ttl (and 2 ms) from the server's own now (lib_lease.lua, keep_until), as
+// a real clock would pass that time too. The ttl is an hour, so that no pause of a busy
+// machine between two steps lets the server drop the key the test's clock still has leases in.
 func TestLeaseScriptsRun(t *testing.T) {
 	c := server.Client(t)
 	ctx := context.Background()
@@ -369,7 +374,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 		}
 		return v
 	}
-	const now, ttl, max = 1_790_000_000_000_000, 100_000, 2
+	const now, ttl, max = 1_790_000_000_000_000, 3_600_000_000, 2
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	key := "scripts-test:leases:" + uuid.NewString()
 	acquire := func(at int64, id string) []int64 {
