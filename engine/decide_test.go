@@ -627,7 +627,7 @@ func TestLimitsSharingAKeyUnderConcurrency(t *testing.T) {
 			if err != nil || !first.Allowed {
 				t.Fatalf("the first decision: %+v, %v", first, err)
 			}
-			ds := decideMany(t, es, 32, 50, 1500*time.Millisecond, 22, func(rng *rand.Rand, e *engine.Engine) (sharedDecision, time.Time, error) {
+			ds := decideMany(t, es, 32, runFor{calls: 50, span: 1500 * time.Millisecond}, 22, func(rng *rand.Rand, e *engine.Engine) (sharedDecision, time.Time, error) {
 				limits := choices[rng.IntN(len(choices))]
 				n := 1 + rng.IntN(3)
 				var r engine.Result

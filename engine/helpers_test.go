@@ -317,12 +317,13 @@ func auditWeighted(t *testing.T, ds []weightedDecision, l engine.Limit) (admitte
 	return admitted
 }
 
-// hammer runs do from goroutines spread over es (decideMany) and returns every decision (its
-// timestamp, cost and outcome) and how many the deny cache took.
+// hammer runs do from goroutines spread over es (decideMany: each calls each at least, for
+// span at least) and returns every decision (its timestamp, cost and outcome) and how many the
+// deny cache took.
 func hammer(t *testing.T, es []*engine.Engine, goroutines, each int, span time.Duration,
 	do func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error)) (ds []weightedDecision, cached int) {
 	t.Helper()
-	ds = decideMany(t, es, goroutines, each, span, 9, func(rng *rand.Rand, e *engine.Engine) (weightedDecision, time.Time, error) {
+	ds = decideMany(t, es, goroutines, runFor{calls: each, span: span}, 9, func(rng *rand.Rand, e *engine.Engine) (weightedDecision, time.Time, error) {
 		r, n, err := do(rng, e)
 		return weightedDecision{at: r.At.UnixMicro(), cost: n, allowed: r.Allowed, cached: r.FromCache}, r.At, err
 	})
@@ -334,14 +335,28 @@ func hammer(t *testing.T, es []*engine.Engine, goroutines, each int, span time.D
 	return ds, cached
 }
 
+// runFor is how long decideMany's goroutines go on: each makes at least calls calls, and goes
+// on until the calls span span on the clock that took them (es must decide on the server's,
+// which moves), and until more, when set, says the run has seen what its test needs. That is
+// a fixed amount of work however busy the machine, over several windows however fast it is,
+// and what the test's checks need however the machine's stalls fall. Nothing asserts a speed:
+// a busy machine takes longer, the benchmarks measure how fast, and the audit of what was
+// decided is the same.
+type runFor struct {
+	calls int
+	span  time.Duration
+	more  func() bool
+}
+
+// decideBound ends a run that never gets what runFor asks (each goroutine stops at its next
+// call past it; the test's own checks then say what is missing): far beyond what a busy
+// machine takes, well short of go test's timeout.
+const decideBound = time.Minute
+
 // decideMany runs do from goroutines spread over es, all let go at once, each with a random
-// source of its own (seeded by the goroutine and seed), and returns what every call returned.
-// Each goroutine makes at least each calls, and goes on until the calls span span on the clock
-// that took them (the time do returns; es must decide on the server's, which moves): a fixed
-// amount of work however busy the machine, over several windows however fast it is. Nothing
-// asserts a speed: a busy machine takes longer and spreads the same decisions thinner, the
-// benchmarks measure how fast, and the audit of what was decided is the same.
-func decideMany[D any](t *testing.T, es []*engine.Engine, goroutines, each int, span time.Duration, seed uint64,
+// source of its own (seeded by the goroutine and seed), for as long as until says, and returns
+// what every call returned.
+func decideMany[D any](t *testing.T, es []*engine.Engine, goroutines int, until runFor, seed uint64,
 	do func(rng *rand.Rand, e *engine.Engine) (D, time.Time, error)) []D {
 	t.Helper()
 	var (
@@ -352,6 +367,11 @@ func decideMany[D any](t *testing.T, es []*engine.Engine, goroutines, each int, 
 		errs  = make(chan error, goroutines)
 		start = make(chan struct{})
 	)
+	began := time.Now()
+	enough := func(done int, at int64) bool {
+		return done >= until.calls && at-first.Load() >= until.span.Microseconds() && (until.more == nil || !until.more()) ||
+			time.Since(began) > decideBound
+	}
 	for g := 0; g < goroutines; g++ {
 		wg.Add(1)
 		go func() {
@@ -359,7 +379,7 @@ func decideMany[D any](t *testing.T, es []*engine.Engine, goroutines, each int, 
 			rng := rand.New(rand.NewPCG(uint64(g), seed))
 			e := es[g%len(es)]
 			<-start
-			for done, at := 0, int64(0); done < each || at-first.Load() < span.Microseconds(); done++ {
+			for done, at := 0, int64(0); !enough(done, at); done++ {
 				d, when, err := do(rng, e)
 				if err != nil {
 					errs <- err
