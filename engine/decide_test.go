@@ -450,10 +450,10 @@ func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 	enginetest.Want(t, "cost 20,000 on the full log: retry after", rWhole.RetryAfter, enginetest.T0.Add(199*time.Millisecond+time.Hour).Sub(now))
 }
 
-// 64 goroutines over 4 clients ask for random costs against a limit for several windows:
-// audited on the server's timestamps, no window over Max and no false denial. Costs 1 to 50
-// against Max 1000 keep about 40 entries in a window (the log's older entries leave its
-// header); costs 1 to 8 against Max 60 keep it within the header.
+// 64 goroutines over 4 clients ask for random costs against a limit, 100 decisions each and
+// for 5 windows at least: audited on the server's timestamps, no window over Max and no false
+// denial. Costs 1 to 50 against Max 1000 keep about 40 entries in a window (the log's older
+// entries leave its header); costs 1 to 8 against Max 60 keep it within the header.
 func TestWeightedExactUnderConcurrency(t *testing.T) {
 	for _, tc := range []struct {
 		max, maxCost int
@@ -461,16 +461,13 @@ func TestWeightedExactUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprintf("Max %d, costs 1 to %d", tc.max, tc.maxCost), func(t *testing.T) {
 			es, _ := enginetest.Engines(t, exampleServer, 4)
 			key, l := enginetest.NewKey(t), engine.Limit{Max: tc.max, Window: 200 * time.Millisecond}
-			ds, _ := hammer(t, es, 64, 5*l.Window, func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
+			ds, _ := hammer(t, es, 64, 100, 5*l.Window, func(rng *rand.Rand, e *engine.Engine) (engine.Result, int, error) {
 				n := 1 + rng.IntN(tc.maxCost)
 				r, err := e.AllowN(context.Background(), key, l, n)
 				return r, n, err
 			})
-			admitted := auditWeighted(t, ds, l)
-			t.Logf("%d decisions, %d events admitted over about 5 windows of Max %d", len(ds), admitted, l.Max)
-			if admitted < 4*l.Max {
-				t.Fatalf("admitted %d events over 5 windows of Max %d, want at least %d: the limit was not reached", admitted, l.Max, 4*l.Max)
-			}
+			// A denial of the largest cost leaves the least admitted in its window.
+			wantLimitReached(t, ds, auditWeighted(t, ds, l), l.Max-tc.maxCost+1)
 		})
 	}
 }
@@ -610,9 +607,10 @@ func TestLongerLimitDeniedStillKeepsTheKey(t *testing.T) {
 }
 
 // 32 goroutines over 4 clients, batched and not, decide on one key by three single limits and
-// a policy of two, picked at random per call, once a first decision has asked every window of
-// the key: audited on the server's timestamps, every admission keeps every window of its
-// limits within Max counting all the key's events, and every denial had a limit without room.
+// a policy of two, picked at random per call, 50 calls each and for 1.5 s at least, once a
+// first decision has asked every window of the key: audited on the server's timestamps, every
+// admission keeps every window of its limits within Max counting all the key's events, and
+// every denial had a limit without room.
 func TestLimitsSharingAKeyUnderConcurrency(t *testing.T) {
 	a := engine.Limit{Max: 5, Window: 20 * time.Millisecond}
 	b := engine.Limit{Max: 40, Window: 200 * time.Millisecond}
@@ -622,7 +620,6 @@ func TestLimitsSharingAKeyUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprint("batching ", batching), func(t *testing.T) {
 			es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithBatching(batching))
 			key := enginetest.NewKey(t)
-			var mu sync.Mutex
 			// The key's first decision counts every window the test asks: from then on the
 			// key keeps what each of them counts (a limit first asked of a key later counts
 			// only what the key kept for the longest window asked before).
@@ -630,41 +627,19 @@ func TestLimitsSharingAKeyUnderConcurrency(t *testing.T) {
 			if err != nil || !first.Allowed {
 				t.Fatalf("the first decision: %+v, %v", first, err)
 			}
-			ds := []sharedDecision{{at: first.At.UnixMicro(), seq: first.Entry.Seq, cost: 1, limits: []engine.Limit{a, b, c}, allowed: true}}
-			var wg sync.WaitGroup
-			deadline := time.Now().Add(1500 * time.Millisecond)
-			errs := make(chan error, 32)
-			for g := 0; g < 32; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(uint64(g), 22))
-					e := es[g%len(es)]
-					for time.Now().Before(deadline) {
-						limits := choices[rng.IntN(len(choices))]
-						n := 1 + rng.IntN(3)
-						var r engine.Result
-						var err error
-						if len(limits) == 1 {
-							r, err = e.AllowN(context.Background(), key, limits[0], n)
-						} else {
-							r, err = e.AllowPolicy(context.Background(), key, engine.Policy(limits), n)
-						}
-						if err != nil {
-							errs <- err
-							return
-						}
-						mu.Lock()
-						ds = append(ds, sharedDecision{at: r.At.UnixMicro(), seq: r.Entry.Seq, cost: n, limits: limits, allowed: r.Allowed})
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			ds := decideMany(t, es, 32, runFor{calls: 50, span: 1500 * time.Millisecond}, 22, func(rng *rand.Rand, e *engine.Engine) (sharedDecision, time.Time, error) {
+				limits := choices[rng.IntN(len(choices))]
+				n := 1 + rng.IntN(3)
+				var r engine.Result
+				var err error
+				if len(limits) == 1 {
+					r, err = e.AllowN(context.Background(), key, limits[0], n)
+				} else {
+					r, err = e.AllowPolicy(context.Background(), key, engine.Policy(limits), n)
+				}
+				return sharedDecision{at: r.At.UnixMicro(), seq: r.Entry.Seq, cost: n, limits: limits, allowed: r.Allowed}, r.At, err
+			})
+			ds = append(ds, sharedDecision{at: first.At.UnixMicro(), seq: first.Entry.Seq, cost: 1, limits: []engine.Limit{a, b, c}, allowed: true})
 			admitted := auditShared(t, ds)
 			t.Logf("%d decisions; admissions by limit: %v", len(ds), admitted)
 			if admitted[c] == 0 || admitted[a] == 0 {

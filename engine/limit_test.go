@@ -420,48 +420,23 @@ type resDecision struct {
 	allowed bool
 }
 
-// runResolutionLoad calls do from goroutines spread over es until d has passed, each with a
-// random source of its own, and returns every decision. An admission must be recorded at the
+// runResolutionLoad runs do from goroutines spread over es, as decideMany does (each calls at
+// least, for span at least), and returns every decision. An admission must be recorded at the
 // end of its slot of res µs (Entry.At), shared.
-func runResolutionLoad(t *testing.T, es []*engine.Engine, goroutines int, d time.Duration, res []int64,
+func runResolutionLoad(t *testing.T, es []*engine.Engine, goroutines, each int, span time.Duration, res []int64,
 	do func(rng *rand.Rand, e *engine.Engine) (key int, r engine.Result, n int, err error)) []resDecision {
 	t.Helper()
-	var mu sync.Mutex
-	var ds []resDecision
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	deadline := time.Now().Add(d)
-	for g := 0; g < goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 31))
-			e := es[g%len(es)]
-			for time.Now().Before(deadline) {
-				k, r, n, err := do(rng, e)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if r.Allowed {
-					at := r.At.UnixMicro()
-					if want := slotEnd(at, res[k]); r.Entry.At.UnixMicro() != want || !r.Entry.Shared || r.Entry.Seq < 1 || r.Entry.Cost != n {
-						errs <- fmt.Errorf("admitted at %d with resolution %dµs: entry %+v, want at %d, shared, cost %d", at, res[k], r.Entry, want, n)
-						return
-					}
-				}
-				mu.Lock()
-				ds = append(ds, resDecision{key: k, at: r.At.UnixMicro(), cost: n, allowed: r.Allowed})
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return ds
+	return decideMany(t, es, goroutines, runFor{calls: each, span: span}, 31, func(rng *rand.Rand, e *engine.Engine) (resDecision, time.Time, error) {
+		k, r, n, err := do(rng, e)
+		if err != nil {
+			return resDecision{}, r.At, err
+		}
+		at := r.At.UnixMicro()
+		if want := slotEnd(at, res[k]); r.Allowed && (r.Entry.At.UnixMicro() != want || !r.Entry.Shared || r.Entry.Seq < 1 || r.Entry.Cost != n) {
+			return resDecision{}, r.At, fmt.Errorf("admitted at %d with resolution %dµs: entry %+v, want at %d, shared, cost %d", at, res[k], r.Entry, want, n)
+		}
+		return resDecision{key: k, at: at, cost: n, allowed: r.Allowed}, r.At, nil
+	})
 }
 
 // auditResolution checks one key's decisions, taken on the server's clock by limits recorded
@@ -541,10 +516,11 @@ func auditResolution(t *testing.T, ds []resDecision, limits []engine.Limit, g in
 	return events, denials
 }
 
-// 64 goroutines over 4 clients, each decision its own script call on the server's clock, on
-// one key of 50 per 300ms at a resolution of 50ms, with costs of 1 and of 1 to 5: audited on
-// the server's decision times, no trailing window holds more than Max, and every denial was
-// right by the slots' count (so within the resolution of the exact log's answer).
+// 64 goroutines over 4 clients, each decision its own script call on the server's clock, 100
+// each and for 2 s at least, on one key of 50 per 300ms at a resolution of 50ms, with costs of
+// 1 and of 1 to 5: audited on the server's decision times, no trailing window holds more than
+// Max, and every denial was right by the slots' count (so within the resolution of the exact
+// log's answer).
 func TestResolutionNeverOverAdmitsUnderConcurrency(t *testing.T) {
 	l := engine.Limit{Max: 50, Window: 300 * time.Millisecond, Resolution: 50 * time.Millisecond}
 	g := micros(l.Resolution)
@@ -552,24 +528,26 @@ func TestResolutionNeverOverAdmitsUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprint("costs 1 to ", maxCost), func(t *testing.T) {
 			es, _ := enginetest.Engines(t, exampleServer, 4, engine.WithBatching(false))
 			key := enginetest.NewKey(t)
-			ds := runResolutionLoad(t, es, 64, 2*time.Second, []int64{g}, func(rng *rand.Rand, e *engine.Engine) (int, engine.Result, int, error) {
+			ds := runResolutionLoad(t, es, 64, 100, 2*time.Second, []int64{g}, func(rng *rand.Rand, e *engine.Engine) (int, engine.Result, int, error) {
 				n := 1 + rng.IntN(maxCost)
 				r, err := e.AllowN(context.Background(), key, l, n)
 				return 0, r, n, err
 			})
 			events, denials := auditResolution(t, ds, []engine.Limit{l}, g)
 			t.Logf("%d decisions, %d events admitted, %d denials", len(ds), events, denials)
-			// About 6 windows of 50 (a slot counts up to 50ms longer than its requests).
-			if events < 3*l.Max || denials == 0 {
-				t.Fatalf("%d events admitted, %d denials over 2s of 50 per 300ms: the limit was not exercised", events, denials)
+			// A denial, owed by the audit, shows a window full by the slots' count; how many
+			// windows filled is the machine's speed.
+			if denials == 0 {
+				t.Fatalf("%d events admitted, no denial: the limit was not exercised", events)
 			}
 		})
 	}
 }
 
-// Group commit (the default): 64 goroutines over 4 clients on 4 keys of different
-// resolutions (a policy among them, and a resolution as long as its window), batched into
-// shared calls whose decisions share one server time: each key audited as above.
+// Group commit (the default): 64 goroutines over 4 clients, 100 decisions each and for 1.5 s
+// at least, on 4 keys of different resolutions (a policy among them, and a resolution as long
+// as its window), batched into shared calls whose decisions share one server time: each key
+// audited as above.
 func TestResolutionBatchedNeverOverAdmits(t *testing.T) {
 	ms := time.Millisecond
 	keys := []struct {
@@ -588,7 +566,7 @@ func TestResolutionBatchedNeverOverAdmits(t *testing.T) {
 		names[k] = enginetest.NewKey(t)
 		res[k] = finestResolution(keys[k].limits)
 	}
-	ds := runResolutionLoad(t, es, 64, 1500*time.Millisecond, res, func(rng *rand.Rand, e *engine.Engine) (int, engine.Result, int, error) {
+	ds := runResolutionLoad(t, es, 64, 100, 1500*time.Millisecond, res, func(rng *rand.Rand, e *engine.Engine) (int, engine.Result, int, error) {
 		k := rng.IntN(len(keys))
 		n := 1 + rng.IntN(keys[k].maxCost)
 		var r engine.Result
@@ -612,8 +590,8 @@ func TestResolutionBatchedNeverOverAdmits(t *testing.T) {
 		events, denials := auditResolution(t, mine, keys[k].limits, res[k])
 		t.Logf("key %d (%v): %d decisions at %d distinct server times, %d events admitted, %d denials",
 			k, keys[k].limits, len(mine), len(times), events, denials)
-		if events < 2*keys[k].limits[0].Max || denials == 0 {
-			t.Fatalf("key %d: %d events admitted, %d denials: the limit was not exercised", k, events, denials)
+		if denials == 0 {
+			t.Fatalf("key %d: %d events admitted, no denial: the limit was not exercised", k, events)
 		}
 		if len(times) == len(mine) {
 			t.Fatalf("key %d: every decision at a server time of its own: no call carried two", k)
@@ -914,7 +892,8 @@ type quotaDecision struct {
 }
 
 // Three OS processes (this test binary run again), each with 2 clients and 16 goroutines,
-// decide for 1.5 s on two shared keys, on the server's clock: a limit with a resolution, and
+// decide 40 times each, for 1.5 s at least and until the calendar is full, on two shared
+// keys, on the server's clock: a limit with a resolution, and
 // a policy of a sliding limit and a calendar one. Audited on the decisions' times: no
 // trailing window holds more than Max, every denial of the slotted limit is one the exact log
 // would have given within a resolution of it, and the calendar's counter holds exactly the
@@ -1041,38 +1020,34 @@ func runQuotaChild(t *testing.T, spec string) {
 		}
 		engines = append(engines, e)
 	}
-	var mu sync.Mutex
-	out := bufio.NewWriter(os.Stdout)
-	deadline := time.Now().Add(1500 * time.Millisecond)
 	ctx := context.Background()
-	var wg sync.WaitGroup
-	for g := 0; g < 16; g++ {
-		e, rng := engines[g%2], rand.New(rand.NewPCG(id, uint64(g)))
-		wg.Go(func() {
-			for time.Now().Before(deadline) {
-				key, name, n := slotted, "slotted", 1+rng.IntN(3)
-				var r engine.Result
-				var err error
-				if rng.IntN(2) == 0 {
-					r, err = e.AllowN(ctx, key, quotaSlotted, n)
-				} else {
-					key, name, n = calendarKey, "calendar", 1
-					r, err = e.AllowPolicy(ctx, key, policy, n)
-				}
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				verdict := "denied"
-				if r.Allowed {
-					verdict = "admitted"
-				}
-				mu.Lock()
-				fmt.Fprintf(out, "decision %s %s %d %d\n", name, verdict, r.At.UnixMicro(), n)
-				mu.Unlock()
+	// 40 calls each, for 1.5 s at least, and until the calendar is full: a denial that waits
+	// past the sliding window is the calendar's.
+	var full atomic.Bool
+	until := runFor{calls: 40, span: 1500 * time.Millisecond, more: func() bool { return !full.Load() }}
+	ds := decideMany(t, engines, 16, until, id, func(rng *rand.Rand, e *engine.Engine) (quotaDecision, time.Time, error) {
+		d := quotaDecision{key: "slotted", n: 1 + rng.IntN(3)}
+		var r engine.Result
+		var err error
+		if rng.IntN(2) == 0 {
+			r, err = e.AllowN(ctx, slotted, quotaSlotted, d.n)
+		} else {
+			d.key, d.n = "calendar", 1
+			r, err = e.AllowPolicy(ctx, calendarKey, policy, d.n)
+			if err == nil && !r.Allowed && r.RetryAfter > quotaSliding.Window {
+				full.Store(true)
 			}
-		})
+		}
+		d.allowed, d.at = r.Allowed, r.At.UnixMicro()
+		return d, r.At, err
+	})
+	out := bufio.NewWriter(os.Stdout)
+	for _, d := range ds {
+		verdict := "denied"
+		if d.allowed {
+			verdict = "admitted"
+		}
+		fmt.Fprintf(out, "decision %s %s %d %d\n", d.key, verdict, d.at, d.n)
 	}
-	wg.Wait()
 	out.Flush()
 }

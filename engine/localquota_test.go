@@ -169,7 +169,7 @@ func TestLocalQuotaGivesBackUnusedAndRefunds(t *testing.T) {
 	}
 }
 
-// While the server does not answer (SIGSTOP, 2 s), a process keeps admitting a hot key from
+// While the server does not answer (SIGSTOP), a process keeps admitting a hot key from
 // the reservations it holds (a 5 s hold), of cost 1 and 3, under a policy of two limits that
 // the load exceeds; once they are used up, it answers as configured (fail-closed: an error).
 // After SIGCONT, decisions resume, no window of either limit held more than its Max, and
@@ -203,9 +203,11 @@ func TestLocalQuotaThroughAnOutage(t *testing.T) {
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
 	}
+	// Until the first failure, which comes once the reservation is used up; the bound is only
+	// there to end a test that would never see one.
 	paused := time.Now()
 	during, failed := 0, 0
-	for time.Since(paused) < 1500*time.Millisecond && failed == 0 {
+	for time.Since(paused) < 30*time.Second && failed == 0 {
 		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		r, err := allow(cctx, 1+2*(during%2))
 		cancel()

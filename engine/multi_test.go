@@ -306,6 +306,7 @@ func TestAllowAllOfManyRequestsNeverOverAdmits(t *testing.T) {
 type allowAllRun struct {
 	mu       sync.Mutex
 	admitted map[string][]admission // per key, what was recorded on it
+	costs    map[string]int         // per key, the cost recorded on it
 	sawFull  map[string]bool        // per key, whether a Result said it had no room
 	calls    int
 	denials  int
@@ -318,7 +319,7 @@ type admission struct {
 }
 
 func newAllowAllRun() *allowAllRun {
-	return &allowAllRun{admitted: map[string][]admission{}, sawFull: map[string]bool{}}
+	return &allowAllRun{admitted: map[string][]admission{}, costs: map[string]int{}, sawFull: map[string]bool{}}
 }
 
 // add checks one AllowAll's answer against its requests and records it: admitted, every
@@ -351,6 +352,7 @@ func (run *allowAllRun) add(t *testing.T, reqs []engine.Request, allowed bool, r
 		}
 		if recorded {
 			run.admitted[q.Key] = append(run.admitted[q.Key], admission{at: r.At, cost: r.Entry.Cost})
+			run.costs[q.Key] += r.Entry.Cost
 		}
 	}
 	if !allowed {
@@ -500,27 +502,31 @@ func TestAllowAllNeverOverAdmitsAsTheWindowSlides(t *testing.T) {
 		keys[i] = enginetest.NewKey(t)
 	}
 	run := newAllowAllRun()
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(600 * time.Millisecond)
-	for g := range 64 {
-		e, rng := es[g%len(es)], rand.New(rand.NewPCG(uint64(g), 13))
-		wg.Go(func() {
-			for time.Now().Before(deadline) {
-				perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
-				reqs := make([]engine.Request, len(perm))
-				for i, k := range perm {
-					reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
-				}
-				allowed, rs, err := e.AllowAll(context.Background(), reqs)
-				if err != nil {
-					t.Errorf("AllowAll: %v", err)
-					return
-				}
-				run.add(t, reqs, allowed, rs)
+	// 20 calls each, for 12 windows at least, and until every key has recorded more than 3
+	// windows' Max: the window slid on each, however the machine's stalls fell.
+	slid := func() bool {
+		run.mu.Lock()
+		defer run.mu.Unlock()
+		for _, k := range keys {
+			if run.costs[k] <= 3*l.Max {
+				return false
 			}
-		})
+		}
+		return true
 	}
-	wg.Wait()
+	decideMany(t, es, 64, runFor{calls: 20, span: 12 * l.Window, more: func() bool { return !slid() }}, 13, func(rng *rand.Rand, e *engine.Engine) (struct{}, time.Time, error) {
+		perm := rng.Perm(len(keys))[:1+rng.IntN(3)]
+		reqs := make([]engine.Request, len(perm))
+		for i, k := range perm {
+			reqs[i] = engine.Request{Key: keys[k], Policy: p, N: 1 + rng.IntN(2)}
+		}
+		allowed, rs, err := e.AllowAll(context.Background(), reqs)
+		if err != nil {
+			return struct{}{}, time.Time{}, fmt.Errorf("AllowAll: %w", err)
+		}
+		run.add(t, reqs, allowed, rs)
+		return struct{}{}, rs[0].At, nil
+	})
 	if t.Failed() {
 		return
 	}
@@ -538,7 +544,7 @@ func TestAllowAllNeverOverAdmitsAsTheWindowSlides(t *testing.T) {
 	// the log was read still there.
 	for _, k := range keys {
 		if sums[k] <= 3*l.Max {
-			t.Fatalf("key %s: %d recorded in %s: the window did not slide", k, sums[k], 600*time.Millisecond)
+			t.Fatalf("key %s: %d recorded over 12 windows of Max %d: the window did not slide", k, sums[k], l.Max)
 		}
 		told := map[admission]int{}
 		for _, a := range run.admitted[k] {

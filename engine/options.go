@@ -58,7 +58,10 @@ func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = pre
 
 // WithClock makes the engine decide with the caller's clock instead of the server's. Every
 // process that shares a key must then share a clock; the server's clock (the default) gives
-// that for free.
+// that for free. The clock must also pass time at the real rate: the server drops a key (a
+// log, a key's leases) by its own clock, as long after the last write as the caller's clock
+// said the key was needed, so under a clock that stands still a key goes while that clock's
+// time still counts it.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.clock = now } }
 
 // WithPreload controls whether New loads the scripts on every node (default true), so that a

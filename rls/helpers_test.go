@@ -24,12 +24,20 @@ type running struct {
 	prefix string
 }
 
-// start runs a service on e with a key prefix of its own and the configuration yaml (none when
-// empty), served over gRPC until the test ends.
+// requestTimeout bounds a decision whose request carries no deadline in the services the tests
+// start. The tests' requests carry none, and the service's default, a second, is a slice of
+// wall-clock time that a busy machine can overrun: a slow decision then came back UNAVAILABLE,
+// "context deadline exceeded" (TestAdvisoryModesCountExactly failed so once, its first 64
+// concurrent requests on a cold service under -race). A test of what a timeout does sets its
+// own, after this one.
+const requestTimeout = time.Minute
+
+// start runs a service on e with a key prefix of its own, requestTimeout, and the configuration
+// yaml (none when empty), served over gRPC until the test ends.
 func start(t testing.TB, e *engine.Engine, yaml string, opts ...rls.Option) running {
 	t.Helper()
 	prefix := uuid.NewString() + ":"
-	svc := rls.New(e, append([]rls.Option{rls.WithKeyPrefix(prefix)}, opts...)...)
+	svc := rls.New(e, append([]rls.Option{rls.WithKeyPrefix(prefix), rls.WithRequestTimeout(requestTimeout)}, opts...)...)
 	if yaml != "" {
 		svc.SetConfig(mustConfig(t, yaml))
 	}

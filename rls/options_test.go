@@ -245,7 +245,7 @@ func TestResponseHeaders(t *testing.T) {
 func TestOverrideFieldsNotKept(t *testing.T) {
 	valkeytest.SkipIfShort(t, "sends 60,000 requests")
 	e := enginetest.New(t, server.Client(t))
-	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"), rls.WithResponseHeaders(rls.HeadersFields))
+	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"), rls.WithResponseHeaders(rls.HeadersFields), rls.WithRequestTimeout(requestTimeout))
 	svc.SetConfig(mustConfig(t, basicConfig))
 	ctx := context.Background()
 	ask := func(d *rlv3.RateLimitDescriptor) map[string]string {

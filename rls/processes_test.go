@@ -49,7 +49,7 @@ func TestChildService(t *testing.T) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	e := enginetest.New(t, valkeytest.NewClient(t, os.Getenv(childValkeyEnv)))
-	svc := rls.New(e, rls.WithKeyPrefix(os.Getenv(childPrefixEnv)))
+	svc := rls.New(e, rls.WithKeyPrefix(os.Getenv(childPrefixEnv)), rls.WithRequestTimeout(requestTimeout))
 	svc.SetConfig(mustConfig(t, processesConfig))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -64,12 +64,12 @@ func serve(t testing.TB, svc *rls.Service) pb.RateLimitServiceClient {
 	return pb.NewRateLimitServiceClient(conn)
 }
 
-// newService is a service on the shared server with the given configuration and a key
-// prefix of its own, served over gRPC; the engine takes e's options.
+// newService is a service on the shared server with the given configuration, a key prefix of
+// its own and requestTimeout, served over gRPC; the engine takes e's options.
 func newService(t testing.TB, yaml string, opts []rls.Option, eopts ...engine.Option) (pb.RateLimitServiceClient, *rls.Service) {
 	t.Helper()
 	e := enginetest.New(t, server.Client(t), eopts...)
-	svc := rls.New(e, append([]rls.Option{rls.WithKeyPrefix(t.Name() + uuid.NewString() + ":")}, opts...)...)
+	svc := rls.New(e, append([]rls.Option{rls.WithKeyPrefix(t.Name() + uuid.NewString() + ":"), rls.WithRequestTimeout(requestTimeout)}, opts...)...)
 	svc.SetConfig(mustConfig(t, yaml))
 	return serve(t, svc), svc
 }
@@ -249,7 +249,7 @@ func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[
 // admits the first 10 and denies the next 10, and admits again only a minute after the first.
 func TestMinuteBoundary(t *testing.T) {
 	e, clock := enginetest.Clocked(t, server.Client(t))
-	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"))
+	svc := rls.New(e, rls.WithKeyPrefix(t.Name()+uuid.NewString()+":"), rls.WithRequestTimeout(requestTimeout))
 	svc.SetConfig(mustConfig(t, basicConfig))
 	c := serve(t, svc)
 	boundary := enginetest.T0.Truncate(time.Minute).Add(time.Minute)

@@ -22,6 +22,11 @@ import (
 
 var server *valkeytest.Server
 
+// The tests that decide on a caller's clock move it only as they say, but the scripts make a
+// key live from the server's own time (as long as the caller's clock says the key is needed):
+// so their windows and leases last an hour, and no pause of a busy machine between two calls
+// lets the server drop a key the test still reads (TestLeaseScriptsRun failed so once).
+
 func TestMain(m *testing.M) {
 	os.Exit(valkeytest.RunWithServer(m, func(s *valkeytest.Server) { server = s }))
 }
@@ -190,7 +195,7 @@ func TestComposedScriptsRun(t *testing.T) {
 		}
 	}
 
-	const now, window, max = 1_790_000_000_000_000, 1_000_000, 3
+	const now, window, max = 1_790_000_000_000_000, 3_600_000_000, 3
 	call := func(name, key string, args ...string) valkey.ValkeyResult {
 		sum := sha1.Sum([]byte(all[name]()))
 		return c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(1).Key(key).Arg(args...).Build())
@@ -354,7 +359,8 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 
 // The lease scripts as the server runs them, on a caller's clock: max leases granted, the
 // next denied until the soonest expires, an extended lease outlives its first expiry, an
-// expired one cannot be extended, and a release removes only its own lease.
+// expired one cannot be extended, and a release removes only its own lease. The key lives ttl
+// from the server's now (lib_lease.lua, keep_until): hence a ttl of an hour (see server).
 func TestLeaseScriptsRun(t *testing.T) {
 	c := server.Client(t)
 	ctx := context.Background()
@@ -369,7 +375,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 		}
 		return v
 	}
-	const now, ttl, max = 1_790_000_000_000_000, 100_000, 2
+	const now, ttl, max = 1_790_000_000_000_000, 3_600_000_000, 2
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	key := "scripts-test:leases:" + uuid.NewString()
 	acquire := func(at int64, id string) []int64 {
@@ -454,11 +460,11 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 		}
 	}
 	const now = 1_790_000_000_000_000
-	// The caller's clock for each request; one set: 2 per second; four requests, the first key
+	// The caller's clock for each request; one set: 2 per hour; four requests, the first key
 	// twice, the last of cost 2.
 	decisions := func(declared bool, script string, keys []string) []string {
 		t.Helper()
-		args := []string{"each", "1", "2", "1000000", "2"}
+		args := []string{"each", "1", "2", "3600000000", "2"}
 		for i := range keys {
 			cost := "1"
 			if i == len(keys)-1 {
@@ -518,8 +524,8 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	id := uuid.NewString()
 	full, a, b := "scripts-test:all:full:"+id, "scripts-test:all:a:"+id, "scripts-test:all:b:"+id
 	const now = 1_790_000_000_000_000
-	// One set: 2 per second. The full key holds 2 events.
-	set := []string{"1", "2", "1000000", "2"}
+	// One set: 2 per hour. The full key holds 2 events.
+	set := []string{"1", "2", "3600000000", "2"}
 	call := func(mode string, keys []string, reqs ...string) []string {
 		t.Helper()
 		args := append(append([]string{}, set...), "1", strconv.Itoa(now), mode, strconv.Itoa(len(keys)))
@@ -555,7 +561,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	// a has room, full has none: nothing is recorded; a's peek says 2 left (no event: quota
 	// and reset 0), full's is denied until its events leave.
 	got := call("decide", []string{a, full}, "1", "1", "0", "1", "1", "0")
-	want := []string{"0", "00", "[4 2 0 0 0]", "[2 0 1000000]"}
+	want := []string{"0", "00", "[4 2 0 0 0]", "[2 0 3600000000]"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("denied call: %v, want %v", got, want)
 	}
@@ -564,7 +570,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	}
 	// full advisory: a and b (of cost 2) are recorded, full is left out.
 	got = call("decide", []string{a, full, b}, "1", "1", "0", "1", "1", "1", "2", "1", "0")
-	want = []string{"0", "101", "[1 1]", "[2 0 1000000]", "[1 0]"}
+	want = []string{"0", "101", "[1 1]", "[2 0 3600000000]", "[1 0]"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("advisory call: %v, want %v", got, want)
 	}
@@ -595,8 +601,8 @@ func TestDecideAllGroupsInOneCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	const now = 1_790_000_000_000_000
-	// One set: 2 per second.
-	args := []string{"1", "2", "1000000", "2", "5"}
+	// One set: 2 per hour.
+	args := []string{"1", "2", "3600000000", "2", "5"}
 	group := func(now, mode string, reqs ...string) {
 		args = append(args, now, mode, strconv.Itoa(len(reqs)/3))
 		args = append(args, reqs...)
