@@ -726,16 +726,13 @@ func (m *modelLog) quotaAfter(now int64, window time.Duration) time.Duration {
 	return 0
 }
 
-// decide is AllowPolicy (write) or Peek (read-only) in the model, limits ascending.
-func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) (r engine.Result, alt *engine.Result) {
-	longest := micros(limits[len(limits)-1].Window)
-	if write {
-		m.horizon = max(m.horizon, longest)
-		m.trim(now - m.horizon)
-	}
-	reach := max(longest, m.horizon)
+// judge counts the limits at now for a request of n, on a log whose entries last reach: r
+// holds the tightest limit's window, remaining the fewest events any limit has left; when
+// some limit denies (denied), r is the denial, and alt its other answer when the model cannot
+// tell whether the script reads the log as a unit log (unit).
+func (m *modelLog) judge(now int64, n int, limits []engine.Limit, reach int64) (r engine.Result, alt *engine.Result, remaining int, denied bool) {
 	unit, sure := m.unit()
-	remaining, tightest, retry, exactRetry := 0, 0, int64(0), int64(0)
+	tightest, retry, exactRetry := 0, int64(0), int64(0)
 	for i, l := range limits {
 		w := micros(l.Window)
 		c := m.count(now, w)
@@ -753,16 +750,31 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) (
 		}
 	}
 	r = engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}
-	if retry > 0 {
-		r.Remaining = max(remaining, 0)
-		r.RetryAfter = time.Duration(retry) * time.Microsecond
-		r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
-		r.QuotaAfter = m.quotaAfter(now, r.Window)
-		if !sure && exactRetry != retry {
-			other := r
-			other.RetryAfter = time.Duration(exactRetry) * time.Microsecond
-			alt = &other
-		}
+	if retry == 0 {
+		return r, nil, remaining, false
+	}
+	r.Remaining = max(remaining, 0)
+	r.RetryAfter = time.Duration(retry) * time.Microsecond
+	r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
+	r.QuotaAfter = m.quotaAfter(now, r.Window)
+	if !sure && exactRetry != retry {
+		other := r
+		other.RetryAfter = time.Duration(exactRetry) * time.Microsecond
+		alt = &other
+	}
+	return r, alt, remaining, true
+}
+
+// decide is AllowPolicy (write) or Peek (read-only) in the model, limits ascending.
+func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) (r engine.Result, alt *engine.Result) {
+	longest := micros(limits[len(limits)-1].Window)
+	if write {
+		m.horizon = max(m.horizon, longest)
+		m.trim(now - m.horizon)
+	}
+	reach := max(longest, m.horizon)
+	r, alt, remaining, denied := m.judge(now, n, limits, reach)
+	if denied {
 		return r, alt
 	}
 	r.Allowed = true

@@ -79,36 +79,9 @@ func (m *resModel) decide(now int64, n int, limits []engine.Limit, write bool) (
 	m.horizon = max(m.horizon, longest)
 	m.trim(now - m.horizon)
 	reach := m.horizon
-	unit, sure := m.unit()
-	remaining, tightest, retry, exactRetry := 0, 0, int64(0), int64(0)
-	for i, l := range limits {
-		w := micros(l.Window)
-		c := m.count(now, w)
-		if i == 0 || l.Max-c < remaining {
-			remaining, tightest = l.Max-c, i
-		}
-		if c+n > l.Max {
-			exact, walked := m.covering(now, w, c+n-l.Max)
-			if unit && walked != exact {
-				walked = exact
-				m.deepExact++
-			}
-			retry = max(retry, walked+w-now)
-			exactRetry = max(exactRetry, exact+w-now)
-		}
-	}
-	r := engine.Result{At: time.UnixMicro(now), Window: limits[tightest].Window}
-	if retry > 0 {
-		r.Remaining = max(remaining, 0)
-		r.RetryAfter = time.Duration(retry) * time.Microsecond
-		r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
-		r.QuotaAfter = m.quotaAfter(now, r.Window)
-		if !sure && exactRetry != retry {
-			other := r
-			other.RetryAfter = time.Duration(exactRetry) * time.Microsecond
-			return r, &other
-		}
-		return r, nil
+	r, alt, remaining, denied := m.judge(now, n, limits, reach)
+	if denied {
+		return r, alt
 	}
 	// Admitted: quota comes back when the window's first event leaves it, at most a window
 	// from now (the new entry counts at least that long; an entry at a slot's end in the
