@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -256,5 +257,97 @@ func TestWriteLayout5RetryAfterExactAtAnyDepth(t *testing.T) {
 		if !enginetest.MustAllowN(t, e, key, lowered, 1).Allowed {
 			t.Fatalf("layout %d: denied at the exact wait", tc.layout)
 		}
+	}
+}
+
+// Layout 5 answers every request as layout 2 does, but that a denial's RetryAfter may be
+// later (exact where layout 2 answers the 32nd oldest entry's wait, a lower bound): the same
+// random operations on two keys, one written by each, on a caller's clock, with policies,
+// resolutions, calendar limits (a log with counters), weighted costs, peeks, refunds and
+// settles, on logs that grow past the header's 32 entries and shrink again.
+func TestWriteLayout5AnswersAsLayout2(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	clock := &steppedClock{now: time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)}
+	e2 := enginetest.New(t, c, engine.WithClock(clock.Now))
+	e5 := enginetest.New(t, c, engine.WithClock(clock.Now), engine.WithWriteLayout(5))
+	sets := []engine.Policy{
+		{{Max: 80, Window: time.Minute}},
+		{{Max: 80, Window: time.Minute, Resolution: 500 * time.Millisecond}},
+		{{Max: 10, Window: 5 * time.Second}, {Max: 80, Window: time.Minute}},
+		{{Max: 80, Window: time.Minute}, engine.Calendar(150, engine.Day, time.UTC)},
+	}
+	for seed := uint64(1); seed <= 4; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		k2, k5 := enginetest.NewKey(t), enginetest.NewKey(t)
+		var admitted2, admitted5 []engine.Result
+		longest, deeper := 0, 0
+		for op := 0; op < 1500; op++ {
+			clock.now = clock.now.Add(time.Duration(rng.Int64N(int64(800 * time.Millisecond))))
+			p := sets[rng.IntN(len(sets))]
+			if seed <= 2 {
+				p = sets[seed-1] // one policy a key: the busy path's case
+			}
+			n := 1
+			if rng.IntN(6) == 0 {
+				n = 1 + rng.IntN(5)
+			}
+			switch k := rng.IntN(10); {
+			case k == 0 && len(admitted2) > 0:
+				i := rng.IntN(len(admitted2))
+				actual := rng.IntN(admitted2[i].Entry.Cost + 1)
+				if err := e2.Settle(ctx, k2, admitted2[i], actual); err != nil {
+					t.Fatalf("seed %d op %d: layout 2 settle: %v", seed, op, err)
+				}
+				if err := e5.Settle(ctx, k5, admitted5[i], actual); err != nil {
+					t.Fatalf("seed %d op %d: layout 5 settle: %v", seed, op, err)
+				}
+				continue
+			case k == 1:
+				r2, err2 := e2.PeekPolicy(ctx, k2, p, n)
+				r5, err5 := e5.PeekPolicy(ctx, k5, p, n)
+				if err2 != nil || err5 != nil {
+					t.Fatalf("seed %d op %d: peek: %v, %v", seed, op, err2, err5)
+				}
+				compareLayouts(t, fmt.Sprintf("seed %d op %d: PeekPolicy(%v, %d)", seed, op, p, n), r2, r5)
+				continue
+			}
+			r2, err2 := e2.AllowPolicy(ctx, k2, p, n)
+			r5, err5 := e5.AllowPolicy(ctx, k5, p, n)
+			if err2 != nil || err5 != nil {
+				t.Fatalf("seed %d op %d: allow: %v, %v", seed, op, err2, err5)
+			}
+			if r5.RetryAfter > r2.RetryAfter {
+				deeper++
+			}
+			compareLayouts(t, fmt.Sprintf("seed %d op %d: AllowPolicy(%v, %d)", seed, op, p, n), r2, r5)
+			if r2.Allowed {
+				admitted2, admitted5 = append(admitted2, r2), append(admitted5, r5)
+			}
+			if op%100 == 0 {
+				l2, l5 := enginetest.Log(t, c, enginetest.Prefix, k2), enginetest.Log(t, c, enginetest.Prefix, k5)
+				if l2.Events != l5.Events || l2.Count != l5.Count {
+					t.Fatalf("seed %d op %d: layout 2 stores %d events in %d entries, layout 5 %d in %d", seed, op, l2.Events, l2.Count, l5.Events, l5.Count)
+				}
+				longest = max(longest, l5.Count)
+			}
+		}
+		t.Logf("seed %d: longest log %d entries; %d denials of layout 5 answered a later (exact) wait", seed, longest, deeper)
+		if longest <= 32 {
+			t.Fatalf("seed %d: the longest log held %d entries: it never left the header", seed, longest)
+		}
+	}
+}
+
+// compareLayouts fails t unless r5, layout 5's answer, is r2, layout 2's, but for the key in
+// its entry and a RetryAfter at least as late.
+func compareLayouts(t *testing.T, what string, r2, r5 engine.Result) {
+	t.Helper()
+	if r5.RetryAfter < r2.RetryAfter {
+		t.Fatalf("%s: layout 5 answers RetryAfter %s, sooner than layout 2's %s", what, r5.RetryAfter, r2.RetryAfter)
+	}
+	r5.RetryAfter, r5.Entry.Key, r2.Entry.Key = r2.RetryAfter, "", ""
+	if r2 != r5 {
+		t.Fatalf("%s:\nlayout 2 %+v\nlayout 5 %+v", what, r2, r5)
 	}
 }
