@@ -78,15 +78,22 @@ function g.read_log(key, h)
   -- (lib_busy.lua): the general path reads the elements, and writes the cache empty.
   log.open = string.sub(h, pos + 8 * cached)
   if closed == 0 and not unit then
-    -- A header that holds every live entry tells their costs: the newest that is not 1.
-    log.last_weighted = NO_TIME_BEFORE
-    local p = 1
-    while p <= #log.open do
-      local t, cost, next_p = read_entry(log.open, p)
-      if cost ~= 1 then
-        log.last_weighted = t
+    -- A header that holds every live entry tells their costs: the newest that is not 1. One
+    -- whose open chunk does not read as entries (a key another program wrote, which only the
+    -- operator's tool reads, as it is) keeps the newest entry's time, which claims nothing.
+    local ok, found = pcall(function()
+      local w, p = NO_TIME_BEFORE, 1
+      while p <= #log.open do
+        local t, cost, next_p = read_entry(log.open, p)
+        if cost ~= 1 then
+          w = t
+        end
+        p = next_p
       end
-      p = next_p
+      return w
+    end)
+    if ok then
+      log.last_weighted = found
     end
   end
   return log
