@@ -788,27 +788,34 @@ func (m *modelLog) decide(now int64, n int, limits []engine.Limit, write bool) (
 		return r, nil
 	}
 	r.Remaining = remaining - n
-	p, seq := len(m.entries), 1
-	for i, e := range m.entries {
-		if e.at > now {
-			p = i
-			break
-		}
-		if e.at == now {
-			seq += e.span
-		}
-	}
-	if p == len(m.entries) && p > 0 && m.entries[p-1].cost == 0 && m.entries[p-1].at < now {
-		// A refunded run at the end leaves once a later microsecond is appended.
-		m.entries = m.entries[:p-1]
-		p--
-	}
-	m.entries = slices.Insert(m.entries, p, modelEntry{at: now, seq: seq, span: 1, cost: n, was: n})
-	m.weigh(now, n)
+	seq := m.insert(now, n)
 	r.ResetAfter = time.Duration(m.newest()+reach-now) * time.Microsecond
 	r.QuotaAfter = m.quotaAfter(now, r.Window)
 	r.Entry = engine.EntryID{Key: m.key, At: r.At, Seq: seq, Cost: n}
 	return r, nil
+}
+
+// insert adds an entry of cost n at t after every entry at or before t (a caller behind
+// inserts before later ones), and returns its seq; a refunded run at the end leaves once a
+// later microsecond is appended.
+func (m *modelLog) insert(t int64, n int) int {
+	p, seq := len(m.entries), 1
+	for i, e := range m.entries {
+		if e.at > t {
+			p = i
+			break
+		}
+		if e.at == t {
+			seq += e.span
+		}
+	}
+	if p == len(m.entries) && p > 0 && m.entries[p-1].cost == 0 && m.entries[p-1].at < t {
+		m.entries = m.entries[:p-1]
+		p--
+	}
+	m.entries = slices.Insert(m.entries, p, modelEntry{at: t, seq: seq, span: 1, cost: n, was: n})
+	m.weigh(t, n)
+	return seq
 }
 
 // settle lowers the entry id names to actual; one refunded in full is then compacted: joined

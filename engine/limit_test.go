@@ -140,29 +140,6 @@ func (m *resModel) mergeSlot(t int64, n int) (int, bool) {
 	return 0, false
 }
 
-// insert adds an entry of cost n at t after every entry at or before t (a caller behind
-// inserts before later ones), and returns its seq; a refunded run at the end leaves once a
-// later microsecond is appended. As the exact model's decide inserts.
-func (m *resModel) insert(t int64, n int) int {
-	p, seq := len(m.entries), 1
-	for i, e := range m.entries {
-		if e.at > t {
-			p = i
-			break
-		}
-		if e.at == t {
-			seq += e.span
-		}
-	}
-	if p == len(m.entries) && p > 0 && m.entries[p-1].cost == 0 && m.entries[p-1].at < t {
-		m.entries = m.entries[:p-1]
-		p--
-	}
-	m.entries = slices.Insert(m.entries, p, modelEntry{at: t, seq: seq, span: 1, cost: n, was: n})
-	m.weigh(t, n)
-	return seq
-}
-
 // settle is Settle(id, actual): a shared entry gives id.Cost - actual back on every call,
 // never below 0; an entry of its own is the exact model's settle.
 func (m *resModel) settle(id engine.EntryID, actual int) {
