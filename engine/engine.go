@@ -297,15 +297,8 @@ func deniedOrErr(key string, r Result, err error) error {
 	return nil
 }
 
-// do sends the command build makes through the engine's client, on ctx without its deadline
-// (package sendctx: a deadline that passes never closes a connection other calls share), and
-// again while nothing was written and ctx is live; it returns when ctx ends, whatever the
-// connection is doing (sendctx.Promptly). build is called for each send: a command is sent
-// once.
+// do sends the command build makes through the engine's client (sendctx.Do: a deadline that
+// passes never closes a connection other calls share, and the call returns when ctx ends).
 func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
-	return sendctx.Promptly(ctx, func() valkey.ValkeyResult {
-		return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
-			return e.client.Do(ctx, build(e.client.B()))
-		}, valkey.ValkeyResult.Error)
-	}, valkey.NewErrorResult)
+	return sendctx.Do(ctx, e.client, build)
 }

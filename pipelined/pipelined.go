@@ -247,11 +247,7 @@ func checkKey(ctx context.Context, key string) error {
 
 // do sends the command build makes, as the engine sends its own (package sendctx).
 func (e *Engine) do(ctx context.Context, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
-	return sendctx.Promptly(ctx, func() valkey.ValkeyResult {
-		return sendctx.Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
-			return e.client.Do(ctx, build(e.client.B()))
-		}, valkey.ValkeyResult.Error)
-	}, valkey.NewErrorResult)
+	return sendctx.Do(ctx, e.client, build)
 }
 
 // failed wraps err, a call's failure on key: WRONGTYPE (the key holds no sorted set) is

@@ -28,6 +28,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/valkey-io/valkey-go"
 )
 
 // noDeadline is a context without its parent's deadline: Done, Err and Value are the parent's.
@@ -101,4 +103,16 @@ func Promptly[T any](ctx context.Context, call func() T, failed func(error) T) T
 	case <-ctx.Done():
 		return failed(ctx.Err())
 	}
+}
+
+// Do sends the command build makes through client as every call of this module is sent: on ctx
+// without its deadline, again while nothing was written and ctx is live (Send), and returns
+// when ctx ends, whatever the connection is doing (Promptly). build is called for each send: a
+// command is sent once.
+func Do(ctx context.Context, client valkey.Client, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
+	return Promptly(ctx, func() valkey.ValkeyResult {
+		return Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
+			return client.Do(ctx, build(client.B()))
+		}, valkey.ValkeyResult.Error)
+	}, valkey.NewErrorResult)
 }
