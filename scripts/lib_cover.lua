@@ -6,9 +6,9 @@
 -- covering returns when need of the held events of a window (its live entries, from entry
 -- from on) have left it: the time of the entry at which the entries' cost, oldest first,
 -- reaches need. On a unit log it reads that entry alone. Else it reads at most COVER_WALK
--- entries from each end of the window, the end
--- where that entry most likely lies first, so that no request buys server time with its
--- cost, or with how far a lowered limit leaves the log over it: the entry is among the
+-- entries from each end of the window, the end where that entry most likely lies first, so
+-- that no request buys server time with its cost, or with how far a lowered limit leaves the
+-- log over it: the entry is among the
 -- oldest when few events must leave (a request of cost 1), among the newest when most must
 -- (a cost near max). When it lies deeper in a long log, covering returns the time of the last
 -- entry read from the front: the entry lies after it, so the request is not admitted before
