@@ -795,11 +795,18 @@ func TestFailOpenAndFailClosed(t *testing.T) {
 		t.Fatalf("fail-open Allow, server down: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
 	}
 	// A read is retried by the client until its caller's context ends (its deadline is not the
-	// connection's: package sendctx), so its BackendErr is the server's failure or that deadline.
+	// connection's: package sendctx). A deadline the caller set is its own end, never an
+	// admission; one set as a bound on the server's answer (its cause ErrUnavailable) is the
+	// server's failure, and fails open.
 	r, err = open.Peek(tctx, key, l)
-	if err != nil || !r.Allowed || r.Remaining != 0 ||
-		!errors.Is(r.BackendErr, engine.ErrUnavailable) && !errors.Is(r.BackendErr, context.DeadlineExceeded) {
-		t.Fatalf("fail-open Peek, server down: %+v, %v; want admitted with BackendErr ErrUnavailable or the deadline", r, err)
+	if !errors.Is(err, context.DeadlineExceeded) && (err != nil || !errors.Is(r.BackendErr, engine.ErrUnavailable)) {
+		t.Fatalf("fail-open Peek, server down, the caller's deadline: %+v, %v; want its deadline's error, or an admission for the server's failure before it", r, err)
+	}
+	bctx, cancelBound := context.WithTimeoutCause(ctx, time.Second, engine.ErrUnavailable)
+	defer cancelBound()
+	r, err = open.Peek(bctx, key, l)
+	if err != nil || !r.Allowed || r.Remaining != 0 || !errors.Is(r.BackendErr, engine.ErrUnavailable) {
+		t.Fatalf("fail-open Peek, server down, a bound on its answer: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
 	}
 	if _, err := open.Allow(tctx, "", l); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("fail-open with an empty key: %v, want ErrInvalidArgument", err)

@@ -76,12 +76,20 @@ func WithPreload(preload bool) Option { return func(o *options) { o.preload = pr
 // (The name is older than the other checks.)
 func WithPreloadTimeout(d time.Duration) Option { return func(o *options) { o.preloadTimeout = d } }
 
-// WithFailOpen sets the policy for a decision the server could not take (unreachable, timed
-// out, an error reply). The default, fail-closed, returns the error and a Result that denies.
-// Fail-open admits instead: the Result has Allowed true and BackendErr set to the error, and
-// the call returns a nil error. Invalid arguments and a caller's cancelled context are
-// returned as errors either way. Fail-open trades the limit's promise for availability: use
-// it only where letting a request through unlimited is cheaper than refusing it.
+// WithFailOpen sets the policy for a decision the server could not take (unreachable, an
+// error reply such as LOADING or OOM, the client's own timeout). The default, fail-closed,
+// returns the error and a Result that denies. Fail-open admits instead: the Result has Allowed
+// true and BackendErr set to the error, and the call returns a nil error. Fail-open trades the
+// limit's promise for availability: use it only where letting a request through unlimited is
+// cheaper than refusing it.
+//
+// Invalid arguments, a key the engine cannot read (ErrUnknownLayout) and a call that ended
+// with its caller are returned as errors either way: a context cancelled, or whose deadline
+// passed before the server answered, is the caller's own end, never an admission (else a
+// client that sets a short deadline would be let past a used-up limit). To bound how long a
+// fail-open decision waits for a slow server, end its context with a cause that wraps
+// ErrUnavailable, context.WithTimeoutCause(ctx, d, engine.ErrUnavailable): that bound is the
+// server's to meet, and its expiry fails open.
 func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen = failOpen } }
 
 // WithReplicaAck makes every decision wait, in the same round trip, until at least replicas

@@ -168,8 +168,10 @@ type Settings struct {
 
 	// This service's own (STRICTRATE_*).
 
-	// FailOpen (STRICTRATE_FAIL_OPEN, false): when Valkey cannot answer, false answers
-	// UNAVAILABLE so that Envoy's failure_mode_deny decides; true admits with OK.
+	// FailOpen (STRICTRATE_FAIL_OPEN, false): when Valkey cannot answer (unreachable, an error
+	// reply, or no answer within RequestTimeout for a request without a deadline), false
+	// answers UNAVAILABLE so that Envoy's failure_mode_deny decides; true admits with OK. A
+	// decision cut short by the request's own deadline is never admitted.
 	FailOpen bool
 	// Batching (STRICTRATE_BATCHING, true): concurrent decisions share one call to Valkey
 	// (engine.WithBatching).
