@@ -162,8 +162,9 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 	}
 	cached := e.denials != nil && c == e.decides
 	var sent time.Time
+	var epoch uint64
 	if cached {
-		sent = e.localNow()
+		sent, epoch = e.localNow(), e.denials.epoch(req.key)
 		if r, ok := e.denials.lookup(req.key, req.set, req.record, sent); ok {
 			return r, nil
 		}
@@ -183,7 +184,7 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 		}
 	}
 	if cached && !r.Allowed {
-		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow())
+		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow(), epoch)
 	}
 	return r, nil
 }
