@@ -227,7 +227,9 @@ local function decide_busy(key, h, now, n, window, max, server_clock, res)
         return nil
       end
       merge, n = true, cost + n
-    elseif now == newest then
+    elseif at == newest then
+      -- The new entry's microsecond is at's (a slot's end, for a limit with a resolution),
+      -- not now's: it follows the entries of that time, if any.
       seq = seq + 1
     else
       seq = 1
