@@ -205,7 +205,8 @@ type Settings struct {
 	// keeping its log in that many slots of its window; 0 keeps one entry per request.
 	SlotsPerWindow int
 	// RequestTimeout (STRICTRATE_REQUEST_TIMEOUT, 1s) is the longest a decision waits for
-	// Valkey when the request carries no deadline.
+	// Valkey when the request carries no deadline; its expiry is Valkey's failure, which
+	// FailOpen admits on.
 	RequestTimeout time.Duration
 	// DrainTimeout (STRICTRATE_DRAIN_TIMEOUT, 10s) is how long shutdown lets requests in
 	// flight finish.
