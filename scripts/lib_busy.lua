@@ -29,10 +29,16 @@
 -- busy_element decodes a closed entry, an element of its own (lib_entries.lua's
 -- read_element): its time and its cost, 0 for a refunded run.
 local function busy_element(e)
-  if #e == 7 then
+  if type(e) ~= 'string' then
+    error({err = 'BADLAYOUT the key holds a list whose elements do not agree with its header (fewer entries than the header counts), not a strictrate log'})
+  elseif #e == 7 then
     return (struct.unpack('>i7', e)), 1
   end
-  local t, b = struct.unpack('>i7B', e)
+  local b = string.byte(e, 8)
+  if not (#e == 8 and b ~= nil and b < 254 or #e == 10 and b == 254 or #e == 12 and b == 255) then
+    error({err = 'BADLAYOUT the key holds a list whose elements do not agree with its header (an element is no entry), not a strictrate log'})
+  end
+  local t = struct.unpack('>i7', e)
   if #e == 8 then
     return t, b
   elseif b == 254 then
@@ -73,8 +79,8 @@ local function busy_read(key, h, now, window, at)
     return nil
   end
   local cutoff = now - window
-  if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed == 0
-    or #h - p + 1 ~= 8 * (count - closed) then
+  if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed <= 0 or closed > count
+    or gone < 0 or total < 0 or cn > HEAD_CACHE or #h - p + 1 ~= 8 * (count - closed) then
     return nil
   end
   local changed = false
@@ -95,7 +101,7 @@ local function busy_read(key, h, now, window, at)
         end
         local es = redis.call('LRANGE', key, gone + 1, gone + last)
         if #es < last then
-          error('strictrate: the log holds fewer entries than its header counts')
+          busy_element(nil) -- refused: the header counts more than the list holds
         end
         local parts = {}
         for i = 1, last do
@@ -183,7 +189,7 @@ local function busy_cover(key, h, p, gone, closed, oldest, oldest_cost, last_wei
       end
     end
     if closed == 0 then
-      error('strictrate: the log holds fewer events than its header counts')
+      error({err = 'BADLAYOUT the key holds a list whose header counts more events than its entries hold, not a strictrate log'})
     end
   end
   return nil

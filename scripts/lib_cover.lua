@@ -41,7 +41,7 @@ function g.covering(log, from, need, held)
   if t ~= nil then
     return t
   elseif front_end == log.count then
-    error('strictrate: the log holds fewer events than its header counts')
+    g.refuse_elements(log.key, 'fewer events than the header counts')
   end
   if not newest_first then
     t = g.cover_back(log, back_start, need, held)

@@ -39,8 +39,11 @@ function g.entries(log, from, to)
     end
     local skip = 1 + log.gone
     local es = redis.call('LRANGE', log.key, from + skip, last + skip)
+    if #es ~= last - from + 1 then
+      g.refuse_elements(log.key, 'fewer entries than the header counts')
+    end
     for i = 1, #es do
-      ts[i], cs[i], ss[i] = g.read_element(es[i])
+      ts[i], cs[i], ss[i] = g.read_element(log.key, es[i])
     end
   end
   if to >= log.closed then
@@ -85,10 +88,16 @@ function g.make_element(t, cost, span)
   return make_entry(t, cost)
 end
 
--- read_element decodes a closed entry: its time, cost and span (nil: one seq).
-function g.read_element(e)
+-- read_element decodes a closed entry of key's log: its time, cost and span (nil: one seq). An
+-- element of no entry's length (7, 8, 10 or 12 bytes, as its cost byte says) is refused: the
+-- list is not a log.
+function g.read_element(key, e)
   if #e == 7 then
     return (struct.unpack('>i7', e)), 1
+  end
+  local b = string.byte(e, 8)
+  if not (#e == 8 and b ~= nil and b < 254 or #e == 10 and b == 254 or #e == 12 and b == 255) then
+    g.refuse_elements(key, 'an element is no entry')
   end
   local t, cost, _, span = read_entry(e, 1)
   return t, cost, span
