@@ -32,24 +32,27 @@ type options struct {
 func defaultOptions() options {
 	return options{prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
 		evictionCheck: Refuse, persistenceCheck: Warn, logger: slog.Default(), batching: true,
-		writeLayout: 2}
+		writeLayout: 5}
 }
 
-// WithWriteLayout sets the layout version of the logs this engine writes: 2, the default, 3
-// or 5. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
+// WithWriteLayout sets the layout version of the logs this engine writes: 5, the default, 2
+// or 3. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
 // log's header, so that most decisions of a busy key send the server three commands instead
 // of four (measured in the bench's floor table); a key then lasts up to one more window, at
 // most an hour more, after its last admission. Layout 5 is layout 3 with a busy key's header
 // (a log longer than the 32 entries a header holds) that keeps copies of the oldest entries
 // and the time of the newest entry whose cost was not 1, so that a decision on a busy key
-// costs the server about what one on an idle key does, and a denial's RetryAfter on a log of
-// cost-1 entries is exact at any depth (docs/limits.md; the bench's busykeys table).
+// costs the server about what one on an idle key does, a denial's RetryAfter on a log of
+// cost-1 entries is exact at any depth, and a call after an idle stretch (a read-only one
+// included) finds where its window starts by its time instead of reading every entry that
+// left it (docs/limits.md; the bench's busykeys table). Layout 2's busy logs know none of
+// that: their reads after an idle stretch walk what left.
 //
 // A release that reads a layout does not mean every process does: a process of an earlier
-// release refuses a key of a later layout (ErrUnknownLayout). So turn layout 3 or 5 on only
-// once every process that shares the keys runs a release that reads it (this one or later),
-// and never roll back past it while keys of that layout exist (docs/operating.md, "Upgrading
-// across a layout change"). A later release will write layout 5 by default.
+// release refuses a key of a later layout (ErrUnknownLayout). So write a layout only once every
+// process that shares the keys runs a release that reads it (this one or later), and never
+// roll back past it while keys of that layout exist (docs/operating.md, "Upgrading across a
+// layout change").
 func WithWriteLayout(version int) Option { return func(o *options) { o.writeLayout = version } }
 
 // WithPrefix sets the prefix put before every key; the default is "strictrate:". Keys of

@@ -55,6 +55,62 @@ local function busy_element(e)
   return t, v
 end
 
+-- busy_seek finds, among the closed entries of key (elements gone + 1 to gone + closed, in
+-- time order, each after after, the time of an entry known to lie at or before cutoff, and
+-- before newest), how many lie at or before cutoff. It guesses where cutoff falls as if the
+-- entries were spread evenly in time, reads the entry there, gallops from it (1, 2, 4, 8, ...
+-- elements on, or back) to the first read on the far side of cutoff, then bisects: a few
+-- LINDEXes when traffic is steady, O(log n) however it came. It returns that count and the
+-- time of the first closed entry after cutoff (nil when none is).
+local function busy_seek(key, gone, closed, cutoff, after, newest)
+  local function time_of(i)
+    return (busy_element(redis.call('LINDEX', key, gone + 1 + i)))
+  end
+  -- Entries [0, lo) lie at or before cutoff; [hi, closed) after it, the first at hi_t.
+  local lo, hi, hi_t = 0, closed, nil
+  local guess = closed - 1
+  if newest > after then
+    guess = math.floor(closed * (cutoff - after) / (newest - after))
+    if guess > closed - 1 then
+      guess = closed - 1
+    end
+  end
+  local t, step = time_of(guess), 1
+  if t <= cutoff then
+    lo = guess + 1
+    while lo + step - 1 < hi do
+      local i = lo + step - 1
+      t = time_of(i)
+      if t > cutoff then
+        hi, hi_t = i, t
+        break
+      end
+      lo, step = i + 1, step * 2
+    end
+  else
+    hi, hi_t = guess, t
+    while hi - step >= lo do
+      local i = hi - step
+      t = time_of(i)
+      if t <= cutoff then
+        lo = i + 1
+        break
+      end
+      hi, hi_t, step = i, t, step * 2
+    end
+  end
+  while lo < hi do
+    local mid = lo + (hi - lo - (hi - lo) % 2) / 2
+    t = time_of(mid)
+    if t > cutoff then
+      hi, hi_t = mid, t
+    else
+      lo = mid + 1
+    end
+  end
+  return lo, hi_t
+end
+
 -- busy_read reads h, key's header, as the busy path takes it, at now for a limit of window,
 -- for an entry to be recorded at at (now when nil; a slot's end for a limit with a resolution):
 -- the header's fields, with the entries that left the window taken out (the elements behind
@@ -93,7 +149,27 @@ local function busy_read(key, h, now, window, at)
     if cn > 0 then
       cf, cn = cf + 8, cn - 1
     end
+    local left = oldest -- the newest entry known to have left
     while closed > 0 do
+      if cn == 0 and kind == KIND_K and chunk > HEAD_CACHE and last_weighted <= cutoff then
+        -- More have left since the key's last write than a cache refill held, and every entry
+        -- after cutoff costs 1 (its time is after last_weighted): the first that stays is found
+        -- by its time, galloping then bisecting over the elements, so that a call after an idle
+        -- stretch, a read-only one included, reads O(log n) entries, not the n that left; and
+        -- the events that stay are counted by number.
+        local j, t = busy_seek(key, gone, closed, cutoff, left, newest)
+        count, closed, gone = count - j, closed - j, gone + j
+        if closed > 0 then
+          oldest, oldest_cost, total = t, 1, count
+        else
+          total = 0
+          for q = p, #h, 8 do
+            total = total + string.byte(h, q + 7)
+          end
+        end
+        cn = 0
+        break
+      end
       if cn == 0 then
         local last = chunk
         if last > closed then
@@ -118,6 +194,7 @@ local function busy_read(key, h, now, window, at)
         oldest, oldest_cost = t, cost
         break
       end
+      left = t
       total, count, closed, gone, cf, cn = total - cost, count - 1, closed - 1, gone + 1, cf + 8, cn - 1
     end
     if kind ~= KIND_K or closed == 0 then

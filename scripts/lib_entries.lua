@@ -66,6 +66,50 @@ function g.entry_at(log, i)
   return ts[1], cs[1], ss[1]
 end
 
+-- seek returns the first live entry from entry from on whose time is after bound (log.count
+-- when none is), and its time: entries are in time order, so it gallops from from (entries
+-- from, from + 1, from + 3, from + 7, ...) then bisects, reading O(log j) entries for j that lie
+-- at or before bound, however many they are. A decision after an idle stretch, a read-only one
+-- included, finds where a window starts so, instead of reading every entry that left it.
+function g.seek(log, from, bound)
+  local lo, hi, hi_t, step = from, log.count, nil, 1
+  while lo + step - 1 < hi do
+    local i = lo + step - 1
+    local t = g.entry_at(log, i)
+    if t > bound then
+      hi, hi_t = i, t
+      break
+    end
+    lo, step = i + 1, step * 2
+  end
+  while lo < hi do
+    local mid = lo + (hi - lo - (hi - lo) % 2) / 2
+    local t = g.entry_at(log, mid)
+    if t > bound then
+      hi, hi_t = mid, t
+    else
+      lo = mid + 1
+    end
+  end
+  return lo, hi_t
+end
+
+-- unit_after reports whether every live entry after bound costs 1: none is after
+-- last_weighted (lib_log.lua, version 5). Then the events after bound are counted by number.
+function g.unit_after(log, bound)
+  return log.last_weighted <= bound
+end
+
+-- open_total is the cost of the open chunk's entries.
+function g.open_total(log)
+  local _, cs = g.open_entries(log)
+  local sum = 0
+  for i = 1, #cs do
+    sum = sum + cs[i]
+  end
+  return sum
+end
+
 -- oldest_time is the time of the oldest live entry, or 2^54 when there is none.
 function g.oldest_time(log)
   if log.count == 0 then

@@ -38,7 +38,7 @@
 -- another entry moves.
 --
 -- The header opens with its kind, one byte, which says the layout's version and the header's
--- shape. Version 2 (this release writes it, unless told to write version 3): 'T' small (five
+-- shape. Version 2 (this release writes it when told to; version 5 by default): 'T' small (five
 -- fields, then the open chunk) or 'G' full (ten fields, then cursors, then the open chunk);
 -- 'U' and 'H' are the same when the last entry is a refunded run. Version 3 adds 'V': a small
 -- header as 'T' with a sixth field, expires (see below); only decide_small (lib_small.lua)
@@ -150,9 +150,9 @@
 -- HEAD_CACHE is the most entries a version 5 header's head cache holds.
 --const HEAD_CACHE 8
 -- WRITE_LAYOUT is the layout version the scripts write (the engine's WithWriteLayout:
--- scripts.go composes the scripts with that value): 2; 3, whose small header keeps the key's
--- expiry (lib_small.lua); or 5, which adds 'K' and 'L' to 3.
---const WRITE_LAYOUT 2
+-- scripts.go composes the scripts with that value): 5, the default, which adds 'K' and 'L' to
+-- 3; 3, whose small header keeps the key's expiry (lib_small.lua); or 2.
+--const WRITE_LAYOUT 5
 -- MAX_COUNTERS is the most calendar counters a log keeps: the periods live at once on a key
 -- (a policy's day, week, month and year, say), as many as a policy's limits.
 --const MAX_COUNTERS 16

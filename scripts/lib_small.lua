@@ -177,7 +177,17 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     if command then
       redis.call(command, key, at)
     end
-    redis.call('LSET', key, 0, header)
+    local set = redis.pcall('LSET', key, 0, header)
+    if type(set) == 'table' and set.err then
+      -- Over maxmemory (noeviction) the server refuses a script's first write that may grow
+      -- memory, but not one that follows a write: a decision that sets no expiry sets the one
+      -- its header keeps (which changes nothing), and the header goes in, as when it sets one.
+      if command ~= nil or string.sub(set.err, 1, 4) ~= 'OOM ' then
+        error(set)
+      end
+      redis.call('PEXPIREAT', key, expires)
+      redis.call('LSET', key, 0, header)
+    end
   else
     -- A key this call made: without its expiry it would outlive every window. Refused, the
     -- key goes again, and the call records nothing.

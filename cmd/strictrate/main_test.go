@@ -46,7 +46,7 @@ func TestInspectAndReset(t *testing.T) {
 	}
 	// The entries were stamped on the test's clock in 2026; the ages are on the server's.
 	for _, want := range []string{
-		`key "inspect-me" (tool:inspect-me): 3 entries, 15 events (layout 2, 1 cursors)`,
+		`key "inspect-me" (tool:inspect-me): 3 entries, 15 events (layout 5, 1 cursors)`,
 		"2026-11-30T12:00:00.000000Z",
 		"2026-11-30T12:00:02.000000Z",
 		"2026-11-30T12:00:04.000000Z",

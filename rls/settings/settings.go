@@ -176,7 +176,7 @@ type Settings struct {
 	// Batching (STRICTRATE_BATCHING, true): concurrent decisions share one call to Valkey
 	// (engine.WithBatching).
 	Batching bool
-	// WriteLayout (STRICTRATE_WRITE_LAYOUT, 2, the engine's default) is the layout version of
+	// WriteLayout (STRICTRATE_WRITE_LAYOUT, 5, the engine's default) is the layout version of
 	// the logs the engine writes (engine.WithWriteLayout): 2, 3 or 5. 5 makes a decision on a
 	// busy key (a log of more than 32 entries) cost Valkey about what one on an idle key does.
 	// Every process that shares the keys must read the layout first (docs/operating.md).
@@ -467,7 +467,7 @@ func (s *Settings) readOwn(r *reader) {
 // engine.WithWriteLayout takes, so that a bad STRICTRATE_WRITE_LAYOUT is refused with the
 // other settings' problems, before Valkey is dialled. The command's tests tie both to the
 // engine (TestWriteLayout).
-const defaultWriteLayout = 2
+const defaultWriteLayout = 5
 
 var writeLayouts = []int{2, 3, 5}
 
