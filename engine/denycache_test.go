@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valkey-io/valkey-go"
+
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/tcpproxy"
@@ -85,7 +87,16 @@ func TestDenyCacheKeepsNoDenialDecidedBeforeAGiveBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer proxy.Close()
-			e := enginetest.New(t, valkeytest.NewClient(t, proxy.Addr), engine.WithDenyCache(1000))
+			// The replies wait in the proxy as long as the test says: the client pipelines every
+			// command (so the give-back goes out while the denial's reply waits) and gives a
+			// connection that long to answer.
+			client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr}, AlwaysPipelining: true,
+				ConnWriteTimeout: 5 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			e := enginetest.New(t, client, engine.WithDenyCache(1000))
 			key, l := enginetest.NewKey(t), engine.PerHour(5)
 			first := enginetest.MustAllowN(t, e, key, l, 1)
 			for range l.Max - 1 {
