@@ -188,11 +188,11 @@ func (c config) busySizes() []int {
 }
 
 // busyLayouts is the layouts the scenario measures: the run's (-write-layout; 0, a config made
-// in a test, is the engine's default, 2), then 5 when that is not it.
+// in a test, is the engine's default, 5), then 5 when that is not it.
 func (c config) busyLayouts() []int {
 	own := c.WriteLayout
 	if own == 0 {
-		own = 2
+		own = 5
 	}
 	if own == 5 {
 		return []int{5}

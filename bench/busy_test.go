@@ -26,11 +26,11 @@ func TestBusyKeysScenarioReportsEveryRow(t *testing.T) {
 	}
 }
 
-// checkBusy checks a run's busykeys rows, written at the engine's default layout (2) and at
-// layout 5, one per size of sizes (ascending) each, and its Markdown.
+// checkBusy checks a run's busykeys rows, written at the engine's default layout (5), one per
+// size of sizes (ascending), and its Markdown.
 func checkBusy(t *testing.T, rows []BusyRow, sizes []int, markdown string) {
 	t.Helper()
-	layouts := []int{2, 5}
+	layouts := []int{5}
 	if len(rows) != len(layouts)*len(sizes) {
 		t.Fatalf("busykeys rows: %d, want %d", len(rows), len(layouts)*len(sizes))
 	}
@@ -65,13 +65,12 @@ func checkBusy(t *testing.T, rows []BusyRow, sizes []int, markdown string) {
 			t.Errorf("Markdown lacks the row of %d live entries", n)
 		}
 	}
-	for _, small := range []BusyRow{rows[0], rows[len(sizes)]} {
+	for _, small := range []BusyRow{rows[0]} {
 		if small.Cells[0].OverSmall != 1 {
 			t.Errorf("layout %d: the small admission is %.3f× itself", small.Layout, small.Cells[0].OverSmall)
 		}
 	}
-	for _, want := range []string{"### Busy keys, layout 2: server µs per decision by live entries (INFO commandstats)",
-		"### Busy keys, layout 5: server µs per decision by live entries (INFO commandstats)",
+	for _, want := range []string{"### Busy keys, layout 5: server µs per decision by live entries (INFO commandstats)",
 		"| live entries | admission µs | × small admission | denial (full) µs |", "the target of 1.5×"} {
 		if !strings.Contains(markdown, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, markdown)

@@ -74,7 +74,7 @@ func main() {
 	fs.IntVar(&cfg.Limit, "limit", 100, "the limit's Max")
 	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
-	fs.IntVar(&cfg.WriteLayout, "write-layout", 2, "the layout version the engines write (engine.WithWriteLayout): 2, 3 or 5")
+	fs.IntVar(&cfg.WriteLayout, "write-layout", 5, "the layout version the engines write (engine.WithWriteLayout): 5, 2 or 3")
 	fs.IntVar(&cfg.QuotaRequests, "quota-requests", defaultQuotaRequests, "the quota scenario's requests, spread over 30 days, and its limit's Max")
 	fs.Func("busy-sizes", "the busykeys scenario's log sizes, live entries, comma-separated (default "+joinInts(defaultBusySizes)+")", func(s string) error {
 		sizes, err := parseSizes(s)

@@ -175,10 +175,15 @@ func (c *commit[T]) route(key string, each bool) destination {
 
 // do takes req, bound for dest: without batching (WithBatching(false)), or for a kind that
 // never batches, in a call of its own; else alone at once when its destination is idle, or in
-// the next batch. A caller whose context ends while req waits takes it out, and it is never
-// sent; once sent, it may still be applied, once. It returns the call, whose outcome is the
+// the next batch. A caller whose context has ended sends nothing; one whose context ends while
+// req waits takes it out, and it is never sent; once sent, it may still be applied, once. It returns the call, whose outcome is the
 // caller's to read and then release.
 func (c *commit[T]) do(ctx context.Context, req T, dest destination) *call[T] {
+	if ctx.Err() != nil {
+		// The caller has gone already (a gRPC call whose deadline passed before its
+		// interceptor ran, say): nothing is sent, so nothing is decided on its behalf.
+		return c.leftBehind(ctx, req)
+	}
 	cl := c.calls.Get().(*call[T])
 	cl.ctx, cl.req, cl.dest = ctx, req, dest
 	if !c.e.batching || c.kind.batch == nil {

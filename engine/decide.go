@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/callerr"
 )
 
 // The path of one decision, top-down, in three files: decide.go, commit.go and wire.go.
@@ -160,8 +162,9 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 	}
 	cached := e.denials != nil && c == e.decides
 	var sent time.Time
+	var epoch uint64
 	if cached {
-		sent = e.localNow()
+		sent, epoch = e.localNow(), e.denials.epoch(req.key)
 		if r, ok := e.denials.lookup(req.key, req.set, req.record, sent); ok {
 			return r, nil
 		}
@@ -181,7 +184,7 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 		}
 	}
 	if cached && !r.Allowed {
-		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow())
+		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow(), epoch)
 	}
 	return r, nil
 }
@@ -215,13 +218,29 @@ func (m *metrics) record(ctx context.Context, op operation, oc metricOutcome, to
 
 // backendFailure applies the fail-open policy to a decision the server could not take. Closed
 // (the default): a denying Result and the error. Open: an admitting Result that carries the
-// error, and no error; except when the caller cancelled, which is returned as it is, and for
-// a key the engine cannot read (ErrUnknownLayout), which no policy admits on.
+// error, and no error; except when the call ended with its caller (callerEnded), which is
+// returned as it is, and for a key the engine cannot read (ErrUnknownLayout), which no policy
+// admits on.
 func (e *Engine) backendFailure(ctx context.Context, err error) (Result, error) {
-	if !e.failOpen || errors.Is(ctx.Err(), context.Canceled) || errors.Is(err, ErrUnknownLayout) {
+	if !e.failOpen || callerEnded(ctx, err) || errors.Is(err, ErrUnknownLayout) {
 		return Result{}, err
 	}
 	return Result{Allowed: true, BackendErr: err, At: e.localNow()}, nil
+}
+
+// callerEnded reports whether a call that failed with err ended with its caller rather than
+// with the server: ctx was cancelled or its deadline passed, or err says so. Fail-open is for
+// a decision the server could not take, and a caller's own deadline is the caller's to set:
+// were it an admission, a client that sets a short deadline (a gRPC client's grpc-timeout)
+// would run the handler past a used-up limit. A ctx that ended with a cause wrapping
+// ErrUnavailable (context.WithTimeoutCause) is a bound on the server's answer that its caller
+// set for the server's sake, not the caller's own end (strictrate-rls bounds a request that
+// carries no deadline so): its expiry is the server's failure.
+func callerEnded(ctx context.Context, err error) bool {
+	if callerr.CallerEnded(ctx) {
+		return true
+	}
+	return ctx.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // newRequest is a request for n events of key at at against set: recorded when admitted

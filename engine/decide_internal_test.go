@@ -9,7 +9,9 @@ import (
 )
 
 // Fail-open admits with the error in BackendErr, stamped by the engine's own clock when it has
-// one; fail-closed returns the error; a caller's cancellation is returned either way.
+// one; fail-closed returns the error; a caller's cancellation or passed deadline is returned
+// either way, unless that deadline was a bound on the server's answer (its cause
+// ErrUnavailable).
 func TestBackendFailureFollowsFailOpen(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	boom := errors.New("boom")
@@ -29,6 +31,20 @@ func TestBackendFailureFollowsFailOpen(t *testing.T) {
 	cancel()
 	if r, err := open.backendFailure(cancelled, boom); err != boom || r.Allowed {
 		t.Fatalf("fail-open, caller cancelled: %+v, %v; want the error", r, err)
+	}
+	expired, cancelExpired := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancelExpired()
+	if r, err := open.backendFailure(expired, boom); err != boom || r.Allowed {
+		t.Fatalf("fail-open, caller's deadline passed: %+v, %v; want the error", r, err)
+	}
+	deadline := fmt.Errorf("allow: %w", context.DeadlineExceeded)
+	if r, err := open.backendFailure(context.Background(), deadline); err != deadline || r.Allowed {
+		t.Fatalf("fail-open, an error that says the caller's deadline passed: %+v, %v; want the error", r, err)
+	}
+	bounded, cancelBounded := context.WithDeadlineCause(context.Background(), time.Now().Add(-time.Second), ErrUnavailable)
+	defer cancelBounded()
+	if r, err := open.backendFailure(bounded, deadline); err != nil || !r.Allowed {
+		t.Fatalf("fail-open, a bound on the server's answer passed: %+v, %v; want an admission", r, err)
 	}
 	layout := fmt.Errorf("allow: %w: the key holds a hash", ErrUnknownLayout)
 	if r, err := open.backendFailure(context.Background(), layout); err != layout || r.Allowed {

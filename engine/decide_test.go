@@ -404,8 +404,9 @@ func denialUsec(t *testing.T, c valkey.Client, e *engine.Engine, key string, l e
 // No request buys server time with its cost, or with how far a lowered limit leaves a long log
 // over it: on a log of 20,000 entries, a denial of cost 10,000, or of cost 1 against a limit of
 // half the log, costs the server about what a denial of cost 1 on the full log does (each used
-// to walk 10,000 entries: 1.5 ms, against 20 µs). Their RetryAfter is then the wait until the
-// 32nd oldest entry of the window leaves, before which they cannot be admitted.
+// to walk 10,000 entries: 1.5 ms, against 20 µs). On this log of cost-1 entries (a unit log,
+// layout 5) their RetryAfter is exact at any depth: the entry at which enough events leave is
+// found by its number.
 func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 	c := slowLogged(t).Client(t)
 	e, clock := enginetest.Clocked(t, c)
@@ -427,9 +428,12 @@ func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 	now := enginetest.T0.Add(time.Second)
 	clock.Set(now)
 	lowered := engine.Limit{Max: entries / 2, Window: time.Hour}
-	// The 32nd oldest entry is of the first millisecond; the events that must leave end in the
-	// 100th.
+	// The oldest entry is of the first millisecond; the 10,000th of the 100th, the 10,001st of
+	// the 101st.
 	earliest := enginetest.T0.Add(time.Hour).Sub(now)
+	wait := func(ms int) time.Duration {
+		return enginetest.T0.Add(time.Duration(ms)*time.Millisecond + time.Hour).Sub(now)
+	}
 	// The least of 20 calls of each: a denial of cost 1 walks one entry or two.
 	one, rOne := denialUsec(t, c, e, key, full, 1, 20)
 	costly, rCostly := denialUsec(t, c, e, key, full, entries/2, 20)
@@ -444,8 +448,8 @@ func TestDenialWorkDoesNotGrowWithCostOrOverLimit(t *testing.T) {
 		}
 	}
 	enginetest.Want(t, "cost 1 on the full log: retry after", rOne.RetryAfter, earliest)
-	enginetest.Want(t, "cost 10,000 on the full log: retry after", rCostly.RetryAfter, earliest)
-	enginetest.Want(t, "cost 1 over a lowered limit: retry after", rOver.RetryAfter, earliest)
+	enginetest.Want(t, "cost 10,000 on the full log: retry after", rCostly.RetryAfter, wait(99))
+	enginetest.Want(t, "cost 1 over a lowered limit: retry after", rOver.RetryAfter, wait(100))
 	// The whole limit: the newest entry must leave, found from the newest end.
 	enginetest.Want(t, "cost 20,000 on the full log: retry after", rWhole.RetryAfter, enginetest.T0.Add(199*time.Millisecond+time.Hour).Sub(now))
 }
@@ -795,11 +799,18 @@ func TestFailOpenAndFailClosed(t *testing.T) {
 		t.Fatalf("fail-open Allow, server down: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
 	}
 	// A read is retried by the client until its caller's context ends (its deadline is not the
-	// connection's: package sendctx), so its BackendErr is the server's failure or that deadline.
+	// connection's: package sendctx). A deadline the caller set is its own end, never an
+	// admission; one set as a bound on the server's answer (its cause ErrUnavailable) is the
+	// server's failure, and fails open.
 	r, err = open.Peek(tctx, key, l)
-	if err != nil || !r.Allowed || r.Remaining != 0 ||
-		!errors.Is(r.BackendErr, engine.ErrUnavailable) && !errors.Is(r.BackendErr, context.DeadlineExceeded) {
-		t.Fatalf("fail-open Peek, server down: %+v, %v; want admitted with BackendErr ErrUnavailable or the deadline", r, err)
+	if !errors.Is(err, context.DeadlineExceeded) && (err != nil || !errors.Is(r.BackendErr, engine.ErrUnavailable)) {
+		t.Fatalf("fail-open Peek, server down, the caller's deadline: %+v, %v; want its deadline's error, or an admission for the server's failure before it", r, err)
+	}
+	bctx, cancelBound := context.WithTimeoutCause(ctx, time.Second, engine.ErrUnavailable)
+	defer cancelBound()
+	r, err = open.Peek(bctx, key, l)
+	if err != nil || !r.Allowed || r.Remaining != 0 || !errors.Is(r.BackendErr, engine.ErrUnavailable) {
+		t.Fatalf("fail-open Peek, server down, a bound on its answer: %+v, %v; want admitted with BackendErr ErrUnavailable", r, err)
 	}
 	if _, err := open.Allow(tctx, "", l); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("fail-open with an empty key: %v, want ErrInvalidArgument", err)

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -15,9 +17,37 @@ import (
 // the real one. Room can come back sooner only through Reset, Refund or Settle: through this
 // engine they clear the key's denials; through another process they do not, which is the
 // cache's one inexactness (a later request may be refused until the RetryAfter runs out).
+//
+// A give-back and a denial in flight at once are ordered by the key's epoch: forget moves it
+// on, before the give-back is sent and again once it came back, and a denial is stored only
+// if its key's epoch is the one read before its call was sent. So a denial decided before a
+// give-back, whose reply lands after it, is never stored; and one stored while the give-back
+// was in flight (decided before it) is dropped once it comes back. Epochs are kept per stripe
+// of keys (a key's hash picks one), so that their memory stays fixed: a give-back on a key
+// drops the denials in flight of the keys of its stripe too, which costs those a round trip.
 type denyCache struct {
-	keys *lru.Cache[string, *keyDenials] // by full key, least recently used out first
+	keys    *lru.Cache[string, *keyDenials] // by full key, least recently used out first
+	seed    maphash.Seed
+	stripes [denyStripes]denyStripe
 }
+
+// denyStripes is how many epochs a deny cache keeps: a few kilobytes, and a give-back drops
+// one key's in two hundred and fifty-six denials in flight.
+const denyStripes = 256
+
+// denyStripe is the epoch of the keys whose hash picks it; mu orders forget and store.
+type denyStripe struct {
+	mu    sync.Mutex
+	epoch atomic.Uint64
+}
+
+// stripe is key's stripe.
+func (c *denyCache) stripe(key string) *denyStripe {
+	return &c.stripes[maphash.String(c.seed, key)%denyStripes]
+}
+
+// epoch is key's epoch now: read it before the call whose denial store is given.
+func (c *denyCache) epoch(key string) uint64 { return c.stripe(key).epoch.Load() }
 
 // keyDenials are one key's cached denials, one per limit set.
 type keyDenials struct {
@@ -40,7 +70,7 @@ func newDenyCache(entries int) (*denyCache, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &denyCache{keys: keys}, nil
+	return &denyCache{keys: keys, seed: maphash.MakeSeed()}, nil
 }
 
 // lookup returns the cached denial of a request for n events of key against set at now, with
@@ -79,8 +109,16 @@ func (c *denyCache) lookup(key string, set *limitSet, n int, now time.Time) (Res
 }
 
 // store remembers a denial of n events of key against set, sent at sent and come back at
-// returned (readings of the engine's clock); it replaces the key's earlier denial on set.
-func (c *denyCache) store(key string, set *limitSet, n int, r Result, sent, returned time.Time) {
+// returned (readings of the engine's clock), its call sent when key's epoch was epoch; it
+// replaces the key's earlier denial on set. A denial whose key was given events back since
+// (its epoch moved on) is not stored: it may be stale.
+func (c *denyCache) store(key string, set *limitSet, n int, r Result, sent, returned time.Time, epoch uint64) {
+	s := c.stripe(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch.Load() != epoch {
+		return
+	}
 	d := denial{set: set, n: n, until: sent.Add(r.RetryAfter), returned: returned, r: r}
 	kd, ok := c.keys.Get(key)
 	if !ok {
@@ -111,13 +149,28 @@ func (c *denyCache) store(key string, set *limitSet, n int, r Result, sent, retu
 // different limits are asked of it.
 const maxDenialsPerKey = MaxPolicyLimits
 
-// forget drops key's cached denials: events may have been given back to it.
-func (c *denyCache) forget(key string) { c.keys.Remove(key) }
+// forget drops key's cached denials and moves its epoch on: events may have been given back
+// to it, so no denial in flight may be stored.
+func (c *denyCache) forget(key string) {
+	s := c.stripe(key)
+	s.mu.Lock()
+	s.epoch.Add(1)
+	c.keys.Remove(key)
+	s.mu.Unlock()
+}
 
-// forgetDenials drops the deny cache's denials of the full key, to which events may have been
-// given back.
+// forgetDenials drops the deny cache's denials of the full key, to which events may be given
+// back: call it before the give-back is sent, and again once it came back (giveBack).
 func (e *Engine) forgetDenials(fullKey string) {
 	if e.denials != nil {
 		e.denials.forget(fullKey)
 	}
+}
+
+// givingBack forgets the full key's denials for a give-back (Reset, Refund, Settle) about to
+// be sent, and returns what to call once it came back, whatever its outcome: a denial decided
+// before the give-back may have been stored meanwhile.
+func (e *Engine) givingBack(fullKey string) (done func()) {
+	e.forgetDenials(fullKey)
+	return func() { e.forgetDenials(fullKey) }
 }

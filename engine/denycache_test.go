@@ -3,11 +3,15 @@ package engine_test
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/valkey-io/valkey-go"
+
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/tcpproxy"
 	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
@@ -67,4 +71,114 @@ func TestDenyCacheExactUnderLoad(t *testing.T) {
 	enginetest.Want(t, "cost 2 denied", enginetest.MustAllowN(t, clocked, key+":big", big, 2).Allowed, false)
 	r = enginetest.MustAllowN(t, clocked, key+":big", big, 1)
 	enginetest.Want(t, "cost 1 after a cost-2 denial: asks the server, admitted", r.Allowed && !r.FromCache, true)
+}
+
+// A denial whose reply lands after a Refund or a Reset of its key (sent once the denial was
+// decided) is not kept: the key's next request is decided by the server, which admits it.
+// The replies are held in a proxy between the engine and the server, so the order is the one
+// the test sets: the denial decided, the give-back applied, then both replies.
+func TestDenyCacheKeepsNoDenialDecidedBeforeAGiveBack(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer()) // its script calls are this test's alone
+	admin := own.Client(t)
+	for _, giveBack := range []string{"refund", "reset"} {
+		t.Run(giveBack, func(t *testing.T) {
+			proxy, err := tcpproxy.Start(own.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			// The replies wait in the proxy as long as the test says: the client pipelines every
+			// command (so the give-back goes out while the denial's reply waits) and gives a
+			// connection that long to answer.
+			client, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{proxy.Addr}, AlwaysPipelining: true,
+				ConnWriteTimeout: 5 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			e := enginetest.New(t, client, engine.WithDenyCache(1000))
+			key, l := enginetest.NewKey(t), engine.PerHour(5)
+			first := enginetest.MustAllowN(t, e, key, l, 1)
+			for range l.Max - 1 {
+				enginetest.MustAllowN(t, e, key, l, 1)
+			}
+			ctx := context.Background()
+			before := scriptCalls(t, admin)
+			proxy.Hold(tcpproxy.ToClient)
+			denied := make(chan engine.Result, 1)
+			go func() { denied <- enginetest.MustAllowN(t, e, key, l, 1) }()
+			// The denial is decided (the server ran its script) before the give-back is sent.
+			if err := valkeytest.WaitFor(ctx, time.Minute, "the denial to be decided", func() (bool, error) {
+				return scriptCalls(t, admin) > before, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			gave := make(chan error, 1)
+			go func() {
+				if giveBack == "refund" {
+					gave <- e.Refund(ctx, key, first)
+				} else {
+					gave <- e.Reset(ctx, key)
+				}
+			}()
+			want := int64(l.Max - 1)
+			if giveBack == "reset" {
+				want = 0
+			}
+			if err := valkeytest.WaitFor(ctx, time.Minute, "the give-back to be applied", func() (bool, error) {
+				return enginetest.StoredEvents(t, admin, key) == want, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			proxy.Release(tcpproxy.ToClient)
+			if r := <-denied; r.Allowed {
+				t.Fatalf("the request decided on a used-up key: %+v, want a denial", r)
+			}
+			if err := <-gave; err != nil {
+				t.Fatal(err)
+			}
+			r := enginetest.MustAllowN(t, e, key, l, 1)
+			if !r.Allowed || r.FromCache {
+				t.Fatalf("after the %s returned: %+v; want admitted by the server, not a cached denial", giveBack, r)
+			}
+		})
+	}
+}
+
+// Eight Allows and a Refund started together on a used-up key, 200 rounds: whenever the
+// server says the key has room once all have returned, the next request is not refused from
+// the cache.
+func TestDenyCacheRefundRacingDenials(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithDenyCache(1000))
+	peeker := enginetest.New(t, c)
+	l := engine.PerHour(5)
+	stale := 0
+	for round := range 200 {
+		key := enginetest.NewKey(t)
+		first := enginetest.MustAllowN(t, e, key, l, 1)
+		for range l.Max - 1 {
+			enginetest.MustAllowN(t, e, key, l, 1)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() { enginetest.MustAllowN(t, e, key, l, 1) })
+		}
+		wg.Go(func() {
+			if err := e.Refund(context.Background(), key, first); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if enginetest.MustPeek(t, peeker, key, l).Remaining == 0 {
+			continue // one of the eight took the refunded event
+		}
+		if r := enginetest.MustAllowN(t, e, key, l, 1); !r.Allowed {
+			stale++
+			t.Logf("round %d: refused with %s to wait (from the cache: %v) while the server has room", round, r.RetryAfter, r.FromCache)
+		}
+	}
+	if stale > 0 {
+		t.Fatalf("%d of 200 rounds kept a stale denial after the refund returned; want 0", stale)
+	}
 }

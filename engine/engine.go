@@ -243,7 +243,7 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	full := e.prefix + key
-	e.forgetDenials(full)
+	defer e.givingBack(full)()
 	if e.local != nil {
 		e.local.forget(key) // a reservation of the log deleted admits nothing more
 	}

@@ -3,6 +3,8 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"testing"
@@ -185,4 +187,105 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// foreignLists are lists another program might keep under the engine's prefix, whose first
+// element opens with a byte a log's header opens with: text (a job queue's, an access log's,
+// a version notice, 67 bytes, which once looped decide.lua until SCRIPT KILL), and, from a
+// fixed seed, random bytes after each kind byte, of lengths around every header's, alone or
+// with more elements behind.
+func foreignLists() [][]string {
+	lists := [][]string{
+		{`Task {"id": 17, "queue": "mail", "attempts": 0, "payload": "welcome"}`},
+		{"GET /api/v1/users?page=2 HTTP/1.1 200 512 0.004"},
+		{"Kubernetes event: pod web-7f9c restarted (OOMKilled)", "Kubernetes event: node ready"},
+		{"Version 1.2.3 released with fixes for the importer and the CLI"},
+		{"Ledger", "credit 10", "debit 3"},
+		{"Hello, world"},
+		{"Upload complete: 3 files, 4.2 MB"},
+		{"Customer 42 opened ticket 7"},
+		{"K8s", "pod"},
+		{"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor"},
+		{"Sessions", "s1", "s2", "s3"},
+		{"Feature flags: dark_mode=on beta=off"},
+	}
+	rng := rand.New(rand.NewPCG(37, 3))
+	for _, kind := range "TUGHSFVCKL" {
+		for _, size := range []int{2, 29, 36, 37, 43, 44, 64, 71, 79, 80, 87, 120, 250} {
+			b := make([]byte, size)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			b[0] = byte(kind)
+			list := []string{string(b)}
+			for range rng.IntN(3) {
+				list = append(list, string(b[:rng.IntN(len(b))+1]))
+			}
+			lists = append(lists, list)
+		}
+	}
+	return lists
+}
+
+// Another program's list under the engine's prefix is never read as a log, whatever its first
+// byte: every call refuses it with ErrUnknownLayout, promptly (no script runs on for its
+// header's counts), fail-open admits nothing on it, and nothing of it changes.
+func TestForeignListsAreRefused(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer()) // a looping script would hold it BUSY
+	c := own.Client(t)
+	ctx := context.Background()
+	l := engine.PerMinute(5)
+	slotted := engine.Limit{Max: 100, Window: time.Minute, Resolution: time.Second}
+	policy := engine.Policy{engine.PerSecond(2), l}
+	engines := map[string]*engine.Engine{
+		"closed":                enginetest.New(t, c),
+		"open":                  enginetest.New(t, c, engine.WithFailOpen(true)),
+		"layout 2, not batched": enginetest.New(t, c, engine.WithWriteLayout(2), engine.WithBatching(false)),
+	}
+	for i, list := range foreignLists() {
+		key := enginetest.NewKey(t)
+		full := enginetest.Prefix + key
+		if err := c.Do(ctx, c.B().Rpush().Key(full).Element(list...).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		before := stateOf(t, c, full)
+		for how, e := range engines {
+			entry := engine.Result{Allowed: true, Entry: engine.EntryID{Key: full, At: time.Now(), Seq: 1, Cost: 3}}
+			calls := map[string]func(context.Context) (engine.Result, error){
+				"Allow":       func(ctx context.Context) (engine.Result, error) { return e.Allow(ctx, key, l) },
+				"AllowN":      func(ctx context.Context) (engine.Result, error) { return e.AllowN(ctx, key, l, 3) },
+				"slotted":     func(ctx context.Context) (engine.Result, error) { return e.AllowN(ctx, key, slotted, 2) },
+				"AllowPolicy": func(ctx context.Context) (engine.Result, error) { return e.AllowPolicy(ctx, key, policy, 1) },
+				"Peek":        func(ctx context.Context) (engine.Result, error) { return e.Peek(ctx, key, l) },
+				"PeekPolicy":  func(ctx context.Context) (engine.Result, error) { return e.PeekPolicy(ctx, key, policy, 1) },
+				"AllowAll": func(ctx context.Context) (engine.Result, error) {
+					_, rs, err := e.AllowAll(ctx, []engine.Request{{Key: key, Policy: engine.Policy{l}, N: 1},
+						{Key: enginetest.NewKey(t), Policy: engine.Policy{l}, N: 1}})
+					if len(rs) > 0 {
+						return rs[0], err
+					}
+					return engine.Result{}, err
+				},
+				"Refund": func(ctx context.Context) (engine.Result, error) { return engine.Result{}, e.Refund(ctx, key, entry) },
+				"Settle": func(ctx context.Context) (engine.Result, error) { return engine.Result{}, e.Settle(ctx, key, entry, 1) },
+				"Inspect": func(ctx context.Context) (engine.Result, error) {
+					_, err := inspect.Read(ctx, c, full, 0)
+					return engine.Result{}, err
+				},
+			}
+			for name, call := range calls {
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				r, err := call(cctx)
+				cancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					_ = c.Do(ctx, c.B().ScriptKill().Build()).Error()
+					t.Fatalf("list %d %q, %s: %s did not come back in 20 s: a script walked the header's counts", i, list, how, name)
+				}
+				if !errors.Is(err, engine.ErrUnknownLayout) || r.Allowed || r.BackendErr != nil {
+					t.Errorf("list %d %q, %s: %s: %+v, %v; want ErrUnknownLayout", i, list, how, name, r, err)
+				}
+			}
+		}
+		wantUntouched(t, c, fmt.Sprintf("list %d", i), full, before)
+	}
 }

@@ -85,10 +85,12 @@ type Lease struct {
 //     WithClock; ErrUnavailable, or under WithFailOpen(true) a Lease that holds no slot, with
 //     BackendErr set; under WithReplicaAck or WithDurableAck a lease counts only once held where
 //     they ask. The metrics count the call as operation "acquire".
-//   - Only a returned Lease holds a slot. When ctx ends first, Acquire returns at once with its
-//     error (a fail-open Lease if its deadline passed under WithFailOpen(true)), and a lease the
-//     server grants anyway is released once the reply is back; so is one whose call failed
-//     without saying whether it was granted, or not acknowledged as asked (docs/leases.md).
+//   - Only a returned Lease holds a slot. When ctx ends first (cancelled, or its deadline
+//     passed), Acquire returns at once with its error under either policy, never a fail-open
+//     Lease: fail-open is for a server that could not answer, not for a caller that stopped
+//     waiting. A lease the server grants anyway is released once the reply is back; so is one
+//     whose call failed without saying whether it was granted, or not acknowledged as asked
+//     (docs/leases.md).
 func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl time.Duration) (Lease, error) {
 	if err := checkContext(ctx); err != nil {
 		return Lease{}, err
@@ -165,7 +167,7 @@ func (e *Engine) runAcquire(ctx context.Context, key string, id uuid.UUID, call 
 		return c.d, c.err
 	}
 	if err := ctx.Err(); err != nil {
-		return leaseReply{}, fmt.Errorf("%s: %w", what(), err)
+		return leaseReply{}, classify(ctx, what(), err)
 	}
 	// Unbuffered: a reply handed over is the caller's, one not handed over is nobody's.
 	handed := make(chan acquireCall)
@@ -187,7 +189,7 @@ func (e *Engine) runAcquire(ctx context.Context, key string, id uuid.UUID, call 
 	case c := <-handed:
 		return c.d, c.err
 	case <-ctx.Done():
-		return leaseReply{}, fmt.Errorf("%s: %w", what(), ctx.Err())
+		return leaseReply{}, classify(ctx, what(), ctx.Err())
 	}
 }
 

@@ -627,8 +627,8 @@ func TestAcquireAbandonedHoldsNoSlot(t *testing.T) {
 	dctx, cancel = short()
 	l, err = open.Acquire(dctx, openKey, 1, abandonedTTL)
 	cancel()
-	if err != nil || l.BackendErr == nil || l.ID != uuid.Nil {
-		t.Fatalf("fail-open Acquire past its deadline, server paused: %+v, %v; want a lease without a slot, carrying the error", l, err)
+	if !errors.Is(err, context.DeadlineExceeded) || l != (engine.Lease{}) {
+		t.Fatalf("fail-open Acquire past its deadline, server paused: %+v, %v; want no lease and the deadline's error (a caller's own end is never fail-open)", l, err)
 	}
 	if err := srv.Resume(); err != nil {
 		t.Fatal(err)

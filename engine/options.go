@@ -32,24 +32,27 @@ type options struct {
 func defaultOptions() options {
 	return options{prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
 		evictionCheck: Refuse, persistenceCheck: Warn, logger: slog.Default(), batching: true,
-		writeLayout: 2}
+		writeLayout: 5}
 }
 
-// WithWriteLayout sets the layout version of the logs this engine writes: 2, the default, 3
-// or 5. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
+// WithWriteLayout sets the layout version of the logs this engine writes: 5, the default, 2
+// or 3. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
 // log's header, so that most decisions of a busy key send the server three commands instead
 // of four (measured in the bench's floor table); a key then lasts up to one more window, at
 // most an hour more, after its last admission. Layout 5 is layout 3 with a busy key's header
 // (a log longer than the 32 entries a header holds) that keeps copies of the oldest entries
 // and the time of the newest entry whose cost was not 1, so that a decision on a busy key
-// costs the server about what one on an idle key does, and a denial's RetryAfter on a log of
-// cost-1 entries is exact at any depth (docs/limits.md; the bench's busykeys table).
+// costs the server about what one on an idle key does, a denial's RetryAfter on a log of
+// cost-1 entries is exact at any depth, and a call after an idle stretch (a read-only one
+// included) finds where its window starts by its time instead of reading every entry that
+// left it (docs/limits.md; the bench's busykeys table). Layout 2's busy logs know none of
+// that: their reads after an idle stretch walk what left.
 //
 // A release that reads a layout does not mean every process does: a process of an earlier
-// release refuses a key of a later layout (ErrUnknownLayout). So turn layout 3 or 5 on only
-// once every process that shares the keys runs a release that reads it (this one or later),
-// and never roll back past it while keys of that layout exist (docs/operating.md, "Upgrading
-// across a layout change"). A later release will write layout 5 by default.
+// release refuses a key of a later layout (ErrUnknownLayout). So write a layout only once every
+// process that shares the keys runs a release that reads it (this one or later), and never
+// roll back past it while keys of that layout exist (docs/operating.md, "Upgrading across a
+// layout change").
 func WithWriteLayout(version int) Option { return func(o *options) { o.writeLayout = version } }
 
 // WithPrefix sets the prefix put before every key; the default is "strictrate:". Keys of
@@ -76,12 +79,20 @@ func WithPreload(preload bool) Option { return func(o *options) { o.preload = pr
 // (The name is older than the other checks.)
 func WithPreloadTimeout(d time.Duration) Option { return func(o *options) { o.preloadTimeout = d } }
 
-// WithFailOpen sets the policy for a decision the server could not take (unreachable, timed
-// out, an error reply). The default, fail-closed, returns the error and a Result that denies.
-// Fail-open admits instead: the Result has Allowed true and BackendErr set to the error, and
-// the call returns a nil error. Invalid arguments and a caller's cancelled context are
-// returned as errors either way. Fail-open trades the limit's promise for availability: use
-// it only where letting a request through unlimited is cheaper than refusing it.
+// WithFailOpen sets the policy for a decision the server could not take (unreachable, an
+// error reply such as LOADING or OOM, the client's own timeout). The default, fail-closed,
+// returns the error and a Result that denies. Fail-open admits instead: the Result has Allowed
+// true and BackendErr set to the error, and the call returns a nil error. Fail-open trades the
+// limit's promise for availability: use it only where letting a request through unlimited is
+// cheaper than refusing it.
+//
+// Invalid arguments, a key the engine cannot read (ErrUnknownLayout) and a call that ended
+// with its caller are returned as errors either way: a context cancelled, or whose deadline
+// passed before the server answered, is the caller's own end, never an admission (else a
+// client that sets a short deadline would be let past a used-up limit). To bound how long a
+// fail-open decision waits for a slow server, end its context with a cause that wraps
+// ErrUnavailable, context.WithTimeoutCause(ctx, d, engine.ErrUnavailable): that bound is the
+// server's to meet, and its expiry fails open.
 func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen = failOpen } }
 
 // WithReplicaAck makes every decision wait, in the same round trip, until at least replicas

@@ -37,7 +37,7 @@ func TestWriteLayout3KeepsTheExpiryInTheHeader(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	e3 := enginetest.New(t, c, engine.WithWriteLayout(3))
-	e2 := enginetest.New(t, c)
+	e2 := enginetest.New(t, c, engine.WithWriteLayout(2))
 	key, l := enginetest.NewKey(t), engine.Limit{Max: 4, Window: 2 * time.Second}
 	w := l.Window.Microseconds()
 	// covered checks that the key lasts until r's entry leaves the window, and says when it
@@ -269,7 +269,7 @@ func TestWriteLayout5AnswersAsLayout2(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	clock := &steppedClock{now: time.Date(2026, 11, 30, 23, 0, 0, 0, time.UTC)}
-	e2 := enginetest.New(t, c, engine.WithClock(clock.Now))
+	e2 := enginetest.New(t, c, engine.WithClock(clock.Now), engine.WithWriteLayout(2))
 	e5 := enginetest.New(t, c, engine.WithClock(clock.Now), engine.WithWriteLayout(5))
 	sets := []engine.Policy{
 		{{Max: 80, Window: time.Minute}},

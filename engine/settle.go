@@ -78,7 +78,7 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 			return err
 		}
 	}
-	e.forgetDenials(full)
+	defer e.givingBack(full)()
 	cl := e.settles.do(ctx, settleReq{key: full, args: settleArgs(at, id, actual, decidedUS)}, destination{})
 	back, callErr, replyErr := cl.req.back, cl.err, cl.req.replyErr
 	e.settles.release(cl)

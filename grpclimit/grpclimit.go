@@ -16,7 +16,8 @@
 //   - The engine cannot decide: codes.Unavailable when it fails closed (the default); failing
 //     open (engine.WithFailOpen), the call goes through and the WithFailOpenHook function sees
 //     the error. A caller's cancelled or expired context is codes.Canceled or
-//     codes.DeadlineExceeded.
+//     codes.DeadlineExceeded under either policy: fail-open is for a server that could not
+//     decide, so a client that sets a short deadline never reaches the handler on it.
 //   - Every decided call, and every call a fail-open engine let through, gets the header
 //     metadata "ratelimit-policy" and, after a decision, "ratelimit": the values httplimit
 //     sends, written by package fields (WithFieldsVersion chooses the draft revision). A client

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -436,4 +437,89 @@ func TestUnixSocket(t *testing.T) {
 			t.Fatalf("%s: subject %q, want %q", step.what, quota.GetViolations()[0].GetSubject(), step.subject)
 		}
 	}
+}
+
+// Under fail-open, a client's own deadline never reaches the handler past a used-up limit,
+// through the interceptor called directly with a context whose deadline has passed (what
+// grpc-go hands it once a call's grpc-timeout has run out) and through a real gRPC server on
+// the loopback, called with deadlines of 0.1 to 3 ms: the handler runs 0 times, with Valkey
+// healthy all along.
+func TestFailOpenShortDeadlinesNeverReachTheHandler(t *testing.T) {
+	c := server.Client(t)
+	e := enginetest.New(t, c, engine.WithFailOpen(true))
+	p := engine.Policy{engine.PerHour(3)}
+	var hooked atomic.Int64
+	l := grpclimit.New(e, p, grpclimit.WithKeyMetadata("x-api-key"),
+		grpclimit.WithKeyPrefix(uniquePrefix(t)), grpclimit.WithFailOpenHook(func(context.Context, string, error) { hooked.Add(1) }))
+	var handled atomic.Int64
+	handler := func(context.Context, any) (any, error) { handled.Add(1); return &healthpb.HealthCheckResponse{}, nil }
+	info := &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}
+	incoming := func(ctx context.Context) context.Context {
+		return metadata.NewIncomingContext(ctx, metadata.Pairs("x-api-key", "victim"))
+	}
+	for range p[0].Max {
+		if _, err := l.UnaryServerInterceptor()(incoming(context.Background()), nil, info, handler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handled.Store(0)
+
+	expired, cancel := context.WithDeadline(incoming(context.Background()), time.Now().Add(-time.Microsecond))
+	defer cancel()
+	for i := range 100 {
+		if _, err := l.UnaryServerInterceptor()(expired, nil, info, handler); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("call %d with a passed deadline: %v, want DeadlineExceeded", i, err)
+		}
+	}
+	if n := handled.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times of 100 for calls whose deadline had passed, on a used-up limit; want 0", n)
+	}
+
+	// A real server: its handler counts every call that gets past the limiter.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counting := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		handled.Add(1)
+		return next(ctx, req)
+	}
+	s := grpc.NewServer(grpc.ChainUnaryInterceptor(l.UnaryServerInterceptor(), counting))
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ln) }()
+	t.Cleanup(func() { s.Stop(); <-done })
+	client := dial(t, ln.Addr().String())
+	const calls = 2000
+	var wg sync.WaitGroup
+	var ok, exhausted, short atomic.Int64
+	for g := range 16 {
+		wg.Go(func() {
+			for i := g; i < calls; i += 16 {
+				deadline := 100*time.Microsecond + time.Duration(i%30)*100*time.Microsecond
+				ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "victim"), deadline)
+				_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+				cancel()
+				switch status.Code(err) {
+				case codes.OK:
+					ok.Add(1)
+				case codes.ResourceExhausted:
+					exhausted.Add(1)
+				case codes.DeadlineExceeded, codes.Canceled:
+					short.Add(1)
+				default:
+					t.Errorf("call with a %s deadline: %v", deadline, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := handled.Load(); n != 0 || ok.Load() != 0 {
+		t.Fatalf("over a real server, %d calls with deadlines of 0.1-3 ms ran the handler %d times and answered OK %d times, on a used-up limit; want 0",
+			calls, n, ok.Load())
+	}
+	if hooked.Load() != 0 {
+		t.Fatalf("the fail-open hook ran %d times with Valkey healthy; want 0", hooked.Load())
+	}
+	t.Logf("%d calls: %d denied, %d past their deadline", calls, exhausted.Load(), short.Load())
 }

@@ -17,7 +17,9 @@
 //     ("1s";r=0;t=1). WithLegacyHeaders adds the X-RateLimit-* trio.
 //   - When the engine cannot decide: fail-closed (the default) answers 503 (WithErrorHandler
 //     replaces it); fail-open (engine.WithFailOpen) passes the request on with RateLimit-Policy
-//     but no RateLimit, and calls the WithFailOpenHook function.
+//     but no RateLimit, and calls the WithFailOpenHook function. A request whose context ended
+//     (the client went away, or a deadline the server set passed) is the error handler's under
+//     either policy: fail-open never passes it on.
 //   - Under engine.WithShadow(true) it never answers 429: a request the limit denies reaches the
 //     handler with the real decision's fields (r=0) and no Retry-After.
 //   - NewConcurrent bounds requests in flight instead of how often they arrive; both kinds can

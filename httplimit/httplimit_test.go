@@ -1035,3 +1035,56 @@ func TestCalendarNames(t *testing.T) {
 		t.Fatalf("RateLimit %q", got)
 	}
 }
+
+// Under fail-open, a request whose context has ended (a client that hung up, a deadline the
+// server set that passed) never reaches the handler: past a used-up rate limit, or on an
+// in-flight limit whatever its slots, it is the error handler's, with the context's error.
+func TestFailOpenEndedRequestsNeverReachTheHandler(t *testing.T) {
+	c := server.Client(t)
+	open := enginetest.New(t, c, engine.WithFailOpen(true))
+	for _, kind := range []struct {
+		name       string
+		middleware func(...httplimit.Option) func(http.Handler) http.Handler
+	}{
+		{"rate", func(opts ...httplimit.Option) func(http.Handler) http.Handler {
+			return httplimit.New(open, engine.Policy{engine.PerHour(3)}, opts...)
+		}},
+		{"in-flight", func(opts ...httplimit.Option) func(http.Handler) http.Handler {
+			return httplimit.NewConcurrent(open, 3, time.Hour, opts...)
+		}},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			handled, hooked := 0, 0
+			var got error
+			h := kind.middleware(httplimit.WithKeyPrefix(enginetest.NewKey(t)+":"),
+				httplimit.WithFailOpenHook(func(*http.Request, error) { hooked++ }),
+				httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+					got = err
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled++ }))
+			// Three requests: the rate limit's whole quota.
+			for range 3 {
+				wantStatus(t, "filling", do(h, "192.0.2.7:1", nil), http.StatusOK)
+			}
+			handled = 0
+			expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+			defer cancel()
+			cancelled, cancelNow := context.WithCancel(context.Background())
+			cancelNow()
+			for _, ctx := range []context.Context{expired, cancelled} {
+				for range 50 {
+					req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+					req.RemoteAddr = "192.0.2.7:1"
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, req)
+					if rec.Code != http.StatusServiceUnavailable || !errors.Is(got, ctx.Err()) {
+						t.Fatalf("a request whose context ended (%v): %d, error %v; want the error handler with the context's error", ctx.Err(), rec.Code, got)
+					}
+				}
+			}
+			if handled != 0 || hooked != 0 {
+				t.Fatalf("100 requests whose context ended ran the handler %d times and the fail-open hook %d times; want 0", handled, hooked)
+			}
+		})
+	}
+}

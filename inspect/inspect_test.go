@@ -73,13 +73,13 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
-// Inspect says which layout version a log is stored in: this release's (2) once written, 0
-// for a key that does not exist.
+// Inspect says which layout version a log is stored in: a small header of this release's
+// default layout (5) is version 3's once written, 0 for a key that does not exist.
 func TestInspectReportsTheLayout(t *testing.T) {
 	c := server.Client(t)
 	e := enginetest.New(t, c)
 	key := enginetest.NewKey(t)
 	enginetest.Want(t, "layout of no key", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 0)
 	enginetest.MustAllowN(t, e, key, engine.PerMinute(3), 1)
-	enginetest.Want(t, "layout of a log this release wrote", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 2)
+	enginetest.Want(t, "layout of a log this release wrote", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 3)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/rls"
 	"github.com/strictrate/strictrate/rls/config"
 )
 
@@ -351,5 +352,60 @@ func TestFailOpenStillDeniesTheImpossible(t *testing.T) {
 	wantCode(t, "3 hits against 3, Valkey down", resp, ok, ok)
 	if got := resp.Statuses[0].LimitRemaining; got != 3 {
 		t.Fatalf("fail-open: remaining %d, want 3", got)
+	}
+}
+
+// Under fail-open, a client's short deadline never buys an OK past a used-up limit: 2,000
+// requests with deadlines of 0.1 to 3 ms on a descriptor at 3 per minute, used up, Valkey
+// healthy: none answered OK. With Valkey stopped, a request without a deadline is admitted
+// once the request timeout (the service's bound on Valkey's answer) passes, and one with a
+// deadline is not.
+func TestFailOpenShortDeadlinesNeverAdmit(t *testing.T) {
+	own := valkeytest.New(t, valkeytest.OwnServer())
+	e := enginetest.New(t, own.Client(t), engine.WithFailOpen(true))
+	r := start(t, e, basicConfig, rls.WithRequestTimeout(50*time.Millisecond))
+	d := descriptor("three_per_minute", "victim")
+	for range 3 {
+		wantCode(t, "filling", ask(t, r.client, "edge", 0, d), ok, ok)
+	}
+	var okAnswers, over, failed atomic.Int64
+	var wg sync.WaitGroup
+	const calls = 2000
+	for g := range 16 {
+		wg.Go(func() {
+			for i := g; i < calls; i += 16 {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Microsecond+time.Duration(i%30)*100*time.Microsecond)
+				resp, err := askCtx(ctx, r.client, "edge", d)
+				cancel()
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case resp.OverallCode == ok:
+					okAnswers.Add(1)
+				default:
+					over.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if okAnswers.Load() != 0 {
+		t.Fatalf("%d of %d requests with deadlines of 0.1-3 ms answered OK on a used-up descriptor (%d over, %d failed); want 0",
+			okAnswers.Load(), calls, over.Load(), failed.Load())
+	}
+
+	if err := own.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer own.Resume()
+	fresh := descriptor("three_per_minute", "fresh")
+	resp, err := askCtx(context.Background(), r.client, "edge", fresh)
+	if err != nil || resp.OverallCode != ok {
+		t.Fatalf("Valkey stopped, a request without a deadline: %v, %v; want OK once the request timeout passed (fail-open)", resp, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if resp, err := askCtx(ctx, r.client, "edge", fresh); err == nil {
+		t.Fatalf("Valkey stopped, a request whose 20 ms deadline passed: %v; want an error, not an admission", resp)
 	}
 }

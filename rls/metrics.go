@@ -4,8 +4,11 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/strictrate/strictrate/rls/config"
 )
 
 // metrics are the reference's Prometheus metrics, with its names and labels: per rule, the
@@ -27,25 +30,61 @@ type metrics struct {
 	// counter vector's lookup hashes and validates its labels on every call, which for a
 	// request of three descriptors cost more than its whole decision's arithmetic.
 	rules sync.Map
+	// perValue counts the stats keys in rules that name a request's values (an override's, a
+	// detailed_metric or value_to_metric rule's): at most maxPerValueSeries, so that clients
+	// sending ever new values cannot grow the series, nor the memory that holds them, without
+	// bound.
+	perValue atomic.Int64
 }
+
+// maxPerValueSeries is the most stats keys named by requests' values the service keeps series
+// for (six counters each); past it, such a match counts under its config.Match.BoundedStatKey.
+const maxPerValueSeries = 1000
 
 // ruleCounters are one rule's counters, its labels resolved.
 type ruleCounters struct {
 	totalHits, overLimit, nearLimit, withinLimit, shadowMode, overLimitLocalCache prometheus.Counter
 }
 
+// ruleOf returns the counters of a descriptor's matched rule: by its stats key, or, for a
+// match named by the request's values once maxPerValueSeries of those are kept, by its
+// bounded stats key.
+func (m *metrics) ruleOf(match config.Match) *ruleCounters {
+	if !match.PerValue {
+		return m.rule(match.StatKey)
+	}
+	if c, ok := m.rules.Load(match.StatKey); ok {
+		return c.(*ruleCounters)
+	}
+	if m.perValue.Add(1) > maxPerValueSeries {
+		m.perValue.Add(-1)
+		return m.rule(match.BoundedStatKey)
+	}
+	c, made := m.made(match.StatKey)
+	if !made {
+		m.perValue.Add(-1) // another request made it first
+	}
+	return c
+}
+
 // rule returns the counters of the rule whose stats key is statKey.
 func (m *metrics) rule(statKey string) *ruleCounters {
+	c, _ := m.made(statKey)
+	return c
+}
+
+// made returns the counters of statKey, made if need be; made says this call made them.
+func (m *metrics) made(statKey string) (*ruleCounters, bool) {
 	if c, ok := m.rules.Load(statKey); ok {
-		return c.(*ruleCounters)
+		return c.(*ruleCounters), false
 	}
 	l := statLabels(statKey)
 	c := &ruleCounters{
 		totalHits: m.totalHits.With(l), overLimit: m.overLimit.With(l), nearLimit: m.nearLimit.With(l),
 		withinLimit: m.withinLimit.With(l), shadowMode: m.shadowMode.With(l), overLimitLocalCache: m.overLimitLocalCache.With(l),
 	}
-	actual, _ := m.rules.LoadOrStore(statKey, c)
-	return actual.(*ruleCounters)
+	actual, loaded := m.rules.LoadOrStore(statKey, c)
+	return actual.(*ruleCounters), !loaded
 }
 
 func newMetrics(r prometheus.Registerer) *metrics {

@@ -134,6 +134,10 @@ func WithSlotsPerWindow(n int) Option { return func(o *options) { o.slots = n } 
 
 // WithRequestTimeout bounds how long a decision waits for Valkey when the request carries no
 // deadline of its own (1 s by default); with a deadline, the answer comes a little before it.
+// The request timeout is the service's bound on Valkey's answer: under the engine's fail-open
+// (engine.WithFailOpen) its expiry admits. A request's own deadline is the client's: a
+// decision it cuts short is answered UNAVAILABLE (or DEADLINE_EXCEEDED) under either policy,
+// so that a client cannot buy an OK past a used-up limit with a short deadline.
 func WithRequestTimeout(d time.Duration) Option { return func(o *options) { o.requestTimeout = d } }
 
 // WithMetrics registers the service's Prometheus metrics, named as the reference's Prometheus

@@ -268,7 +268,7 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		p.shadow = r.ShadowMode
 		p.quota = r.QuotaMode || s.opts.quota
 		p.advisory = p.shadow || p.quota || s.opts.shadow
-		p.metrics = s.metrics.rule(p.match.StatKey)
+		p.metrics = s.metrics.ruleOf(p.match)
 		p.limit = s.limitOf(r)
 		p.key = s.counterOf(cfg, req.Domain, p)
 		k, ok := byKey[p.key]
@@ -560,14 +560,21 @@ func (s *Service) fieldsOf(l engine.Limit, keep bool) (*fields.Dated, error) {
 }
 
 // decisionContext bounds a decision: a little before the request's deadline, so that the
-// answer reaches Envoy in time, or the request timeout when it has none.
+// answer reaches Envoy in time, or the request timeout when it has none. The first is the
+// client's own end, which no engine admits on (a client that sets a short deadline is not let
+// past a used-up limit); the second is the service's bound on Valkey's answer, whose expiry is
+// Valkey's failure (errRequestTimeout), which a fail-open engine admits on.
 func (s *Service) decisionContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok {
 		margin := max(time.Until(dl)/10, 2*time.Millisecond)
 		return context.WithDeadline(ctx, dl.Add(-margin))
 	}
-	return context.WithTimeout(ctx, s.opts.requestTimeout)
+	return context.WithTimeoutCause(ctx, s.opts.requestTimeout, errRequestTimeout)
 }
+
+// errRequestTimeout ends a decision of a request without a deadline that Valkey did not answer
+// within the request timeout: the server's failure (engine.ErrUnavailable), not the client's.
+var errRequestTimeout = fmt.Errorf("%w: no answer within the request timeout", engine.ErrUnavailable)
 
 // engineError is the gRPC status of a decision the engine could not take: UNAVAILABLE, so
 // that Envoy's failure_mode_deny decides, or the caller's own cancellation.

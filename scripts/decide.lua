@@ -87,6 +87,7 @@ if one_limit and (not h or #h < 79 or string.byte(h) ~= KIND_K) then
   end
 end
 
+-- include: lib_busy_elements.lua
 -- include: lib_busy.lua
 
 if one_limit then

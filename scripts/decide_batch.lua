@@ -30,6 +30,7 @@
 -- include: lib_batch.lua
 -- include: lib_small.lua
 -- include: lib_slot.lua
+-- include: lib_busy_elements.lua
 -- include: lib_busy.lua
 -- include: lib_log.lua
 -- include: lib_decide.lua

@@ -4,12 +4,15 @@
 -- 'K', that keeps no cursor), on the header string and locals alone, as decide_small does
 -- for a small log (lib_small.lua), so that a busy key costs about what an idle one does.
 -- Included after the small decision, so that a call that takes it makes none of these
--- functions. Like decide_small, it uses no other function of the scripts.
+-- functions. Like decide_small, it uses no other function of the scripts but its elements'
+-- (lib_busy_elements.lua, included before it).
 --
 -- What it reads beyond the header: the entries that left the window since the last write,
 -- each once: under version 5 from the header's head cache, refilled by one LRANGE every
--- HEAD_CACHE entries; under version 2 one element per entry; and on a unit log (version 5,
--- lib_log.lua), the one entry a denial's wait is read from. What it declines (returns nil,
+-- HEAD_CACHE entries, and past one refill, when every entry after the window's start costs 1,
+-- only the few busy_seek reads to find where it starts; under version 2 one element per
+-- entry; and on a unit log (version 5, lib_log.lua), the one entry a denial's wait is read
+-- from. What it declines (returns nil,
 -- having written nothing), for the general path: a header of another kind or with cursors,
 -- a log over a longer window than this limit's (its horizon), a caller's clock behind the
 -- newest entry, a log whose every entry left, an entry of cost 254 or more, a refunded entry
@@ -25,29 +28,6 @@
 -- fewer entries than a small log's (OPEN_CHUNK_MAX), since every byte the header carries is
 -- read and written again on every call, which costs more than an RPUSH now and then.
 --const BUSY_OPEN_MAX 8
-
--- busy_element decodes a closed entry, an element of its own (lib_entries.lua's
--- read_element): its time and its cost, 0 for a refunded run.
-local function busy_element(e)
-  if #e == 7 then
-    return (struct.unpack('>i7', e)), 1
-  end
-  local t, b = struct.unpack('>i7B', e)
-  if #e == 8 then
-    return t, b
-  elseif b == 254 then
-    local v = struct.unpack('>I2', e, 9)
-    if v < 254 then
-      return t, 0
-    end
-    return t, v
-  end
-  local v = struct.unpack('>I4', e, 9)
-  if v < 65536 then
-    return t, 0
-  end
-  return t, v
-end
 
 -- busy_read reads h, key's header, as the busy path takes it, at now for a limit of window,
 -- for an entry to be recorded at at (now when nil; a slot's end for a limit with a resolution):
@@ -73,8 +53,8 @@ local function busy_read(key, h, now, window, at)
     return nil
   end
   local cutoff = now - window
-  if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed == 0
-    or #h - p + 1 ~= 8 * (count - closed) then
+  if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed <= 0 or closed > count
+    or gone < 0 or total < 0 or cn > HEAD_CACHE or #h - p + 1 ~= 8 * (count - closed) then
     return nil
   end
   local changed = false
@@ -87,7 +67,27 @@ local function busy_read(key, h, now, window, at)
     if cn > 0 then
       cf, cn = cf + 8, cn - 1
     end
+    local left = oldest -- the newest entry known to have left
     while closed > 0 do
+      if cn == 0 and kind == KIND_K and chunk > HEAD_CACHE and last_weighted <= cutoff then
+        -- More have left since the key's last write than a cache refill held, and every entry
+        -- after cutoff costs 1 (its time is after last_weighted): the first that stays is found
+        -- by its time, galloping then bisecting over the elements, so that a call after an idle
+        -- stretch, a read-only one included, reads O(log n) entries, not the n that left; and
+        -- the events that stay are counted by number.
+        local j, t = busy_seek(key, gone, closed, cutoff, left, newest)
+        count, closed, gone = count - j, closed - j, gone + j
+        if closed > 0 then
+          oldest, oldest_cost, total = t, 1, count
+        else
+          total = 0
+          for q = p, #h, 8 do
+            total = total + string.byte(h, q + 7)
+          end
+        end
+        cn = 0
+        break
+      end
       if cn == 0 then
         local last = chunk
         if last > closed then
@@ -95,7 +95,7 @@ local function busy_read(key, h, now, window, at)
         end
         local es = redis.call('LRANGE', key, gone + 1, gone + last)
         if #es < last then
-          error('strictrate: the log holds fewer entries than its header counts')
+          busy_element(nil) -- refused: the header counts more than the list holds
         end
         local parts = {}
         for i = 1, last do
@@ -112,6 +112,7 @@ local function busy_read(key, h, now, window, at)
         oldest, oldest_cost = t, cost
         break
       end
+      left = t
       total, count, closed, gone, cf, cn = total - cost, count - 1, closed - 1, gone + 1, cf + 8, cn - 1
     end
     if kind ~= KIND_K or closed == 0 then
@@ -183,7 +184,7 @@ local function busy_cover(key, h, p, gone, closed, oldest, oldest_cost, last_wei
       end
     end
     if closed == 0 then
-      error('strictrate: the log holds fewer events than its header counts')
+      error({err = 'BADLAYOUT the key holds a list whose header counts more events than its entries hold, not a strictrate log'})
     end
   end
   return nil
@@ -227,7 +228,9 @@ local function decide_busy(key, h, now, n, window, max, server_clock, res)
         return nil
       end
       merge, n = true, cost + n
-    elseif now == newest then
+    elseif at == newest then
+      -- The new entry's microsecond is at's (a slot's end, for a limit with a resolution),
+      -- not now's: it follows the entries of that time, if any.
       seq = seq + 1
     else
       seq = 1

@@ -17,9 +17,10 @@ function g.covering(log, from, need, held)
   if from == 0 and log.closed > 0 and log.oldest_cost >= need then
     return log.oldest
   end
-  if log.last_weighted < g.oldest_time(log) then
-    -- A unit log (lib_log.lua, version 5): every entry is one event, so the entry sought is
-    -- the need-th from the window's first, exactly, read alone.
+  if log.last_weighted < g.oldest_time(log) or from < log.count and log.last_weighted < g.entry_at(log, from) then
+    -- A unit log (lib_log.lua, version 5), or one whose entries from the window's first on
+    -- are all after last_weighted: every entry there is one event, so the entry sought is the
+    -- need-th from the window's first, exactly, read alone.
     return (g.entry_at(log, from + need - 1))
   end
   local front_end = from + COVER_WALK
@@ -41,7 +42,7 @@ function g.covering(log, from, need, held)
   if t ~= nil then
     return t
   elseif front_end == log.count then
-    error('strictrate: the log holds fewer events than its header counts')
+    g.refuse_elements(log.key, 'fewer events than the header counts')
   end
   if not newest_first then
     t = g.cover_back(log, back_start, need, held)

@@ -36,6 +36,18 @@ function g.move(log, c, bound)
   local moved = false
   local chunk = 4
   while c.after <= bound do
+    if chunk > 4 and g.unit_after(log, bound) then
+      -- More to pass than the first read held, and every entry after bound costs 1: the
+      -- cursor goes to the first entry after bound, found by its time (seek), and the entries
+      -- before it cost what the log holds less one event each for those after it.
+      local idx, t = g.seek(log, c.idx, bound)
+      c.idx, c.partial, c.after, c.before = idx, log.total - (log.count - idx), t or NO_TIME_AFTER, NO_TIME_BEFORE
+      if idx > 0 then
+        c.before = g.entry_at(log, idx - 1)
+      end
+      moved = true
+      break
+    end
     local ts, cs = g.entries(log, c.idx, c.idx + chunk - 1)
     for i = 1, #ts do
       local t = ts[i]

@@ -39,8 +39,11 @@ function g.entries(log, from, to)
     end
     local skip = 1 + log.gone
     local es = redis.call('LRANGE', log.key, from + skip, last + skip)
+    if #es ~= last - from + 1 then
+      g.refuse_elements(log.key, 'fewer entries than the header counts')
+    end
     for i = 1, #es do
-      ts[i], cs[i], ss[i] = g.read_element(es[i])
+      ts[i], cs[i], ss[i] = g.read_element(log.key, es[i])
     end
   end
   if to >= log.closed then
@@ -61,6 +64,50 @@ end
 function g.entry_at(log, i)
   local ts, cs, ss = g.entries(log, i, i)
   return ts[1], cs[1], ss[1]
+end
+
+-- seek returns the first live entry from entry from on whose time is after bound (log.count
+-- when none is), and its time: entries are in time order, so it gallops from from (entries
+-- from, from + 1, from + 3, from + 7, ...) then bisects, reading O(log j) entries for j that lie
+-- at or before bound, however many they are. A decision after an idle stretch, a read-only one
+-- included, finds where a window starts so, instead of reading every entry that left it.
+function g.seek(log, from, bound)
+  local lo, hi, hi_t, step = from, log.count, nil, 1
+  while lo + step - 1 < hi do
+    local i = lo + step - 1
+    local t = g.entry_at(log, i)
+    if t > bound then
+      hi, hi_t = i, t
+      break
+    end
+    lo, step = i + 1, step * 2
+  end
+  while lo < hi do
+    local mid = lo + (hi - lo - (hi - lo) % 2) / 2
+    local t = g.entry_at(log, mid)
+    if t > bound then
+      hi, hi_t = mid, t
+    else
+      lo = mid + 1
+    end
+  end
+  return lo, hi_t
+end
+
+-- unit_after reports whether every live entry after bound costs 1: none is after
+-- last_weighted (lib_log.lua, version 5). Then the events after bound are counted by number.
+function g.unit_after(log, bound)
+  return log.last_weighted <= bound
+end
+
+-- open_total is the cost of the open chunk's entries.
+function g.open_total(log)
+  local _, cs = g.open_entries(log)
+  local sum = 0
+  for i = 1, #cs do
+    sum = sum + cs[i]
+  end
+  return sum
 end
 
 -- oldest_time is the time of the oldest live entry, or 2^54 when there is none.
@@ -85,10 +132,16 @@ function g.make_element(t, cost, span)
   return make_entry(t, cost)
 end
 
--- read_element decodes a closed entry: its time, cost and span (nil: one seq).
-function g.read_element(e)
+-- read_element decodes a closed entry of key's log: its time, cost and span (nil: one seq). An
+-- element of no entry's length (7, 8, 10 or 12 bytes, as its cost byte says) is refused: the
+-- list is not a log.
+function g.read_element(key, e)
   if #e == 7 then
     return (struct.unpack('>i7', e)), 1
+  end
+  local b = string.byte(e, 8)
+  if not (#e == 8 and b ~= nil and b < 254 or #e == 10 and b == 254 or #e == 12 and b == 255) then
+    g.refuse_elements(key, 'an element is no entry')
   end
   local t, cost, _, span = read_entry(e, 1)
   return t, cost, span

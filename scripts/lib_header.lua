@@ -10,7 +10,13 @@
 -- the key's expiry: lib_general.lua, lib_decide.lua).
 
 -- read_log makes the log from key's header h (read_header's reply), and refuses a key that
--- holds anything else (g.refuse_layout).
+-- holds anything else (g.refuse_layout): another type, or a list whose first element is not a
+-- header beyond doubt. A header's kind byte alone is no proof (another program's list may
+-- open with "Task ..." or "Version ..."): its fields must be in the ranges a log's can take,
+-- its cursors, head cache and open chunk must fill it exactly, the open chunk must decode to
+-- as many entries as the header counts beyond the closed ones, and the list must hold exactly
+-- the elements the header counts behind it (LLEN). So every walk over the log is bounded by
+-- what the key holds, and a list another program wrote is never read as a log (lib_log.lua).
 function g.read_log(key, h)
   if type(h) == 'table' then
     g.refuse_layout(key, h)
@@ -20,29 +26,34 @@ function g.read_log(key, h)
       seq = 0, horizon = 0, gone = 0, closed = 0, oldest = 0, oldest_cost = 0, cursors = {}, open = '',
       counters = {}, last_weighted = NO_TIME_BEFORE}
   end
+  local whole = h
   -- A header opens with its kind: the layout's version and the header's shape (lib_log.lua).
   local kind = string.byte(h, 1)
   local counters = {}
   if kind == KIND_C and #h >= 2 then
     -- Version 4: the calendar counters, then a header of version 2.
     local k, pos = struct.unpack('>B', h, 2)
-    if k < 1 or #h < pos + 21 * k then
-      g.refuse_layout(key, h)
+    if k < 1 or k > MAX_COUNTERS or #h < pos + 21 * k then
+      g.refuse_layout(key, whole)
     end
     for i = 1, k do
       local c = {}
       c.start, c.stop, c.events, pos = struct.unpack('>i7i7i7', h, pos)
+      if not (g.plausible_time(c.start) and g.plausible_time(c.stop) and c.start < c.stop and c.events >= 0
+        and c.events <= MAX_COUNT) then
+        g.refuse_layout(key, whole)
+      end
       counters[i] = c
     end
     h = string.sub(h, pos)
     kind = string.byte(h, 1)
     if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H and kind ~= KIND_K and kind ~= KIND_L then
-      g.refuse_layout(key, h)
+      g.refuse_layout(key, whole)
     end
   end
   local small, full, unit = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H, kind == KIND_K or kind == KIND_L
   if not (small and #h >= 36 or full and #h >= 71 or unit and #h >= 79 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
-    g.refuse_layout(key, h)
+    g.refuse_layout(key, whole)
   end
   local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
   local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
@@ -64,6 +75,15 @@ function g.read_log(key, h)
   if unit then
     last_weighted, cached, pos = struct.unpack('>i7B', h, pos)
   end
+  if not (total >= 0 and total <= MAX_COUNT and count >= 0 and count <= MAX_COUNT and seq >= 0 and seq <= MAX_COUNT
+    and (newest == NO_TIME_BEFORE or g.plausible_time(newest)) and horizon >= 0 and horizon <= MAX_WINDOW
+    and gone >= 0 and gone <= MAX_COUNT and closed >= 0 and closed <= count
+    and (closed == 0 or g.plausible_time(oldest) and oldest_cost >= 0 and oldest_cost <= MAX_COUNT)
+    and ncursors >= 0 and ncursors <= MAX_STORED_CURSORS and cached <= HEAD_CACHE
+    and (last_weighted == NO_TIME_BEFORE or g.plausible_time(last_weighted))
+    and #h >= pos - 1 + 35 * ncursors + 8 * cached) then
+    g.refuse_layout(key, whole)
+  end
   local log = {key = key, exists = true, dirty = false, total = total, count = count,
     newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
     oldest_cost = oldest_cost, cursors = {}, open = nil,
@@ -72,31 +92,58 @@ function g.read_log(key, h)
   for i = 1, ncursors do
     local c = {}
     c.window, c.idx, c.partial, c.before, c.after, pos = struct.unpack('>i7i7i7i7i7', h, pos)
+    if not (c.window > 0 and c.window <= MAX_WINDOW and c.idx >= 0 and c.idx <= count and c.partial >= 0
+      and c.partial <= total) then
+      g.refuse_layout(key, whole)
+    end
     log.cursors[i] = c
   end
   -- The head cache (version 5) copies the oldest closed entries for the busy path alone
   -- (lib_busy.lua): the general path reads the elements, and writes the cache empty.
   log.open = string.sub(h, pos + 8 * cached)
-  if closed == 0 and not unit then
-    -- A header that holds every live entry tells their costs: the newest that is not 1. One
-    -- whose open chunk does not read as entries (a key another program wrote, which only the
-    -- operator's tool reads, as it is) keeps the newest entry's time, which claims nothing.
-    local ok, found = pcall(function()
-      local w, p = NO_TIME_BEFORE, 1
-      while p <= #log.open do
-        local t, cost, next_p = read_entry(log.open, p)
-        if cost ~= 1 then
-          w = t
-        end
-        p = next_p
-      end
-      return w
-    end)
-    if ok then
-      log.last_weighted = found
+  -- The open chunk, decoded once (lib_entries.lua's open_entries keeps it): exactly the entries
+  -- the header counts beyond the closed ones, to its last byte, none costing more than the
+  -- log holds.
+  local ts, cs, ps, ss, s, p, held = {}, {}, {}, {}, log.open, 1, 0
+  while p <= #s do
+    local b = string.byte(s, p + 7)
+    if b == nil or b == 254 and p + 9 > #s or b == 255 and p + 11 > #s or #ts >= count - closed then
+      g.refuse_layout(key, whole)
+    end
+    local k = #ts + 1
+    ps[k] = p
+    ts[k], cs[k], p, ss[k] = read_entry(s, p)
+    held = held + cs[k]
+    if not g.plausible_time(ts[k]) or held > total then
+      g.refuse_layout(key, whole)
     end
   end
+  ps[#ps + 1] = p
+  if #ts ~= count - closed or closed == 0 and held ~= total then
+    g.refuse_layout(key, whole)
+  end
+  log.open_ts, log.open_cs, log.open_ps, log.open_ss = ts, cs, ps, ss
+  if closed == 0 and not unit then
+    -- A header that holds every live entry tells their costs: the newest that is not 1.
+    local w = NO_TIME_BEFORE
+    for i = 1, #ts do
+      if cs[i] ~= 1 then
+        w = ts[i]
+      end
+    end
+    log.last_weighted = w
+  end
+  -- The elements behind the header are the gone and closed entries, no more and no fewer.
+  if redis.call('LLEN', key) ~= 1 + gone + closed then
+    g.refuse_layout(key, whole)
+  end
   return log
+end
+
+-- plausible_time reports whether t can be an entry's time: within the years 1827 to 2112
+-- (lib_log.lua), which no 7 bytes of text (each 0x20 or above) decode to.
+function g.plausible_time(t)
+  return t > -MAX_TIME and t < MAX_TIME
 end
 
 -- refuse_layout raises BADLAYOUT for key, whose header read (h) was not a log's: the server's
@@ -108,9 +155,16 @@ function g.refuse_layout(key, h)
     found = 'a ' .. redis.call('TYPE', key).ok
   else
     found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
-      .. 'header of layouts 1 to 5', #h, string.byte(h, 1) or 0)
+      .. 'header of layouts 1 to 5, or does not agree with what the list holds', #h, string.byte(h, 1) or 0)
   end
   error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
+end
+
+-- refuse_elements raises BADLAYOUT for key, whose elements behind a header that read as a
+-- log's do not agree with it (why says how): the list is not a log, and nothing is written.
+function g.refuse_elements(key, why)
+  error({err = 'BADLAYOUT the key holds a list whose elements do not agree with its header (' .. why
+    .. '), not a strictrate log'})
 end
 
 -- save writes the header when it changed: small ('T', or 'U' when the last entry is a

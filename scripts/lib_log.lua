@@ -38,7 +38,7 @@
 -- another entry moves.
 --
 -- The header opens with its kind, one byte, which says the layout's version and the header's
--- shape. Version 2 (this release writes it, unless told to write version 3): 'T' small (five
+-- shape. Version 2 (this release writes it when told to; version 5 by default): 'T' small (five
 -- fields, then the open chunk) or 'G' full (ten fields, then cursors, then the open chunk);
 -- 'U' and 'H' are the same when the last entry is a refunded run. Version 3 adds 'V': a small
 -- header as 'T' with a sixth field, expires (see below); only decide_small (lib_small.lua)
@@ -48,7 +48,11 @@
 -- replaces version 1 by version 2. A later version takes other kinds. A key whose value is
 -- anything else (another type, a list whose first element is no header of these versions: a
 -- later release's, or another program's) is refused with an error reply BADLAYOUT that says
--- what was found; it is never read as a log, never converted, and nothing is written to it.
+-- what was found; it is never read as a log, never converted, and nothing is written to it. A
+-- header is known by more than its kind byte: its fields in the ranges a log's take (MAX_TIME
+-- and the bounds below), its open chunk exactly the entries it counts, and the list exactly the
+-- elements it counts behind it (lib_header.lua's read_log); the fast paths take only headers
+-- whose fields and length agree, and leave every other one to the general path.
 --
 -- Version 4 adds 'C', a prefix for calendar counters (the engine's Calendar limits): 'C', a
 -- byte k (1 to MAX_COUNTERS), then k counters of three fields (start, end: the period, in
@@ -146,9 +150,9 @@
 -- HEAD_CACHE is the most entries a version 5 header's head cache holds.
 --const HEAD_CACHE 8
 -- WRITE_LAYOUT is the layout version the scripts write (the engine's WithWriteLayout:
--- scripts.go composes the scripts with that value): 2; 3, whose small header keeps the key's
--- expiry (lib_small.lua); or 5, which adds 'K' and 'L' to 3.
---const WRITE_LAYOUT 2
+-- scripts.go composes the scripts with that value): 5, the default, which adds 'K' and 'L' to
+-- 3; 3, whose small header keeps the key's expiry (lib_small.lua); or 2.
+--const WRITE_LAYOUT 5
 -- MAX_COUNTERS is the most calendar counters a log keeps: the periods live at once on a key
 -- (a policy's day, week, month and year, say), as many as a policy's limits.
 --const MAX_COUNTERS 16
@@ -160,6 +164,18 @@
 -- MAX_CURSORS is the most windows a policy counts at once: the engine's MaxPolicyLimits, which
 -- a test ties to this value. A log keeps at least that many cursors.
 --const MAX_CURSORS 16
+-- MAX_TIME bounds every time a log holds: the years 1827 to 2112 are within +-2^52
+-- microseconds (the engine refuses a caller's time outside them; a slot's end or a hold lies
+-- a window at most beyond one). MAX_WINDOW is the longest window (the engine's MaxWindow,
+-- 2^50 microseconds); MAX_COUNT bounds a log's events, entries and seqs (an entry costs at most
+-- 2^31 - 1, and a window holds at most 2^31 - 1 events' worth of admitted entries, plus
+-- refunded runs and charges); MAX_STORED_CURSORS bounds a header's cursors (save keeps at
+-- most MAX_CURSORS once more were counted). They tell a header from text: no 7 bytes of
+-- text (each 0x20 or above) decode to a time, a count or a window in these ranges.
+--const MAX_TIME (2 ^ 52 + 2 ^ 51)
+--const MAX_WINDOW (2 ^ 50)
+--const MAX_COUNT (2 ^ 48)
+--const MAX_STORED_CURSORS 64
 -- NO_TIME_BEFORE and NO_TIME_AFTER stand for "no entry" on either side of a cursor: below and
 -- above every time a log holds (the years 1827 to 2112 are within +-2^52 microseconds).
 --const NO_TIME_BEFORE (-2 ^ 54)

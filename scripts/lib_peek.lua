@@ -28,6 +28,13 @@ local function peek_small(h, now, n, window, max)
   else
     return nil
   end
+  -- Fields no log's header holds, or an open chunk not count entries long (8 to 12 bytes
+  -- each): the general path, which refuses a header that is no log's (lib_header.lua).
+  local chunk = #h - pos + 1
+  if total < 0 or total > MAX_COUNT or count < 0 or count > OPEN_CHUNK_MAX + 1 or horizon < 0 or horizon > MAX_WINDOW
+    or newest ~= NO_TIME_BEFORE and (newest <= -MAX_TIME or newest >= MAX_TIME) or chunk < 8 * count or chunk > 12 * count then
+    return nil
+  end
   -- The entries at or before cutoff have left this window (a longer one may still count them).
   local cutoff = now - window
   while count > 0 do
@@ -99,7 +106,12 @@ local function peek_request(key, now, n, limits, _, h)
   end
   local window, max = one_limit(limits)
   if window ~= nil then
-    local remaining, retry_after, quota_after, reset_after = peek_small(h, now, n, window, max)
+    -- A header whose entries do not fill it as it says fails its decoding here (peek_small
+    -- reads what it is told): the general path refuses it (lib_header.lua).
+    local ok, remaining, retry_after, quota_after, reset_after = pcall(peek_small, h, now, n, window, max)
+    if not ok then
+      remaining = nil
+    end
     if remaining == nil then
       remaining, retry_after, quota_after, reset_after = peek_busy(key, h, now, n, window, max)
     end

@@ -38,10 +38,13 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   end
   local kind, total, count, newest, seq, horizon, pos = struct.unpack('>Bi7i7i7i7i7', h)
   local first_t, first_cost
-  if kind == KIND_G or kind == KIND_K and WRITE_LAYOUT >= 5 and #h >= 80 then
+  if kind == KIND_G and #h >= 79 or kind == KIND_K and WRITE_LAYOUT >= 5 and #h >= 87 then
     local gone, closed, oldest, oldest_cost, ncursors
     gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
-    if ncursors ~= 0 or closed == 0 then
+    -- Fields no log's header holds: the general path, which refuses it (lib_header.lua).
+    if ncursors ~= 0 or closed <= 0 or closed > count or gone < 0 or total < 0 or total > MAX_COUNT
+      or oldest <= -MAX_TIME or oldest >= MAX_TIME or newest <= -MAX_TIME or newest >= MAX_TIME
+      or kind == KIND_K and string.byte(h, pos + 7) > HEAD_CACHE then
       return nil
     end
     if kind == KIND_K then
@@ -51,7 +54,16 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
     end
     first_t, first_cost = oldest, oldest_cost
   elseif kind == KIND_T then
+    -- Every entry read below stays within the header, or the general path takes the request
+    -- (and refuses a key whose header is no log's: lib_header.lua).
+    local chunk = #h - pos + 1
+    if count < 1 or chunk < 8 * count or chunk > 12 * count then
+      return nil
+    end
     first_t, first_cost = struct.unpack('>i7B', h, pos)
+    if first_cost >= 254 and pos + (first_cost == 254 and 9 or 11) > #h then
+      return nil
+    end
     if first_cost == 254 then
       first_cost = struct.unpack('>I2', h, pos + 8)
       if first_cost < 254 then
@@ -75,8 +87,14 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
     -- open chunk, and append the slot's entry.
     local cutoff, p, lead = now - window, pos, nil
     while count > 0 do
+      if p + 7 > #h then
+        return nil
+      end
       local et, c = struct.unpack('>i7B', h, p)
       local size = 8
+      if c >= 254 and p + (c == 254 and 9 or 11) > #h then
+        return nil
+      end
       if c == 254 then
         c, size = struct.unpack('>I2', h, p + 8), 10
         if c < 254 then

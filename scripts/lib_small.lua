@@ -49,7 +49,11 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     h = ''
   end
   -- A longer window counted on this key keeps entries this one does not count: general().
-  if now < newest or count > OPEN_CHUNK_MAX or horizon > window or n >= 254 then
+  -- So does a header whose open chunk is not count entries long (8 to 12 bytes each), which
+  -- the general path refuses when it is no log's (lib_header.lua): the entries read below
+  -- stay within the header.
+  local chunk = #h - first + 1
+  if now < newest or count > OPEN_CHUNK_MAX or horizon > window or n >= 254 or chunk < 8 * count or chunk > 12 * count then
     return nil
   end
   -- Trim: the entries at or before cutoff leave, from the front of the open chunk. A header
@@ -76,6 +80,9 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     local need, quota_at = total + n - max, nil
     p = first
     while need > 0 do
+      if p > #h then
+        return nil -- a total its entries do not hold: the general path refuses the key
+      end
       t, cost, p = struct.unpack('>i7B', h, p)
       if cost >= 254 then
         return nil
@@ -119,6 +126,9 @@ local function decide_small(key, h, now, n, window, max, server_clock)
   if total > 0 and lead_cost == 0 then
     p = first
     repeat
+      if p > #h then
+        return nil
+      end
       lead, lead_cost, p = struct.unpack('>i7B', h, p)
       if lead_cost >= 254 then
         return nil
@@ -167,7 +177,17 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     if command then
       redis.call(command, key, at)
     end
-    redis.call('LSET', key, 0, header)
+    local set = redis.pcall('LSET', key, 0, header)
+    if type(set) == 'table' and set.err then
+      -- Over maxmemory (noeviction) the server refuses a script's first write that may grow
+      -- memory, but not one that follows a write: a decision that sets no expiry sets the one
+      -- its header keeps (which changes nothing), and the header goes in, as when it sets one.
+      if command ~= nil or string.sub(set.err, 1, 4) ~= 'OOM ' then
+        error(set)
+      end
+      redis.call('PEXPIREAT', key, expires)
+      redis.call('LSET', key, 0, header)
+    end
   else
     -- A key this call made: without its expiry it would outlive every window. Refused, the
     -- key goes again, and the call records nothing.

@@ -60,6 +60,21 @@ end
 function g.trim_closed(log, cutoff)
   local dropped, cost, chunk = 0, 0, 4
   while dropped < log.closed do
+    if chunk > 4 and g.unit_after(log, cutoff) then
+      -- More left than the first read held, and every entry after cutoff costs 1: the first
+      -- that stays is found by its time (seek), and what left costs what the log holds less
+      -- the closed entries that stay (one event each) and the open chunk.
+      local j, t = g.seek(log, dropped, cutoff)
+      if j > log.closed then
+        j = log.closed -- every closed entry left; trim goes on into the open chunk
+      end
+      cost = log.total - (log.closed - j) - g.open_total(log)
+      dropped = j
+      if j < log.closed then
+        log.oldest, log.oldest_cost = t, 1
+      end
+      break
+    end
     local ts, cs = g.entries(log, dropped, math.min(dropped + chunk, log.closed) - 1)
     for i = 1, #ts do
       if ts[i] > cutoff then

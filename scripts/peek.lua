@@ -14,6 +14,7 @@
 -- include: lib_request.lua
 -- include: lib_reply.lua
 -- include: lib_log.lua
+-- include: lib_busy_elements.lua
 -- include: lib_busy.lua
 -- include: lib_peek.lua
 

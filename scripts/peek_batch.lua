@@ -19,6 +19,7 @@
 -- include: lib_reply.lua
 -- include: lib_batch.lua
 -- include: lib_log.lua
+-- include: lib_busy_elements.lua
 -- include: lib_busy.lua
 -- include: lib_peek.lua
 

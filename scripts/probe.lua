@@ -18,6 +18,7 @@ local checks = {
   {'TIME'},
   {'LINDEX', log, '0'},
   {'LRANGE', log, '0', '0'},
+  {'LLEN', log},
   {'TYPE', log},
 }
 if writes then

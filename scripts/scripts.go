@@ -55,7 +55,7 @@ const shebangPrefix = "#!"
 // by its value. layout sets the layout version the scripts that write logs write (lib_log.lua's
 // WRITE_LAYOUT): 2; 3, whose small header keeps the key's expiry so that most decisions of a
 // busy key set none; or 5, which adds a full header that knows a unit log (every entry of
-// cost 1), so that a denial on it reads one entry at any depth; 0 leaves the file's own, 2.
+// cost 1), so that a denial on it reads one entry at any depth; 0 leaves the file's own, 5.
 // Every composition reads every layout this release knows. It is composed once per process. Source panics for a name or layout the
 // package does not have: the engine names its scripts and checks its layout option first,
 // and the package's tests compose every one.

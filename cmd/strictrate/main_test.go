@@ -46,7 +46,7 @@ func TestInspectAndReset(t *testing.T) {
 	}
 	// The entries were stamped on the test's clock in 2026; the ages are on the server's.
 	for _, want := range []string{
-		`key "inspect-me" (tool:inspect-me): 3 entries, 15 events (layout 2, 1 cursors)`,
+		`key "inspect-me" (tool:inspect-me): 3 entries, 15 events (layout 5, 1 cursors)`,
 		"2026-11-30T12:00:00.000000Z",
 		"2026-11-30T12:00:02.000000Z",
 		"2026-11-30T12:00:04.000000Z",
@@ -207,10 +207,20 @@ var foreignKeys = []struct {
 	{"list", "list", func(c valkey.Client, full string) valkey.Completed {
 		return c.B().Rpush().Key(full).Element("job-1", "job-2").Build()
 	}},
-	// This one opens as a small header does and is long enough for one: package inspect reads
-	// it, as nonsense.
+	// These open as a header does and are long enough for one: the scripts refuse them, as
+	// they refuse every header whose fields do not agree with what the list holds (a version
+	// notice once looped the scripts until SCRIPT KILL).
 	{"list-like-a-header", "list", func(c valkey.Client, full string) valkey.Completed {
 		return c.B().Rpush().Key(full).Element("S0123456789012345678901234567890").Build()
+	}},
+	{"version-notice", "list", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Rpush().Key(full).Element("Version 1.2.3 released with fixes for the importer and the CLI").Build()
+	}},
+	{"job-queue", "list", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Rpush().Key(full).Element(`Task {"id": 17, "queue": "mail", "attempts": 0, "payload": "welcome"}`).Build()
+	}},
+	{"access-log", "list", func(c valkey.Client, full string) valkey.Completed {
+		return c.B().Rpush().Key(full).Element("GET /api/v1/users?page=2 HTTP/1.1 200 512 0.004", "GET /").Build()
 	}},
 }
 

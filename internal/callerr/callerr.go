@@ -29,16 +29,16 @@ var (
 // CLUSTERDOWN, TRYAGAIN, MASTERDOWN, BUSY, READONLY, OOM). The error of ctx, the caller's
 // context, once it is done, and other server errors are wrapped as they are.
 //
-// A context error while ctx is not done is the client's own timeout (a connection's dial or
-// handshake that did not finish in valkey-go's dial timeout, or cut short by other callers
-// each time it was tried: package sendctx): the server could not answer, and the caller did
-// not give up. It is wrapped as ErrUnavailable and no longer
+// A context error while ctx is not done, or done with a cause wrapping ErrUnavailable (a
+// bound on the server's answer, set for the server's sake), is the client's own timeout (a
+// connection's dial or handshake that did not finish in valkey-go's dial timeout, or cut
+// short by other callers each time it was tried: package sendctx): the server could not
+// answer, and the caller did not give up. It is wrapped as ErrUnavailable and no longer
 // matches the context errors, so that nobody mistakes it for the caller's deadline. The other
 // way round, a dial that the caller's passed deadline cut short ("i/o timeout") matches
 // context.DeadlineExceeded: the caller gave up, the server was not found wanting.
 func Classify(ctx context.Context, what string, err error) error {
-	deadline, hasDeadline := ctx.Deadline()
-	callerDone := ctx.Err() != nil || hasDeadline && !time.Now().Before(deadline)
+	callerDone := CallerEnded(ctx)
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// The client stops at the caller's deadline by its own timer, which may fire a moment
 		// before the context's: a deadline that has passed is the caller's too.
@@ -65,6 +65,19 @@ func Classify(ctx context.Context, what string, err error) error {
 		}
 	}
 	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
+}
+
+// CallerEnded reports whether ctx has ended as its caller's own end: cancelled, or its
+// deadline passed, unless it ended with a cause wrapping ErrUnavailable
+// (context.WithTimeoutCause), a bound its caller set on the server's answer, whose expiry is
+// the server's failure. A deadline that has passed is waited for until its timer ends ctx (at
+// once: the client's own timer may fire a moment before the context's), so that its cause is
+// known.
+func CallerEnded(ctx context.Context) bool {
+	if deadline, ok := ctx.Deadline(); ok && ctx.Err() == nil && !time.Now().Before(deadline) {
+		<-ctx.Done()
+	}
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrUnavailable)
 }
 
 // layoutReply starts the error reply of a script that found a key holding something other

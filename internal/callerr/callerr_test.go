@@ -3,6 +3,7 @@ package callerr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -69,5 +70,33 @@ func TestServerCannotAnswer(t *testing.T) {
 		if got := serverCannotAnswer(reply); got != unavailable {
 			t.Errorf("serverCannotAnswer(%q) = %v, want %v", reply, got, unavailable)
 		}
+	}
+}
+
+// A caller's own end is its context cancelled or its deadline passed, even a moment before the
+// context's timer fires; a context ended with a cause wrapping ErrUnavailable is a bound on the
+// server's answer, not the caller's end.
+func TestCallerEnded(t *testing.T) {
+	if CallerEnded(context.Background()) {
+		t.Fatal("a live context: ended")
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	passed, cancelPassed := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancelPassed()
+	bound, cancelBound := context.WithTimeoutCause(context.Background(), time.Millisecond, fmt.Errorf("%w: bound", ErrUnavailable))
+	defer cancelBound()
+	time.Sleep(2 * time.Millisecond) // its deadline passes; its timer may not have fired yet
+	switch {
+	case !CallerEnded(cancelled):
+		t.Fatal("a cancelled context: not ended")
+	case !CallerEnded(passed):
+		t.Fatal("a context past its deadline: not ended")
+	case CallerEnded(bound):
+		t.Fatal("a bound on the server's answer that passed: the caller's end")
+	}
+	err := Classify(bound, "allow", context.DeadlineExceeded)
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a bound on the server's answer that passed: %v, want ErrUnavailable and no deadline", err)
 	}
 }

@@ -15,7 +15,21 @@ type Match struct {
 	// the request's values where the rule's detailed_metric, or a level's value_to_metric,
 	// asks for them, and a share_threshold wildcard in place of the value it matched.
 	StatKey string
+	// PerValue says StatKey names values the request chose (an override's, a detailed_metric
+	// rule's, a value_to_metric level's), so that a client sending ever new values would make
+	// ever new series: the service keeps a bounded number of those, and names the rest
+	// BoundedStatKey.
+	PerValue bool
+	// BoundedStatKey is the name of a PerValue match's series once the service keeps as many
+	// of those as it may: the rule's stats key without the request's values (each level's key,
+	// with its configured value or its wildcard's pattern), or, for an override, the domain
+	// followed by ".limit_override". Empty when PerValue is false.
+	BoundedStatKey string
 }
+
+// OverrideSeries is the last part of the stats key every override of a domain is counted
+// under once the service keeps as many series named by requests' values as it may.
+const OverrideSeries = "limit_override"
 
 // step is how one entry of a request was matched.
 type step struct {
@@ -90,7 +104,25 @@ func (c *Config) Match(domain string, entries []Entry) Match {
 			counter[i].Value = p
 		}
 	}
-	return Match{Limit: found, Counter: counter, StatKey: statKey(domain, entries, steps, found, shared)}
+	m := Match{Limit: found, Counter: counter, StatKey: statKey(domain, entries, steps, found, shared, true)}
+	if m.PerValue = perValue(steps, found); m.PerValue {
+		m.BoundedStatKey = statKey(domain, entries, steps, found, shared, false)
+	}
+	return m
+}
+
+// perValue reports whether a rule's stats key, as matched by steps, names values the request
+// chose: its detailed_metric, or a level's value_to_metric.
+func perValue(steps []step, rule *RateLimit) bool {
+	if rule.DetailedMetric {
+		return true
+	}
+	for _, s := range steps {
+		if s.n.valueToMetric {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedPattern is the value part of the share_threshold wildcard the entry matched.
@@ -106,8 +138,11 @@ func (s step) sharedPattern(key string) (string, bool) {
 // matched, that wildcard's pattern for its entry and "key" or "key_value" for the others.
 // Without: each level's key, followed by "_value" where the value is the configured one, the
 // wildcard matched (its pattern, or, with share_threshold or value_to_metric, as below), or,
-// for a level with value_to_metric, the request's value.
-func statKey(domain string, entries []Entry, steps []step, rule *RateLimit, shared bool) string {
+// for a level with value_to_metric, the request's value. With values false, no value the
+// request chose is named: the key as if neither detailed_metric nor value_to_metric were set
+// (Match.BoundedStatKey).
+func statKey(domain string, entries []Entry, steps []step, rule *RateLimit, shared, values bool) string {
+	detailed := rule.DetailedMetric && values
 	var b strings.Builder
 	b.Grow(keyLen(domain, entries))
 	b.WriteString(domain)
@@ -117,28 +152,28 @@ func statKey(domain string, entries []Entry, steps []step, rule *RateLimit, shar
 		b.WriteString(e.Key)
 		var v string
 		switch {
-		case rule.DetailedMetric && shared:
+		case detailed && shared:
 			if p, ok := s.sharedPattern(e.Key); ok {
 				v = p
 			} else {
 				v = e.Value
 			}
-		case rule.DetailedMetric:
+		case detailed:
 			b.WriteByte('_')
 			v = e.Value
 		case s.wildcard != "":
 			if p, ok := s.sharedPattern(e.Key); ok {
 				v = p
-			} else if s.n.valueToMetric {
+			} else if values && s.n.valueToMetric {
 				v = e.Value
 			} else {
 				v = strings.TrimPrefix(s.wildcard, e.Key+"_")
 			}
-		case s.byValue, s.n.valueToMetric:
+		case s.byValue, values && s.n.valueToMetric:
 			v = e.Value
 		}
 		if v != "" {
-			if !rule.DetailedMetric || shared {
+			if !detailed || shared {
 				b.WriteByte('_')
 			}
 			b.WriteString(v)
@@ -175,9 +210,11 @@ func (c *Config) Override(domain string, entries []Entry, requestsPerUnit uint32
 	}
 	key := b.String()
 	return Match{
-		Limit:   &RateLimit{FullKey: key, RequestsPerUnit: requestsPerUnit, Unit: unit},
-		Counter: entries,
-		StatKey: key,
+		Limit:          &RateLimit{FullKey: key, RequestsPerUnit: requestsPerUnit, Unit: unit},
+		Counter:        entries,
+		StatKey:        key,
+		PerValue:       true,
+		BoundedStatKey: domain + "." + OverrideSeries,
 	}
 }
 

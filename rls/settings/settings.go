@@ -168,13 +168,15 @@ type Settings struct {
 
 	// This service's own (STRICTRATE_*).
 
-	// FailOpen (STRICTRATE_FAIL_OPEN, false): when Valkey cannot answer, false answers
-	// UNAVAILABLE so that Envoy's failure_mode_deny decides; true admits with OK.
+	// FailOpen (STRICTRATE_FAIL_OPEN, false): when Valkey cannot answer (unreachable, an error
+	// reply, or no answer within RequestTimeout for a request without a deadline), false
+	// answers UNAVAILABLE so that Envoy's failure_mode_deny decides; true admits with OK. A
+	// decision cut short by the request's own deadline is never admitted.
 	FailOpen bool
 	// Batching (STRICTRATE_BATCHING, true): concurrent decisions share one call to Valkey
 	// (engine.WithBatching).
 	Batching bool
-	// WriteLayout (STRICTRATE_WRITE_LAYOUT, 2, the engine's default) is the layout version of
+	// WriteLayout (STRICTRATE_WRITE_LAYOUT, 5, the engine's default) is the layout version of
 	// the logs the engine writes (engine.WithWriteLayout): 2, 3 or 5. 5 makes a decision on a
 	// busy key (a log of more than 32 entries) cost Valkey about what one on an idle key does.
 	// Every process that shares the keys must read the layout first (docs/operating.md).
@@ -203,7 +205,8 @@ type Settings struct {
 	// keeping its log in that many slots of its window; 0 keeps one entry per request.
 	SlotsPerWindow int
 	// RequestTimeout (STRICTRATE_REQUEST_TIMEOUT, 1s) is the longest a decision waits for
-	// Valkey when the request carries no deadline.
+	// Valkey when the request carries no deadline; its expiry is Valkey's failure, which
+	// FailOpen admits on.
 	RequestTimeout time.Duration
 	// DrainTimeout (STRICTRATE_DRAIN_TIMEOUT, 10s) is how long shutdown lets requests in
 	// flight finish.
@@ -464,7 +467,7 @@ func (s *Settings) readOwn(r *reader) {
 // engine.WithWriteLayout takes, so that a bad STRICTRATE_WRITE_LAYOUT is refused with the
 // other settings' problems, before Valkey is dialled. The command's tests tie both to the
 // engine (TestWriteLayout).
-const defaultWriteLayout = 2
+const defaultWriteLayout = 5
 
 var writeLayouts = []int{2, 3, 5}
 

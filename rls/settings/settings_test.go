@@ -44,7 +44,7 @@ func TestDefaults(t *testing.T) {
 		RedisSocketType: "unix", RedisType: RedisSingle, RedisURL: "/var/run/nutcracker/ratelimit.sock", RedisTimeout: 10 * time.Second,
 		RedisStartupInitialInterval: time.Second, RedisStartupMaxInterval: 30 * time.Second, RedisStartupMaxElapsedTime: 30 * time.Second,
 		TracingServiceName: "RateLimit", TracingSamplingRate: 1, TracingExporterProtocol: "http",
-		Batching: true, WriteLayout: 2, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
+		Batching: true, WriteLayout: 5, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", s, want)

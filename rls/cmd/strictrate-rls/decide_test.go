@@ -2,7 +2,11 @@ package main
 
 import (
 	"fmt"
+	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -93,4 +97,71 @@ func TestWhatEnvoySees(t *testing.T) {
 			}
 		}
 	})
+}
+
+// seriesOf counts the series of metric name on p's Prometheus endpoint whose labels hold every
+// one of labels, and sums their values.
+func (p *process) seriesOf(name string, labels ...string) (series int, sum float64) {
+	p.t.Helper()
+	code, body, err := get("http://" + p.prometheus + "/metrics")
+	if err != nil || code != http.StatusOK {
+		p.t.Fatalf("GET /metrics: %d %v", code, err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		metric, rest, ok := strings.Cut(line, "{")
+		if !ok || metric != name || !containsAll(rest, labels) {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			p.t.Fatalf("metric line %q: %v", line, err)
+		}
+		series, sum = series+1, sum+v
+	}
+	return series, sum
+}
+
+// TestSeriesNamedByRequestValuesAreBounded: 20,000 requests, each of a user of its own with a
+// limit override (named by its values, as the reference names it), and as many of a
+// detailed_metric rule's, add at most 1,000 series each; past that they count under the
+// bounded names (the override's domain.limit_override, the rule's stats key without the
+// values), so every hit is still counted.
+func TestSeriesNamedByRequestValuesAreBounded(t *testing.T) {
+	valkeytest.SkipIfShort(t, "sends 40,000 requests to the strictrate-rls command")
+	t.Parallel()
+	root := t.TempDir()
+	writeFile(t, filepath.Join(root, "ratelimit", "config", "edge.yaml"), itemsConfig+`  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`)
+	p := start(t, fileEnv(t, root))
+	c := dial(t, p.grpc)
+	const distinct, goroutines = 20_000, 8
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := g; i < distinct && !t.Failed(); i += goroutines {
+				user := withLimit(request("edge", "user", fmt.Sprint("u", i)).Descriptors[0], 100, typev3.RateLimitUnit_MINUTE)
+				tenant := request("edge", "tenant", fmt.Sprint("t", i)).Descriptors[0]
+				for _, d := range []*rlv3.RateLimitDescriptor{user, tenant} {
+					if got := decide(t, c, &pb.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{d}}); got != pb.RateLimitResponse_OK {
+						t.Errorf("request %d: %s, want OK", i, got)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	users, userHits := p.seriesOf("ratelimit_service_rate_limit_total_hits", `key1="user_u`)
+	overflow, overflowHits := p.seriesOf("ratelimit_service_rate_limit_total_hits", `domain="edge"`, `key1="limit_override"`)
+	tenants, tenantHits := p.seriesOf("ratelimit_service_rate_limit_total_hits", `key1="tenant_t`)
+	bounded, boundedHits := p.seriesOf("ratelimit_service_rate_limit_total_hits", `key1="tenant"`)
+	if users+tenants > 1000 || overflow != 1 || bounded != 1 {
+		t.Fatalf("after %d distinct overrides and detailed rules' values: %d and %d series by value, %d and %d bounded; want at most 1,000 by value, one bounded each",
+			distinct, users, tenants, overflow, bounded)
+	}
+	if userHits+overflowHits != distinct || tenantHits+boundedHits != distinct {
+		t.Fatalf("hits counted: overrides %v + %v, detailed %v + %v; want %d each", userHits, overflowHits, tenantHits, boundedHits, distinct)
+	}
 }
