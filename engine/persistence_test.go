@@ -39,7 +39,7 @@ func TestPersistenceCheckWarnsWhenARestartForgets(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), own.Addr) ||
-		!strings.Contains(logs.String(), "forgets every admitted event") {
+		!strings.Contains(logs.String(), "a restart forgets them") {
 		t.Fatalf("default check on a server without persistence logged %d warnings: %q; want one naming the server and what a restart forgets", n, logs.String())
 	}
 	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.Refuse)); !errors.Is(err, engine.ErrPersistence) {
