@@ -15,7 +15,7 @@ type headline struct {
 	figure string // what the run measured
 	target string // what it should be
 	met    bool
-	exact  bool   // a promise of exactness: no overshoot, no false denial
+	exact  bool // a promise of exactness: no overshoot, no false denial
 	// compare marks a figure shown for comparison (the pipelined design's): no target, no
 	// verdict.
 	compare bool
@@ -83,7 +83,7 @@ func summarize(r *Report) []headline {
 		if f.Script == "decide.lua" {
 			hs = append(hs, headline{what: "server time of " + f.Row + ", over the bare script's floor",
 				figure: fmt.Sprintf("%.2f×", f.OverFloor), target: fmt.Sprintf("at most %.1f×", floorTarget),
-				met: f.OverFloor <= floorTarget,
+				met:    f.OverFloor <= floorTarget,
 				limits: "the Lua work of a decision: the header's fields and entries unpacked, the new header and the reply packed"})
 		}
 	}
