@@ -219,6 +219,8 @@ func writeSummary(w io.Writer, r *Report, hs []headline, charts []string) {
 		fmt.Fprintf(w, "\nCharts: %s\n", strings.Join(charts, ", "))
 	case r.Settings.Config.ChartsDir == "":
 		fmt.Fprintf(w, "\nCharts: none drawn (-charts \"\"); `go run ./bench -charts DIR` draws them.\n")
+	default:
+		fmt.Fprintf(w, "\nCharts: none, the exactness and throughput scenarios did not run.\n")
 	}
 }
 
