@@ -35,13 +35,17 @@
 //
 //   - [github.com/strictrate/strictrate/cmd/strictrate]: the operator's command: "inspect"
 //     shows a key's log and what each limit has remaining, "reset" deletes it.
-//   - [github.com/strictrate/strictrate/bench]: the benchmark (go run ./bench): the engine
-//     against the pipelined design on a throwaway Valkey; exactness, throughput, memory,
-//     server cost, leases, durability, clusters, quotas, local quota.
+//   - github.com/strictrate/strictrate/bench (a module of its own, so that this one does not
+//     depend on its charts' plotting): the benchmark (go run ./bench, through the repository's
+//     go.work): the engine against the pipelined design on a throwaway Valkey; exactness,
+//     throughput, memory, server cost, leases, durability, clusters, quotas, local quota; a
+//     summary of each figure against its target, and an exit status that says whether
+//     exactness held.
 //   - github.com/strictrate/strictrate/rls (a module of its own): strictrate-rls, Envoy's rate
 //     limit service on the engine, a drop-in for envoyproxy/ratelimit.
-//   - github.com/strictrate/strictrate/examples (a module of its own): a small HTTP server
-//     limited by httplimit, with its metrics on /metrics.
+//   - github.com/strictrate/strictrate/examples (a module of its own): the README's quick
+//     start (examples/quickstart), and a small HTTP server limited by httplimit, with its
+//     metrics on /metrics.
 //
 // The packages under internal/ are the module's own and promise nothing across releases:
 // throwaway Valkey servers for the tests and the benchmark (valkeytest), the helpers the tests

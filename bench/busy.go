@@ -1,7 +1,7 @@
 package main
 
 // The busykeys scenario: what a decision costs the server on a busy key, one whose log holds
-// many live entries, by the log's size (issue 33: a busy key should cost what an idle one
+// many live entries, by the log's size (the design's aim: a busy key should cost what an idle one
 // does). Each size N gets a key of its own whose log holds exactly N live entries of cost 1,
 // one per distinct time: on the caller's clock (WithClock), a clock the scenario alone moves,
 // the entries lie dt apart in a window of N × dt (about an hour, so that no key expires
@@ -47,7 +47,7 @@ const (
 	// busySpan is about every key's window: far longer than the run, so that no key's expiry
 	// (which follows its window) comes during it.
 	busySpan = time.Hour
-	// busyTarget is issue 33's aim: no cell of the table costs the server more than this many
+	// busyTarget is the busy path's aim: no cell of the table costs the server more than this many
 	// times the admission on the smallest log.
 	busyTarget = 1.5
 	// busyWarmup is how many admissions each key takes, unmeasured, before the first round:

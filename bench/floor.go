@@ -464,7 +464,7 @@ func (f *floorRun) meanLive(ctx context.Context, fc floorCase) (float64, error) 
 	return float64(total) / float64(n), nil
 }
 
-// floorTarget is issue 18's aim: decide.lua's server time per call at most this many times
+// floorTarget is the decision script's aim: decide.lua's server time per call at most this many times
 // the floor's.
 const floorTarget = 1.3
 

@@ -12,7 +12,7 @@ import (
 	"github.com/strictrate/strictrate/engine"
 )
 
-// leaseMax is the in-flight limit of every lease case: slots per key, as in the audit.
+// leaseMax is the in-flight limit of every lease case: slots per key, as in the tests' audit.
 const leaseMax = 5
 
 // leaseTTL is every lease's ttl: far longer than any hold, so that only releases free slots.

@@ -166,7 +166,7 @@ func (b *bencher) localRow(ctx context.Context, key string, c localCase) (LocalQ
 	return row, nil
 }
 
-// writeLocalQuota prints the local quota scenario's table, and the ratios the targets
+// writeLocalQuota prints the local quota scenario's table, and the ratios its targets
 // name: admitted/s with local quota over without, and script calls per admitted request.
 func writeLocalQuota(w io.Writer, rows []LocalQuotaRow) {
 	if len(rows) == 0 {

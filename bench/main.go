@@ -14,10 +14,15 @@
 //	go run ./bench -scenario busykeys # server µs per decision on logs of 5 to 100,000 live entries: admissions and denials
 //	go run ./bench -scenario busykeys -busy-sizes 5,1000 # the same, on these log sizes only
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
-//	go run ./bench -charts docs/charts # also SVG charts of exactness, throughput and latency
+//	go run ./bench -charts docs/charts # the SVG charts of exactness, throughput and latency there
 //
 // Without -addr (or VALKEY_ADDR) it provisions a server as the tests do: valkey-server on
-// PATH on a free loopback port, else Docker. Progress goes to stderr, Markdown tables to stdout.
+// PATH on a free loopback port, else Docker. Progress goes to stderr, a line per scenario
+// with the time left; Markdown tables to stdout, then a summary: each headline figure beside
+// its target and a verdict, exactness first, the README's table from the run, and where the
+// charts went (bench-charts/ unless -charts says otherwise). The exit status is 1 when
+// exactness did not hold: an admission over a limit, or a false denial, where the design
+// promises none.
 package main
 
 import (
@@ -83,7 +88,7 @@ func main() {
 	})
 	fs.StringVar(&cfg.Scenario, "scenario", "all", "one of "+strings.Join(scenarios, ", ")+", or all")
 	fs.StringVar(&cfg.JSONPath, "json", "", "also write every figure with its units to this file")
-	fs.StringVar(&cfg.ChartsDir, "charts", "", "also draw SVG charts of the run (exactness, throughput, latency) into this directory")
+	fs.StringVar(&cfg.ChartsDir, "charts", defaultChartsDir, `draw SVG charts of the run (exactness, throughput, latency) into this directory ("" for none)`)
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -93,6 +98,10 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// defaultChartsDir is where a run draws its charts unless told otherwise: a folder of the
+// working directory (.gitignore keeps it out of the repository).
+const defaultChartsDir = "bench-charts"
 
 func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 	if err := cfg.validate(); err != nil {
@@ -115,6 +124,20 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 		return err
 	}
 	writeMarkdown(out, report)
+	var charts []string
+	if cfg.ChartsDir != "" {
+		if charts, err = writeCharts(cfg.ChartsDir, report); err != nil {
+			return err
+		}
+		if len(charts) == 0 {
+			fmt.Fprintln(progress, "charts: nothing to draw, the exactness and throughput scenarios did not run")
+		}
+		for _, f := range charts {
+			fmt.Fprintf(progress, "wrote %s\n", f)
+		}
+	}
+	headlines := summarize(report)
+	writeSummary(out, report, headlines, charts)
 	if cfg.JSONPath != "" {
 		data, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
@@ -125,19 +148,9 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 		}
 		fmt.Fprintf(progress, "wrote %s\n", cfg.JSONPath)
 	}
-	if cfg.ChartsDir != "" {
-		files, err := writeCharts(cfg.ChartsDir, report)
-		if err != nil {
-			return err
-		}
-		if len(files) == 0 {
-			fmt.Fprintln(progress, "charts: nothing to draw, the exactness and throughput scenarios did not run")
-		}
-		for _, f := range files {
-			fmt.Fprintf(progress, "wrote %s\n", f)
-		}
-	}
-	return nil
+	// The exit status says whether exactness held: a run that admitted over a limit, or denied
+	// with room, where the design promises neither, fails.
+	return exactnessHeld(headlines)
 }
 
 func (c config) validate() error {

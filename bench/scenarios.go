@@ -147,118 +147,129 @@ func (b *bencher) runAll(ctx context.Context) (*Report, error) {
 	r := &Report{Settings: currentSettings(ctx, b.cfg, b.srv, b.clients[0])}
 	b.logf("server %s (%s) at %s; %d goroutines over %d clients; GOMAXPROCS %d",
 		r.Settings.ServerVersion, b.srv.Source, b.srv.Addr, b.cfg.Concurrency, b.cfg.Clients, r.Settings.GOMAXPROCS)
-	if b.wants("exactness") {
-		for _, v := range exactnessVariants {
-			row, err := b.exactness(ctx, v)
-			if err != nil {
-				return nil, fmt.Errorf("exactness/%s: %w", v.name, err)
-			}
-			r.Exactness = append(r.Exactness, row)
+	var steps []scenarioStep
+	for _, s := range b.scenarioSteps(r) {
+		if b.wants(s.name) {
+			steps = append(steps, s)
 		}
 	}
-	if b.wants("throughput") {
-		for _, v := range throughputVariants {
-			row, err := b.throughput(ctx, v)
-			if err != nil {
-				return nil, fmt.Errorf("throughput/%s: %w", v.name, err)
-			}
-			r.Throughput = append(r.Throughput, row)
+	for i, s := range steps {
+		var left time.Duration
+		for _, rest := range steps[i:] {
+			left += rest.estimate(b.cfg)
 		}
-	}
-	if b.wants("memory") {
-		rows, err := b.memory(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("memory: %w", err)
-		}
-		r.Memory = rows
-	}
-	if b.wants("servercost") {
-		rows, err := b.serverCost(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("servercost: %w", err)
-		}
-		r.ServerCost = rows
-	}
-	if b.wants("quota") {
-		mem, cost, err := b.quota(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("quota: %w", err)
-		}
-		r.QuotaMemory, r.QuotaCost = mem, cost
-	}
-	if b.wants("localquota") {
-		rows, err := b.localQuota(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("localquota: %w", err)
-		}
-		r.LocalQuota = rows
-	}
-	if b.wants("busykeys") {
-		rows, err := b.busyKeys(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("busykeys: %w", err)
-		}
-		r.BusyKeys = rows
-	}
-	if b.wants("leases") {
-		rows, err := b.leases(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("leases: %w", err)
-		}
-		r.Leases = rows
-	}
-	if b.wants("ceiling") {
-		var atomicRate, batchedRate, meanBatch float64
-		for _, t := range r.Throughput {
-			switch {
-			case t.Mode == "atomic" && t.Clock == "server":
-				atomicRate = t.DecisionsPerSec
-			case t.Mode == "batched":
-				batchedRate, meanBatch = t.DecisionsPerSec, t.MeanBatch
-			}
-		}
-		rows, note, err := b.ceiling(ctx, atomicRate, batchedRate, meanBatch)
-		if err != nil {
-			return nil, fmt.Errorf("ceiling: %w", err)
-		}
-		r.Ceiling = rows
-		if note != "" {
-			r.Notes = append(r.Notes, note)
-		}
-	}
-	if b.wants("durability") {
-		rows, note, err := b.durability(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("durability: %w", err)
-		}
-		r.Durability = rows
-		if note != "" {
-			r.Notes = append(r.Notes, note)
-		}
-	}
-	// On a cluster of its own (bench/cluster.go), whatever -addr says.
-	if b.wants("cluster") {
-		rows, note, err := b.cluster(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: %w", err)
-		}
-		r.Cluster = rows
-		if note != "" {
-			r.Notes = append(r.Notes, note)
-		}
-	}
-	// Last: it resets the server's statistics (CONFIG RESETSTAT) before each of its rows.
-	if b.wants("floor") {
-		rows, note, err := b.floor(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("floor: %w", err)
-		}
-		r.Floor = rows
-		if note != "" {
-			r.Notes = append(r.Notes, note)
+		b.logf("== %d/%d %s, about %s left", i+1, len(steps), s.name, left.Round(10*time.Second))
+		if err := s.run(ctx); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
 	return r, nil
+}
+
+// scenarioStep is one scenario of a run: its name (-scenario's), what it takes on a two-core
+// machine at the run's settings (for the progress line's time left: measured with the defaults,
+// scaled by -duration where the scenario runs for it), and what runs it into the report.
+type scenarioStep struct {
+	name     string
+	estimate func(config) time.Duration
+	run      func(ctx context.Context) error
+}
+
+// per is an estimate of modes measured runs of -duration each, and fixed seconds more.
+func per(modes int, fixed float64) func(config) time.Duration {
+	return func(c config) time.Duration {
+		return time.Duration(modes)*c.Duration + time.Duration(fixed*float64(time.Second))
+	}
+}
+
+// scenarioSteps are the scenarios in the order a run takes them, each filling its part of r.
+func (b *bencher) scenarioSteps(r *Report) []scenarioStep {
+	withNote := func(note string) {
+		if note != "" {
+			r.Notes = append(r.Notes, note)
+		}
+	}
+	return []scenarioStep{
+		{"exactness", per(4, 4), func(ctx context.Context) error {
+			for _, v := range exactnessVariants {
+				row, err := b.exactness(ctx, v)
+				if err != nil {
+					return fmt.Errorf("%s: %w", v.name, err)
+				}
+				r.Exactness = append(r.Exactness, row)
+			}
+			return nil
+		}},
+		{"throughput", per(4, 4), func(ctx context.Context) error {
+			for _, v := range throughputVariants {
+				row, err := b.throughput(ctx, v)
+				if err != nil {
+					return fmt.Errorf("%s: %w", v.name, err)
+				}
+				r.Throughput = append(r.Throughput, row)
+			}
+			return nil
+		}},
+		{"memory", per(0, 2), func(ctx context.Context) (err error) {
+			r.Memory, err = b.memory(ctx)
+			return err
+		}},
+		{"servercost", per(0, 2), func(ctx context.Context) (err error) {
+			r.ServerCost, err = b.serverCost(ctx)
+			return err
+		}},
+		{"quota", per(0, 28), func(ctx context.Context) (err error) {
+			r.QuotaMemory, r.QuotaCost, err = b.quota(ctx)
+			return err
+		}},
+		{"localquota", per(7, 5), func(ctx context.Context) (err error) {
+			r.LocalQuota, err = b.localQuota(ctx)
+			return err
+		}},
+		{"busykeys", per(0, 30), func(ctx context.Context) (err error) {
+			r.BusyKeys, err = b.busyKeys(ctx)
+			return err
+		}},
+		{"leases", per(3, 1), func(ctx context.Context) (err error) {
+			r.Leases, err = b.leases(ctx)
+			return err
+		}},
+		{"ceiling", per(0, 12), func(ctx context.Context) error {
+			var atomicRate, batchedRate, meanBatch float64
+			for _, t := range r.Throughput {
+				switch {
+				case t.Mode == "atomic" && t.Clock == "server":
+					atomicRate = t.DecisionsPerSec
+				case t.Mode == "batched":
+					batchedRate, meanBatch = t.DecisionsPerSec, t.MeanBatch
+				}
+			}
+			rows, note, err := b.ceiling(ctx, atomicRate, batchedRate, meanBatch)
+			r.Ceiling = rows
+			withNote(note)
+			return err
+		}},
+		{"durability", per(4, 5), func(ctx context.Context) error {
+			rows, note, err := b.durability(ctx)
+			r.Durability = rows
+			withNote(note)
+			return err
+		}},
+		// On a cluster of its own (bench/cluster.go), whatever -addr says.
+		{"cluster", per(2, 4), func(ctx context.Context) error {
+			rows, note, err := b.cluster(ctx)
+			r.Cluster = rows
+			withNote(note)
+			return err
+		}},
+		// Last: it resets the server's statistics (CONFIG RESETSTAT) before each of its rows.
+		{"floor", per(0, 29), func(ctx context.Context) error {
+			rows, note, err := b.floor(ctx)
+			r.Floor = rows
+			withNote(note)
+			return err
+		}},
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,8 +1,8 @@
 // Package engine is strictrate's rate limiter: exact sliding window logs on Valkey.
 //
-// Most programs need three calls: New, once per client; Allow (or AllowN for a request that
-// costs several events) for each request; and AllowPolicy when a key carries several limits
-// at once (5 per second and 100 per hour). Peek answers as Allow would, recording nothing.
+// Most programs need these calls: New, once per client; Allow (AllowN for a request that costs
+// several events) for each request; AllowPolicy when a key carries several limits at once (5
+// per second and 100 per hour); and Peek, which answers as Allow would, recording nothing.
 //
 //	e, err := engine.New(client)
 //	r, err := e.Allow(ctx, "login:"+user, engine.PerMinute(5))
@@ -59,9 +59,10 @@ import (
 // best with every caller of a client on one engine. The zero Engine has no client and no
 // scripts, and using it panics.
 //
-// Allow, AllowN, AllowPolicy and Peek are what most callers need; the package doc says when to
-// reach for the other methods. Check, Record and Clear are the classic sliding-window-log
-// interface (package pipelined's Limiter), for code written against it.
+// Most callers need New, then Allow (AllowN for a cost), AllowPolicy and Peek, as the package
+// doc lists them; it says when to reach for the other methods. Check, Record and Clear are the
+// classic sliding-window-log interface (package pipelined's Limiter), for code written
+// against it.
 type Engine struct {
 	client valkey.Client
 	prefix string

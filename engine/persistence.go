@@ -66,10 +66,8 @@ func checkPersistence(ctx context.Context, client valkey.Client, check CheckLeve
 		"WithDurableAck's yes can still be lost to a power loss: run appendfsync always"); err != nil {
 		return err
 	}
-	return report("logs in memory only", inMemory, "node %s keeps the limiter logs only in memory (appendonly no, no replica): a restart "+
-		"forgets every admitted event of every window, and each key can admit up to its Max again at once; "+
-		"run appendonly yes (under appendfsync always a crash or a power loss forgets nothing; under everysec a crash forgets "+
-		"nothing while the disk keeps up, up to 2 seconds on a slow one, and a power loss up to about a second), or attach a replica")
+	return report("logs in memory only", inMemory, "node %s keeps counts in memory only (appendonly no, no replica): "+
+		"a restart forgets them; set appendonly yes, or WithPersistenceCheck(engine.Ignore) to silence this")
 }
 
 // checkDurable returns ErrPersistence unless the primary at addr can fsync an admission before

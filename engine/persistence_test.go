@@ -39,7 +39,7 @@ func TestPersistenceCheckWarnsWhenARestartForgets(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), own.Addr) ||
-		!strings.Contains(logs.String(), "forgets every admitted event") {
+		!strings.Contains(logs.String(), "a restart forgets them") {
 		t.Fatalf("default check on a server without persistence logged %d warnings: %q; want one naming the server and what a restart forgets", n, logs.String())
 	}
 	if _, err := engine.New(c, engine.WithPersistenceCheck(engine.Refuse)); !errors.Is(err, engine.ErrPersistence) {
@@ -79,6 +79,12 @@ func TestPersistenceWarningOncePerNode(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], own.Addr) {
 		t.Fatalf("warnings after 5 engines on one node: %q, want one WARN naming %s", buf.String(), own.Addr)
+	}
+	// One sentence a newcomer can act on: the setting found and the option that silences it.
+	msg := lines[0][strings.Index(lines[0], `msg="`)+5:]
+	msg = msg[:strings.Index(msg, `"`)]
+	if len(msg) > 220 || strings.Count(msg, ";") > 1 || !strings.Contains(msg, "appendonly no") || !strings.Contains(msg, "WithPersistenceCheck") {
+		t.Fatalf("the warning %q: want one sentence of at most 220 characters naming appendonly no and WithPersistenceCheck", msg)
 	}
 	// Refusing is not warning: it still fails every New.
 	if _, err := engine.New(own.Client(t), engine.WithPersistenceCheck(engine.Refuse)); err == nil {

@@ -1,7 +1,9 @@
 package rls_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,7 +35,8 @@ func post(t *testing.T, srv *httptest.Server, body string) (int, string) {
 // /json takes the request in proto3 JSON and answers the response the same way: 200 when
 // OK, 429 when over the limit, 400 "Bad Request" for what is not a request or is refused, as
 // the reference answers, with the reason in a header of its own (one line of printable ASCII,
-// whatever the body quoted).
+// whatever the body quoted). The answer is compact JSON, the same bytes from every build
+// (protojson's own spacing changes at random from one build to another).
 func TestJSON(t *testing.T) {
 	_, svc := newService(t, basicConfig, nil)
 	srv := httptest.NewServer(svc.HTTPHandler())
@@ -46,6 +49,10 @@ func TestJSON(t *testing.T) {
 	var resp pb.RateLimitResponse
 	if err := protojson.Unmarshal([]byte(body), &resp); err != nil || resp.OverallCode != ok || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
 		t.Fatalf("first: %v %v", &resp, err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(body)); err != nil || compact.String() != body {
+		t.Errorf("first: %q is not compact JSON (%v)", body, err)
 	}
 	code, body = post(t, srv, req)
 	if code != http.StatusTooManyRequests || !strings.Contains(body, `"OVER_LIMIT"`) {

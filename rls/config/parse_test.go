@@ -399,3 +399,32 @@ func TestUnits(t *testing.T) {
 		t.Errorf("ParseUnit of week with a Kelvin sign = %v", u)
 	}
 }
+
+// TestRules: Rules counts every domain's rules, nested and unlimited ones included, and not
+// the levels without a rate_limit; a nil Config has none.
+func TestRules(t *testing.T) {
+	c, err := config.Parse([]config.File{
+		yamlFile("a.yaml", `domain: a
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: tenant
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 10}
+      - key: admin
+        rate_limit: {unlimited: true}
+`),
+		yamlFile("b.yaml", "domain: b\ndescriptors:\n  - {key: ip, rate_limit: {unit: hour, requests_per_unit: 1}}\n"),
+		yamlFile("c.yaml", "domain: c\ndescriptors:\n  - key: bare\n"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Rules(); got != 4 {
+		t.Errorf("Rules: %d, want 4 (3 in a, 1 in b, none in c)", got)
+	}
+	if got := (*config.Config)(nil).Rules(); got != 0 {
+		t.Errorf("Rules of a nil Config: %d, want 0", got)
+	}
+}

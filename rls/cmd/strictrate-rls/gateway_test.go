@@ -96,6 +96,16 @@ func TestEnvoyGatewayDeployment(t *testing.T) {
 		t.Errorf("/healthcheck: %d, want 200", code)
 	}
 	p.waitConfig(domain + "." + gatewayRoute + "_" + gatewayRoute + ".remote_address: unit=MINUTE requests_per_unit=2")
+	// The log names the xDS server as the configuration's source, at start and with each
+	// configuration it sends (the start does not wait for one: it may come before or after).
+	p.waitLog("msg=serving")
+	if r := findRecord(p.log.String(), "serving"); r == nil || r["config"] != "xds:"+cp.Addr {
+		t.Errorf("the serving line %v does not name the xDS server, %s", r, cp.Addr)
+	}
+	p.waitFor("a log line of the configuration the xDS server sent", func() bool {
+		r := findRecord(p.log.String(), "rate limit configuration received from the xds server")
+		return r != nil && r["config"] == "xds:"+cp.Addr && r["domains"] == domain && r["rules"] == "1"
+	})
 	// Envoy Gateway sets PROMETHEUS_MAPPER_YAML, for the reference's statsd exporter: named in
 	// a warning, not silently ignored.
 	if !strings.Contains(p.log.String(), "PROMETHEUS_MAPPER_YAML") {

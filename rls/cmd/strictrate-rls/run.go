@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/rls"
@@ -38,6 +39,16 @@ import (
 // denyCacheEntryBytes is what one entry of the engine's deny cache is counted as when
 // LOCAL_CACHE_SIZE_IN_BYTES is turned into a number of entries.
 const denyCacheEntryBytes = 256
+
+// lifecycle is the level of the few lines that say what the process as a whole does: where
+// it serves, with which configuration and Valkey; a configuration loaded later; the drain
+// that SIGTERM starts; the exit. They must be seen without asking, and LOG_LEVEL's default is
+// warn, as the reference's is (and stays so: a deployment of the reference that sets nothing
+// must log as it did), so they are logged at warn rather than info, where they would be
+// hidden by default. The reference logs its own "Listening for ... on" lines at warn for the
+// same reason. There are a handful per process, none per request; LOG_LEVEL=error still
+// silences them.
+const lifecycle = slog.LevelWarn
 
 // healthInterval is how often the gRPC health service's status is brought up to date.
 const healthInterval = time.Second
@@ -54,7 +65,7 @@ func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer
 		return err // it starts with "settings:" and names every variable at fault
 	}
 
-	client, err := connect(ctx, s, logger)
+	client, valkeyAddrs, err := connect(ctx, s, logger)
 	if err != nil {
 		return err
 	}
@@ -90,7 +101,7 @@ func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer
 	if err := loadConfig(ctx, s, svc, logger); err != nil {
 		return err
 	}
-	return serve(ctx, s, svc, registry, logger)
+	return serve(ctx, s, svc, registry, logger, valkeyAddrs)
 }
 
 // connect makes the Valkey client. Credentials the server refuses are a configuration error:
@@ -98,11 +109,12 @@ func run(ctx context.Context, lookup func(string) (string, bool), logw io.Writer
 // service started before its storage waits for it), the wait doubling from
 // REDIS_STARTUP_INITIAL_INTERVAL up to REDIS_STARTUP_MAX_INTERVAL, for at most
 // REDIS_STARTUP_MAX_ELAPSED_TIME (0: until it answers), after which the start stops, naming
-// the address; no port is open meanwhile.
-func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (valkey.Client, error) {
+// the address; no port is open meanwhile. It returns the client and the addresses it was
+// given, joined by commas, for the log.
+func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (valkey.Client, string, error) {
 	opt, err := s.ValkeyOption()
 	if err != nil {
-		return nil, fmt.Errorf("valkey: %w", err)
+		return nil, "", fmt.Errorf("valkey: %w", err)
 	}
 	addrs := strings.Join(opt.InitAddress, ",")
 	tries := ctx
@@ -116,11 +128,11 @@ func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (val
 		client, err := dialValkey(tries, opt)
 		switch {
 		case err == nil:
-			return client, nil
+			return client, addrs, nil
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return nil, "", ctx.Err()
 		case credentialsRefused(err):
-			return nil, fmt.Errorf("valkey at %s refuses the credentials (REDIS_AUTH, or REDIS_URL's user and password): %w", addrs, err)
+			return nil, "", fmt.Errorf("valkey at %s refuses the credentials (REDIS_AUTH, or REDIS_URL's user and password): %w", addrs, err)
 		case tries.Err() == nil || lastErr == nil: // not the deadline's own error after a real one
 			lastErr = err
 		}
@@ -133,9 +145,9 @@ func connect(ctx context.Context, s settings.Settings, logger *slog.Logger) (val
 			}
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, "", ctx.Err()
 		}
-		return nil, fmt.Errorf("valkey at %s (REDIS_URL) unreachable for %s (REDIS_STARTUP_MAX_ELAPSED_TIME): %w", addrs, s.RedisStartupMaxElapsedTime, lastErr)
+		return nil, "", fmt.Errorf("valkey at %s (REDIS_URL) unreachable for %s (REDIS_STARTUP_MAX_ELAPSED_TIME): %w", addrs, s.RedisStartupMaxElapsedTime, lastErr)
 	}
 }
 
@@ -263,7 +275,9 @@ func watchFiles(ctx context.Context, s settings.Settings, svc *rls.Service, logg
 		if !firstDone {
 			firstDone = true
 			first <- nil
+			return // the first is in serve's start-up line
 		}
+		logger.Log(context.Background(), lifecycle, "rate limit configuration reloaded", configAttrs(s, c)...)
 	}
 	onError := func(err error) {
 		if !firstDone {
@@ -340,7 +354,11 @@ func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger
 				return err
 			}
 			svc.SetConfig(cfg)
-			once.Do(func() { close(first) })
+			waitedFor := false // the one the start waited for, which serve's start-up line shows
+			once.Do(func() { close(first); waitedFor = !s.ForceStartWithoutInitialConfig })
+			if !waitedFor {
+				logger.Log(context.Background(), lifecycle, "rate limit configuration received from the xds server", configAttrs(s, cfg)...)
+			}
 			return nil
 		})
 		if err != nil && ctx.Err() == nil {
@@ -350,7 +368,7 @@ func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger
 	if s.ForceStartWithoutInitialConfig {
 		return nil
 	}
-	logger.Info("waiting for the first rate limit configuration from the xds server", "server", o.ServerURL)
+	logger.Log(ctx, lifecycle, "waiting for the first rate limit configuration from the xds server", "server", o.ServerURL)
 	select {
 	case <-first:
 		return nil
@@ -359,9 +377,22 @@ func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger
 	}
 }
 
+// configAttrs are what the log says of a configuration: where it comes from (the files'
+// directory, or the xDS server), its domains and how many rules they hold. c is nil before
+// any configuration (FORCE_START_WITHOUT_INITIAL_CONFIG): no domains, no rules.
+func configAttrs(s settings.Settings, c *config.Config) []any {
+	from := "files:" + s.ConfigDir()
+	if s.ConfigType == settings.ConfigXDS {
+		from = "xds:" + s.ConfigGRPCXDSServerURL
+	}
+	return []any{"config", from, "domains", strings.Join(c.Domains(), ","), "rules", c.Rules()}
+}
+
 // serve runs the gRPC, HTTP, debug and metrics servers until ctx ends, then stops taking
-// requests (health fails at once), drains for at most DrainTimeout, and returns.
-func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry *prometheus.Registry, logger *slog.Logger) error {
+// requests (health fails at once), drains for at most DrainTimeout, and returns. It logs, at
+// the lifecycle level, the start (the addresses it listens on, the configuration in use and
+// valkeyAddrs), the drain and the end.
+func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry *prometheus.Registry, logger *slog.Logger, valkeyAddrs string) error {
 	grpcOpts := []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{
 		MaxConnectionAge: s.GRPCMaxConnectionAge, MaxConnectionAgeGrace: s.GRPCMaxConnectionAgeGrace,
 	})}
@@ -376,6 +407,11 @@ func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry 
 	pb.RegisterRateLimitServiceServer(g, svc)
 	healthSrv := health.NewServer()
 	healthpb.RegisterHealthServer(g, healthSrv)
+	// Server reflection, so that grpcurl and other tools can call the service without
+	// Envoy's proto files (docs/rls.md's quick start calls it so). It tells the services'
+	// schemas alone, all of them public: Envoy's rate limit API, gRPC health and reflection
+	// itself. It is the command's: rls.Service, the library, registers nothing of its own.
+	reflection.Register(g)
 
 	grpcLn, err := listenGRPC(s)
 	if err != nil {
@@ -406,6 +442,19 @@ func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry 
 		listeners = append(listeners, ln)
 	}
 
+	attrs := []any{"grpc", grpcLn.Addr().String(), "http", listeners[0].Addr().String(), "debug", listeners[1].Addr().String()}
+	if len(listeners) > 2 {
+		attrs = append(attrs, "prometheus", listeners[2].Addr().String()+s.PrometheusPath)
+	}
+	attrs = append(attrs, "valkey", valkeyAddrs)
+	if s.RedisType != settings.RedisSingle {
+		attrs = append(attrs, "redis_type", s.RedisType)
+	}
+	attrs = append(attrs, configAttrs(s, svc.Config())...)
+	// Logged once every listener is open and before any is served, so that nothing is
+	// answered before the line is written.
+	logger.Log(ctx, lifecycle, "serving", attrs...)
+
 	errc := make(chan error, len(servers)+1)
 	go func() { errc <- g.Serve(grpcLn) }()
 	for i, srv := range servers {
@@ -416,32 +465,39 @@ func serve(ctx context.Context, s settings.Settings, svc *rls.Service, registry 
 		}()
 	}
 	go keepHealth(ctx, svc, healthSrv)
-	attrs := []any{"grpc", grpcLn.Addr().String(), "http", listeners[0].Addr().String(), "debug", listeners[1].Addr().String()}
-	if len(listeners) > 2 {
-		attrs = append(attrs, "prometheus", listeners[2].Addr().String()+s.PrometheusPath)
-	}
-	logger.Info("serving", attrs...)
 
-	var serveErr error
+	var serveErr, cause error // cause: why it stops, the signal or a server's failure
 	select {
 	case <-ctx.Done():
+		cause = context.Cause(ctx)
 	case serveErr = <-errc:
+		cause = serveErr
 	}
 	svc.Stop()
 	healthSrv.Shutdown()
-	logger.Info("shutting down: draining requests in flight", "timeout", s.DrainTimeout)
+	stopping := time.Now()
+	logger.Log(context.Background(), lifecycle, "shutting down: draining requests in flight", "cause", cause, "timeout", s.DrainTimeout)
 	drained := make(chan struct{})
 	go func() { g.GracefulStop(); close(drained) }()
 	dctx, cancel := context.WithTimeout(context.Background(), s.DrainTimeout)
 	defer cancel()
+	complete := true // every request in flight was answered within the drain timeout
 	for _, srv := range servers {
-		srv.Shutdown(dctx)
+		if srv.Shutdown(dctx) != nil {
+			complete = false
+		}
 	}
 	select {
 	case <-drained:
 	case <-dctx.Done():
 		g.Stop()
+		complete = false
 	}
+	end := []any{"drained", complete, "took", time.Since(stopping).Round(time.Millisecond)}
+	if serveErr != nil {
+		end = append(end, "err", serveErr)
+	}
+	logger.Log(context.Background(), lifecycle, "stopped", end...)
 	return serveErr
 }
 
