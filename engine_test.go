@@ -562,9 +562,6 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	if _, err := engine.New(nil); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("New(nil) = %v, want ErrInvalidArgument", err)
 	}
-	if _, err := engine.New(c, engine.WithWriteLayout(9)); !errors.Is(err, engine.ErrInvalidArgument) {
-		t.Fatalf("New with WithWriteLayout(9) = %v, want ErrInvalidArgument", err)
-	}
 }
 
 // A server that is down gives ErrUnavailable, writes nothing in the engine's name, and the

@@ -13,10 +13,6 @@ package main
 //   - denial (limit lowered to half): Max N/2 (at least 1), n 1;
 //   - denial (cost = Max): Max N, n N.
 //
-// The scenario runs at the run's write layout (-write-layout) and, side by side, at layout 5
-// (engine.WithWriteLayout(5), whose busy header the scenario is about): a table each, every
-// ratio to the small admission of its own layout.
-//
 // Every decision must come out as its case says (an admission admitted, a denial denied),
 // else the scenario fails: that doubles as an exactness check. So must each log's live
 // entries, read with package inspect before the first round and after the last. The server's
@@ -121,10 +117,8 @@ type BusyCell struct {
 	RoundsOver []float64 `json:"per_decision_over_small_admission_by_round"`
 }
 
-// BusyRow is one log size of the busykeys scenario, at one write layout.
+// BusyRow is one log size of the busykeys scenario.
 type BusyRow struct {
-	// Layout is the layout version the row's engine writes (engine.WithWriteLayout).
-	Layout int `json:"write_layout"`
 	// Entries is the live entries the key's log holds through the row's decisions: N.
 	Entries  int   `json:"live_entries"`
 	WindowUS int64 `json:"window_us"`
@@ -152,7 +146,6 @@ func (c *busyClock) now() time.Time { return busyT0.Add(time.Duration(c.tick) * 
 // busyKey is one size's key, its clock and the engine that reads it.
 type busyKey struct {
 	n      int
-	layout int
 	key    string
 	window time.Duration
 	clock  *busyClock
@@ -161,17 +154,16 @@ type busyKey struct {
 }
 
 // newBusyKey makes the key of a log of n live entries, empty, its clock at busyT0 and its
-// engine, writing layout, on the run's i-th client (modulo their number).
-func (b *bencher) newBusyKey(ctx context.Context, n, layout, i int) (*busyKey, error) {
+// engine on the run's i-th client (modulo their number).
+func (b *bencher) newBusyKey(ctx context.Context, n, i int) (*busyKey, error) {
 	dt := (busySpan / time.Duration(n)).Truncate(time.Microsecond)
-	k := &busyKey{n: n, layout: layout, key: "busy:" + uuid.NewString()[:8] + ":" + strconv.Itoa(n), window: time.Duration(n) * dt,
+	k := &busyKey{n: n, key: "busy:" + uuid.NewString()[:8] + ":" + strconv.Itoa(n), window: time.Duration(n) * dt,
 		clock: &busyClock{dt: dt}}
-	es, err := b.enginesOn(b.clients[i%len(b.clients):][:1], engine.WithBatching(false), engine.WithClock(k.clock.now),
-		engine.WithWriteLayout(layout))
+	es, err := b.enginesOn(b.clients[i%len(b.clients):][:1], engine.WithBatching(false), engine.WithClock(k.clock.now))
 	if err != nil {
 		return nil, err
 	}
-	k.e, k.row = es[0], BusyRow{Layout: layout, Entries: n, WindowUS: k.window.Microseconds(), Cells: make([]BusyCell, len(busyCases))}
+	k.e, k.row = es[0], BusyRow{Entries: n, WindowUS: k.window.Microseconds(), Cells: make([]BusyCell, len(busyCases))}
 	for j, c := range busyCases {
 		k.row.Cells[j].Case = c.column
 		k.row.Cells[j].Max, k.row.Cells[j].Cost = c.limit(n)
@@ -187,37 +179,10 @@ func (c config) busySizes() []int {
 	return slices.Sorted(slices.Values(c.BusySizes))
 }
 
-// busyLayouts is the layouts the scenario measures: the run's (-write-layout; 0, a config made
-// in a test, is the engine's default, 5), then 5 when that is not it.
-func (c config) busyLayouts() []int {
-	own := c.WriteLayout
-	if own == 0 {
-		own = 5
-	}
-	if own == 5 {
-		return []int{5}
-	}
-	return []int{own, 5}
-}
-
-// busyKeys measures every layout of busyLayouts in turn (busyLayout): their rows, by layout
-// then size.
+// busyKeys fills every size's key (all at once, one goroutine each), then measures every cell
+// busyRounds times, round by round, and checks each log still holds its N live entries: a row
+// per size, smallest first.
 func (b *bencher) busyKeys(ctx context.Context) ([]BusyRow, error) {
-	var rows []BusyRow
-	for _, layout := range b.cfg.busyLayouts() {
-		r, err := b.busyLayout(ctx, layout)
-		if err != nil {
-			return nil, fmt.Errorf("layout %d: %w", layout, err)
-		}
-		rows = append(rows, r...)
-	}
-	return rows, nil
-}
-
-// busyLayout fills every size's key, written in layout (all at once, one goroutine each), then
-// measures every cell busyRounds times, round by round, and checks each log still holds its N
-// live entries.
-func (b *bencher) busyLayout(ctx context.Context, layout int) ([]BusyRow, error) {
 	began := time.Now()
 	sizes := b.cfg.busySizes()
 	var keys []*busyKey
@@ -227,7 +192,7 @@ func (b *bencher) busyLayout(ctx context.Context, layout int) ([]BusyRow, error)
 		}
 	}()
 	for i, n := range sizes {
-		k, err := b.newBusyKey(ctx, n, layout, i)
+		k, err := b.newBusyKey(ctx, n, i)
 		if err != nil {
 			return nil, err
 		}
@@ -245,7 +210,7 @@ func (b *bencher) busyLayout(ctx context.Context, layout int) ([]BusyRow, error)
 			return nil, fmt.Errorf("fill %s live entries: %w", commas(keys[i].n), err)
 		}
 	}
-	b.logf("busykeys, layout %d: %d logs filled in %s", layout, len(keys), time.Since(began).Round(time.Millisecond))
+	b.logf("busykeys: %d logs filled in %s", len(keys), time.Since(began).Round(time.Millisecond))
 	for _, k := range keys {
 		if k.row.LiveBefore, err = b.busyLive(ctx, k); err != nil {
 			return nil, err
@@ -291,10 +256,10 @@ func (b *bencher) busyLayout(ctx context.Context, layout int) ([]BusyRow, error)
 		rows = append(rows, k.row)
 	}
 	for _, r := range rows {
-		b.logf("busykeys/layout %d/%s live entries: server µs per decision %s; %.1f bytes/entry; filled in %.1fs",
-			layout, commas(r.Entries), busyFigures(r), r.BytesPerEntry, r.FillSeconds)
+		b.logf("busykeys/%s live entries: server µs per decision %s; %.1f bytes/entry; filled in %.1fs",
+			commas(r.Entries), busyFigures(r), r.BytesPerEntry, r.FillSeconds)
 	}
-	b.logf("busykeys, layout %d: %s", layout, time.Since(began).Round(time.Millisecond))
+	b.logf("busykeys: %s", time.Since(began).Round(time.Millisecond))
 	return rows, nil
 }
 
@@ -433,23 +398,13 @@ func (b *bencher) busyCell(ctx context.Context, k *busyKey, c busyCase, decision
 	return s, nil
 }
 
-// writeBusy prints the busykeys tables, one per layout, each with its worst ratio against the
-// target.
+// writeBusy prints the busykeys table and its worst ratio against the target; nothing when the
+// scenario did not run.
 func writeBusy(w io.Writer, rows []BusyRow) {
-	for len(rows) > 0 {
-		n := 1
-		for n < len(rows) && rows[n].Layout == rows[0].Layout {
-			n++
-		}
-		writeBusyLayout(w, rows[:n])
-		rows = rows[n:]
+	if len(rows) == 0 {
+		return
 	}
-}
-
-// writeBusyLayout prints the busykeys table of one layout's rows and its worst ratio against
-// the target.
-func writeBusyLayout(w io.Writer, rows []BusyRow) {
-	fmt.Fprintf(w, "\n### Busy keys, layout %d: server µs per decision by live entries (INFO commandstats)\n\n", rows[0].Layout)
+	fmt.Fprint(w, "\n### Busy keys: server µs per decision by live entries (INFO commandstats)\n\n")
 	header := []string{"live entries"}
 	for _, c := range busyCases {
 		header = append(header, c.column+" µs", "× small admission")

@@ -21,24 +21,20 @@ func TestBusyKeysScenarioReportsEveryRow(t *testing.T) {
 		t.Errorf("-scenario busykeys ran other scenarios too")
 	}
 	checkBusy(t, r.BusyKeys, []int{5, 33, 100}, out.String())
-	if !strings.Contains(progress.String(), "busykeys/layout 5/100 live entries: server µs per decision admission") {
+	if !strings.Contains(progress.String(), "busykeys/100 live entries: server µs per decision admission") {
 		t.Errorf("no progress line for the 100-entry log:\n%s", progress.String())
 	}
 }
 
-// checkBusy checks a run's busykeys rows, written at the engine's default layout (5), one per
-// size of sizes (ascending), and its Markdown.
+// checkBusy checks a run's busykeys rows, one per size of sizes (ascending), and its
+// Markdown: one table.
 func checkBusy(t *testing.T, rows []BusyRow, sizes []int, markdown string) {
 	t.Helper()
-	layouts := []int{5}
-	if len(rows) != len(layouts)*len(sizes) {
-		t.Fatalf("busykeys rows: %d, want %d", len(rows), len(layouts)*len(sizes))
+	if len(rows) != len(sizes) {
+		t.Fatalf("busykeys rows: %d, want %d", len(rows), len(sizes))
 	}
 	for i, r := range rows {
-		n, layout := sizes[i%len(sizes)], layouts[i/len(sizes)]
-		if r.Layout != layout {
-			t.Errorf("busykeys row %d is of layout %d, want %d", i, r.Layout, layout)
-		}
+		n := sizes[i]
 		if r.Entries != n || r.LiveBefore != n || r.LiveAfter != n || r.WindowUS <= 0 || r.Bytes <= 0 ||
 			r.BytesPerEntry != float64(r.Bytes)/float64(n) || r.FillSeconds <= 0 || len(r.Cells) != len(busyCases) {
 			t.Errorf("busykeys row %+v: want %d live entries before and after, positive figures", r, n)
@@ -65,12 +61,13 @@ func checkBusy(t *testing.T, rows []BusyRow, sizes []int, markdown string) {
 			t.Errorf("Markdown lacks the row of %d live entries", n)
 		}
 	}
-	for _, small := range []BusyRow{rows[0]} {
-		if small.Cells[0].OverSmall != 1 {
-			t.Errorf("layout %d: the small admission is %.3f× itself", small.Layout, small.Cells[0].OverSmall)
-		}
+	if small := rows[0]; small.Cells[0].OverSmall != 1 {
+		t.Errorf("the small admission is %.3f× itself", small.Cells[0].OverSmall)
 	}
-	for _, want := range []string{"### Busy keys, layout 5: server µs per decision by live entries (INFO commandstats)",
+	if got := strings.Count(markdown, "### Busy keys"); got != 1 {
+		t.Errorf("Markdown holds %d busykeys tables, want 1", got)
+	}
+	for _, want := range []string{"### Busy keys: server µs per decision by live entries (INFO commandstats)",
 		"| live entries | admission µs | × small admission | denial (full) µs |", "the target of 1.5×"} {
 		if !strings.Contains(markdown, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, markdown)
@@ -99,7 +96,7 @@ func TestBusyCellRefusesAnUnexpectedOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.close()
-	k, err := b.newBusyKey(ctx, 5, 5, 0)
+	k, err := b.newBusyKey(ctx, 5, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

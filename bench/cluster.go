@@ -19,7 +19,8 @@ const clusterPrimaries = 3
 // ClusterRow is the cluster scenario for one mode: every goroutine on random keys out of
 // many, on a cluster of valkey-server processes of its own, unbatched and batched on the same
 // cluster. In a cluster a batch goes to the primary that serves its keys' slots and holds keys
-// of all of them (engine/batch.go), so it stays several decisions per call with many keys.
+// of all of them (the engine's slot routing), so it stays several decisions per call with many
+// keys.
 type ClusterRow struct {
 	Mode            string  `json:"mode"`
 	Primaries       int     `json:"primaries"`

@@ -161,21 +161,10 @@ var floorCases = []floorCase{
 			return f.single(c, rng, cmds, "decide", "decide", f.decideArgs)
 		},
 		live: liveInLog},
-	{row: "decide.lua, layout 3", script: "decide.lua", command: "evalsha", decisionsPerCall: 1, keys: "decide3",
-		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
-			return f.single(c, rng, cmds, "decide3", "decide3", f.decideArgs)
-		},
-		live: liveInLog},
 	{row: fmt.Sprintf("decide_batch.lua (%d keys)", floorBatch), script: "decide_batch.lua", command: "evalsha",
 		decisionsPerCall: floorBatch, keys: "batch",
 		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
 			return f.batch(c, rng, cmds, "batch", "batch")
-		},
-		live: liveInLog},
-	{row: fmt.Sprintf("decide_batch.lua (%d keys), layout 3", floorBatch), script: "decide_batch.lua", command: "evalsha",
-		decisionsPerCall: floorBatch, keys: "batch3",
-		calls: func(f *floorRun, c valkey.Client, rng *rand.Rand, cmds valkey.Commands) valkey.Commands {
-			return f.batch(c, rng, cmds, "batch3", "batch3")
 		},
 		live: liveInLog},
 	{row: fmt.Sprintf("peek.lua (1 per %d decide.lua)", floorPeekEvery), script: "peek.lua", command: "evalsha_ro",
@@ -364,8 +353,7 @@ func (b *bencher) newFloorRun(ctx context.Context) (*floorRun, error) {
 	}
 	c := b.clients[0]
 	for name, src := range map[string]string{"return": bareReturnScript, "write": bareWriteScript, "timewrite": bareTimeWriteScript,
-		"textbook": textbookScript, "decide": scripts.Source("decide", 0), "batch": scripts.Source("decide_batch", 0), "peek": scripts.Source("peek", 0),
-		"decide3": scripts.Source("decide", 3), "batch3": scripts.Source("decide_batch", 3)} {
+		"textbook": textbookScript, "decide": scripts.Source("decide"), "batch": scripts.Source("decide_batch"), "peek": scripts.Source("peek")} {
 		sha, err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).ToString()
 		if err != nil {
 			return nil, fmt.Errorf("SCRIPT LOAD %s: %w", name, err)

@@ -55,7 +55,6 @@ type config struct {
 	Limit       int           `json:"limit_max"`
 	Window      time.Duration `json:"window_ns"`
 	FlushDelay  time.Duration `json:"max_flush_delay_ns"`
-	WriteLayout int           `json:"write_layout"`
 	// QuotaRequests is the quota scenario's Max per 30 days and the requests spread over them
 	// (0: defaultQuotaRequests).
 	QuotaRequests int `json:"quota_requests,omitempty"`
@@ -79,7 +78,6 @@ func main() {
 	fs.IntVar(&cfg.Limit, "limit", 100, "the limit's Max")
 	fs.DurationVar(&cfg.Window, "window", time.Second, "the limit's Window")
 	fs.DurationVar(&cfg.FlushDelay, "flush-delay", 0, "valkey-go MaxFlushDelay: wait up to this long to batch writes (fewer syscalls, more latency)")
-	fs.IntVar(&cfg.WriteLayout, "write-layout", 5, "the layout version the engines write (engine.WithWriteLayout): 5, 2 or 3")
 	fs.IntVar(&cfg.QuotaRequests, "quota-requests", defaultQuotaRequests, "the quota scenario's requests, spread over 30 days, and its limit's Max")
 	fs.Func("busy-sizes", "the busykeys scenario's log sizes, live entries, comma-separated (default "+joinInts(defaultBusySizes)+")", func(s string) error {
 		sizes, err := parseSizes(s)

@@ -59,16 +59,13 @@ func (b *bencher) engines(opts ...engine.Option) ([]*engine.Engine, error) {
 	return b.enginesOn(b.clients, opts...)
 }
 
-// enginesOn returns one engine per client, under the run's prefix and writing its layout
-// (-write-layout). The bench's servers run without persistence on purpose (but for the
-// durability scenario's): the persistence check is off.
+// enginesOn returns one engine per client, under the run's prefix. The bench's servers run
+// without persistence on purpose (but for the durability scenario's): the persistence check
+// is off.
 func (b *bencher) enginesOn(clients []valkey.Client, opts ...engine.Option) ([]*engine.Engine, error) {
 	var es []*engine.Engine
 	for _, c := range clients {
 		base := []engine.Option{engine.WithPrefix(b.prefix), engine.WithPersistenceCheck(engine.Ignore)}
-		if b.cfg.WriteLayout != 0 { // 0: a config made in a test, the engine's default
-			base = append(base, engine.WithWriteLayout(b.cfg.WriteLayout))
-		}
 		e, err := engine.New(c, append(base, opts...)...)
 		if err != nil {
 			return nil, err

@@ -65,11 +65,11 @@ func parseServerStats(commandstats, cpu string) serverStats {
 }
 
 // decideSHA1 is the digest EVALSHA calls the atomic decision script by.
-func decideSHA1() string { return loader.New("decide", scripts.Source("decide", 0)).SHA1() }
+func decideSHA1() string { return loader.New("decide", scripts.Source("decide")).SHA1() }
 
 // decideBatchSHA1 is the digest of the batch script, which takes several decisions per call.
 func decideBatchSHA1() string {
-	return loader.New("decide_batch", scripts.Source("decide_batch", 0)).SHA1()
+	return loader.New("decide_batch", scripts.Source("decide_batch")).SHA1()
 }
 
 func splitHostPort(addr string) (string, string, error) {

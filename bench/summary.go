@@ -146,13 +146,10 @@ func exactnessRows(rows []ExactnessRow) (engine []ExactnessRow, pipe *ExactnessR
 	return engine, pipe
 }
 
-// busyWorst is the largest ratio of the busykeys rows of the default layout (5), and where it
-// was; "" when the scenario did not run.
+// busyWorst is the largest ratio of the busykeys rows, and where it was; "" when the scenario
+// did not run.
 func busyWorst(rows []BusyRow) (worst float64, at string) {
 	for _, r := range rows {
-		if r.Layout != 5 {
-			continue
-		}
 		for j, c := range r.Cells {
 			if c.OverSmall > worst {
 				worst, at = c.OverSmall, fmt.Sprintf("%s, %s live entries", busyCases[j].column, commas(r.Entries))

@@ -407,7 +407,7 @@ func waitReplicaHolds(t *testing.T, ctx context.Context, replica *valkeytest.Nod
 	var err error
 	if werr := valkeytest.WaitFor(ctx, 5*time.Second, "the replica to hold every event", func() (bool, error) {
 		// The inspect script, read-only, on the replica: its reply opens with the log's events.
-		inspect := rc.B().EvalRo().Script(scripts.Source("inspect", 0)).Numkeys(1).Key(enginetest.Prefix + key).Arg("1").Build()
+		inspect := rc.B().EvalRo().Script(scripts.Source("inspect")).Numkeys(1).Key(enginetest.Prefix + key).Arg("1").Build()
 		rs := rc.DoMulti(ctx, rc.B().Readonly().Build(), inspect)
 		var log []int64
 		if log, err = rs[1].AsIntSlice(); err == nil {

@@ -77,7 +77,7 @@ func entriesRead(t *testing.T, s *valkeytest.Server, c valkey.Client, f func()) 
 func TestCallsAfterAnIdleStretchReadLittle(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
-	e, clock := enginetest.Clocked(t, c, engine.WithWriteLayout(5))
+	e, clock := enginetest.Clocked(t, c)
 	ctx := context.Background()
 	l := engine.Limit{Max: 30_000, Window: 4 * time.Second}
 	key := enginetest.NewKey(t)

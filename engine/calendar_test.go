@@ -165,8 +165,8 @@ func TestCalendarBoundariesOnCallersClock(t *testing.T) {
 			}
 			denied(tc.boundary.Add(-time.Microsecond), "the last microsecond")
 			log := wantPeriods(t, key, inspect.Period{Start: tc.boundary.Add(-tc.window), End: tc.boundary, Events: 3})
-			if log.Layout != 4 || log.Count != 0 || log.Events != 0 {
-				t.Fatalf("log %+v: want layout 4 and no entries", log)
+			if log.Layout != 5 || log.Count != 0 || log.Events != 0 {
+				t.Fatalf("log %+v: want layout 5 and no entries", log)
 			}
 
 			clock.now = tc.boundary
@@ -731,8 +731,8 @@ func TestCalendarMemoryIsOneCounter(t *testing.T) {
 	if size > 200 {
 		t.Fatalf("MEMORY USAGE %d bytes, want at most 200", size)
 	}
-	if log.Layout != 4 || log.Count != 0 || len(log.Periods) != 1 || log.Periods[0].Events != 1000 || last.Remaining != 1_000_000-1000 {
-		t.Fatalf("log %+v: want layout 4, no entries, one counter", log)
+	if log.Layout != 5 || log.Count != 0 || len(log.Periods) != 1 || log.Periods[0].Events != 1000 || last.Remaining != 1_000_000-1000 {
+		t.Fatalf("log %+v: want layout 5, no entries, one counter", log)
 	}
 
 	clock := &steppedClock{now: time.Date(2026, 6, 10, 10, 0, 0, 0, time.UTC)}
@@ -750,8 +750,8 @@ func TestCalendarMemoryIsOneCounter(t *testing.T) {
 	if size > 1300 {
 		t.Fatalf("MEMORY USAGE %d bytes, want at most 1300", size)
 	}
-	if plog.Count != 10 || plog.Layout != 4 {
-		t.Fatalf("log %+v: want 10 entries, layout 4", plog)
+	if plog.Count != 10 || plog.Layout != 5 {
+		t.Fatalf("log %+v: want 10 entries, layout 5", plog)
 	}
 }
 

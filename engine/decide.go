@@ -5,28 +5,36 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/strictrate/strictrate/internal/callerr"
+	"github.com/strictrate/strictrate/internal/transport"
 )
 
-// The path of one decision, top-down, in three files: decide.go, commit.go and wire.go.
+// The path of one decision, top-down: decide.go, then package transport, then wire.go, and
+// back. It is the same whichever way the request goes (alone, in a batch, sent again alone
+// after its batch did not take it, answered by local quota or the deny cache before any call).
 //
 //  1. decide.go (this file): Allow, AllowN, AllowPolicy, Peek and PeekPolicy (and Check,
-//     Record, Wait, local quota's reservations) check their arguments (a limit the engine has
-//     seen was checked once: checkedLimit), make the request (newRequest), ask the deny cache
-//     and local quota, and hand the request to the group commit of its kind (decide).
-//  2. commit.go: the group commit (commit.do) sends the request alone, or with others in one
-//     call of the batch script; exec, the one function that calls a script, runs the call
-//     with the acknowledgements asked for, on the caller's context without its deadline.
-//  3. wire.go: exec has the call laid out (encode: keys and arguments) and its reply read
-//     into each request's decision and Result (decode). wire.go calls nothing of the engine's.
+//     Record, Wait, an AllowAll of one request, local quota's reservations) check their
+//     arguments (a limit or policy the engine has seen was checked once, and its limit set
+//     made once: checkedLimit, checkedPolicy), and hand one ask to take, the one way in. take
+//     asks local quota (localquota.go), makes the request (newRequest), and decide asks the
+//     deny cache and hands the request to the group commit of its kind (transport.Commit.Do).
+//  2. package transport: the group commit sends the request alone, or with others in one call
+//     of the batch script, routed by the cluster's slots; the retry rule sends again what a
+//     call did not take; the one function that calls a script runs the call with the
+//     acknowledgements asked for, on the caller's context without its deadline, and the
+//     caller's own end returns it at once. A request in, its Outcome out.
+//  3. wire.go: the transport has the call laid out (encodeDecisions: keys and arguments) and its
+//     reply read into each request's decision, checked (decodeDecisions, readBatch). wire.go
+//     calls nothing of the engine's.
 //
-// Back in decide.go, decide applies the acknowledgement check, the fail-open policy and the
-// deny cache, and finish applies shadow mode and counts the call (record). No file is entered
-// again from one below it. Every other kind of script call (AllowAll's groups, settles,
-// leases) takes the same group commit and the same exec, with wire functions of its own.
+// Back in decide.go, decide turns the Outcome into an error (its call's, its reply's, its
+// acknowledgement's) or a Result (limitSet.result), applies the fail-open policy and fills the
+// deny cache, and take applies shadow mode and counts the decision (finish). No file is
+// entered again from one below it. Every other kind of script call (AllowAll's groups,
+// settles, leases) takes the same transport, with wire functions of its own (wire_kinds.go).
 
 // Allow records one event for key if l admits it now.
 func (e *Engine) Allow(ctx context.Context, key string, l Limit) (Result, error) {
@@ -42,9 +50,7 @@ func (e *Engine) AllowN(ctx context.Context, key string, l Limit, n int) (Result
 	if err != nil {
 		return Result{}, err
 	}
-	started := time.Now()
-	r, err := e.allowSet(ctx, "allow", key, set, n, e.decisionClock())
-	return e.finish(ctx, opAllow, started, r, err)
+	return e.take(ctx, ask{op: opAllow, key: key, set: set, n: n, at: e.clockReading()})
 }
 
 // Peek returns the decision Allow would take for key now, and records nothing. It runs as a
@@ -57,9 +63,7 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	started := time.Now()
-	r, err := e.peekSet(ctx, "peek", key, set, 1, e.decisionClock())
-	return e.finish(ctx, opPeek, started, r, err)
+	return e.take(ctx, ask{op: opPeek, peek: true, key: key, set: set, n: 1, at: e.clockReading()})
 }
 
 // AllowPolicy records n events for key if every limit of p admits all n now, and none
@@ -75,12 +79,11 @@ func (e *Engine) Peek(ctx context.Context, key string, l Limit) (Result, error) 
 // The admitted request is one entry of the key's log, whatever the number of limits: Refund
 // and Settle give its cost back to every window at once.
 func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := e.checkPolicyCall(ctx, "allow_policy", key, p, n); err != nil {
+	set, err := e.checkPolicyCall(ctx, key, p, n)
+	if err != nil {
 		return Result{}, err
 	}
-	started := time.Now()
-	r, err := e.allowPolicyAt(ctx, key, p, n, e.decisionClock())
-	return e.finish(ctx, opPolicy, started, r, err)
+	return e.take(ctx, ask{op: opPolicy, key: key, set: set, n: n, at: e.clockReading()})
 }
 
 // PeekPolicy returns the decision AllowPolicy would take for n events of key now, and records
@@ -89,78 +92,90 @@ func (e *Engine) AllowPolicy(ctx context.Context, key string, p Policy, n int) (
 // ResetAfter of 0 when the log holds no event. Like Peek it runs as a read-only script, so it
 // may be served where only reads are allowed. It validates as AllowPolicy does.
 func (e *Engine) PeekPolicy(ctx context.Context, key string, p Policy, n int) (Result, error) {
-	if err := e.checkPolicyCall(ctx, "peek_policy", key, p, n); err != nil {
-		return Result{}, err
-	}
-	started := time.Now()
-	if len(p) == 1 {
-		r, err := e.peekAt(ctx, key, p[0], n, e.decisionClock())
-		return e.finish(ctx, opPeek, started, r, err)
-	}
-	r, err := e.peekSet(ctx, "peek_policy", key, e.policySet(p), n, e.decisionClock())
-	return e.finish(ctx, opPeek, started, r, err)
-}
-
-// allowAt and peekAt take a validated request of one limit; the exported methods validate.
-func (e *Engine) allowAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	return e.allowSet(ctx, "allow", key, e.oneLimit(l), n, at)
-}
-
-func (e *Engine) peekAt(ctx context.Context, key string, l Limit, n int, at clockReading) (Result, error) {
-	return e.peekSet(ctx, "peek", key, e.oneLimit(l), n, at)
-}
-
-// peekSet judges n events of key against set, recording nothing.
-func (e *Engine) peekSet(ctx context.Context, op, key string, set *limitSet, n int, at clockReading) (Result, error) {
-	req, err := newRequest(e.prefix+key, at, n, false, set)
+	set, err := e.checkPolicyCall(ctx, key, p, n)
 	if err != nil {
 		return Result{}, err
 	}
-	return e.decide(ctx, e.peeks, op, req)
+	return e.take(ctx, ask{op: opPeek, peek: true, key: key, set: set, n: n, at: e.clockReading()})
 }
 
-// allowPolicyAt takes a validated AllowPolicy.
-func (e *Engine) allowPolicyAt(ctx context.Context, key string, p Policy, n int, now clockReading) (Result, error) {
-	if len(p) == 1 {
-		return e.allowAt(ctx, key, p[0], n, now)
+// ask is one decision or peek, its arguments checked: what every operation that decides
+// (Allow, AllowN, AllowPolicy, Peek, PeekPolicy, Check, Record, Wait, an AllowAll of one
+// request, local quota's reservations) hands to take, the one way in.
+type ask struct {
+	op   operation // what the metrics count it as
+	peek bool      // judged only, recorded never
+	key  string    // as the caller gave it
+	set  *limitSet // its limits (oneLimit, policySet)
+	n    int       // its cost
+	at   clockReading
+	// hold, for a reservation (local quota), is how long it is held: neither local quota,
+	// shadow mode nor the metrics apply to it.
+	hold time.Duration
+	// detached says the caller runs on a goroutine of its own already, which nobody waits on
+	// past its context (local quota's reservation): the call is sent on it.
+	detached bool
+}
+
+// name is a's operation as its errors name it.
+func (a *ask) name() string {
+	switch {
+	case a.hold > 0:
+		return "reserve"
+	case a.peek && len(a.set.limits) > 1:
+		return "peek_policy"
+	case a.peek:
+		return "peek"
+	case len(a.set.limits) > 1:
+		return "allow_policy"
 	}
-	return e.allowSet(ctx, "allow_policy", key, e.policySet(p), n, now)
+	return "allow"
 }
 
-// allowSet decides n events of key against set, from this process's local quota when its
-// reservation covers n (WithLocalQuota, on the server's clock), else on the server, telling local
-// quota what the server said.
-func (e *Engine) allowSet(ctx context.Context, op, key string, set *limitSet, n int, at clockReading) (Result, error) {
+// take decides a: from this process's local quota when its reservation covers the request
+// (WithLocalQuota, on the server's clock), else on the server, telling local quota what the
+// server said; then applies shadow mode and counts the decision (finish).
+func (e *Engine) take(ctx context.Context, a ask) (Result, error) {
+	started := time.Now()
 	var h *holder
-	if e.local != nil && !at.set {
+	if e.local != nil && !a.peek && a.hold == 0 && !a.at.set {
 		var r Result
 		var ok bool
-		if r, ok, h = e.local.allow(ctx, key, set, n); ok {
-			return r, nil
+		if r, ok, h = e.local.allow(ctx, a.key, a.set, a.n); ok {
+			return e.finish(ctx, a.op, started, r, nil)
 		}
 	}
-	req, err := newRequest(e.prefix+key, at, n, true, set)
-	if err != nil {
-		return Result{}, err
+	set := a.set
+	if a.hold > 0 {
+		set = set.withHold(a.hold)
 	}
-	r, err := e.decide(ctx, e.decides, op, req)
+	req, err := newRequest(e.prefix+a.key, a.at, a.n, !a.peek, set)
+	var r Result
+	if err == nil {
+		r, err = e.decide(ctx, &a, req)
+	}
 	if err == nil {
 		h.observe(r)
 	}
-	return r, err
+	if a.hold > 0 {
+		return r, err
+	}
+	return e.finish(ctx, a.op, started, r, err)
 }
 
-// decide takes one decision (or peek) through c and turns the server's answer into a Result.
-// Every scripted decision goes through here, batched or not, so the acknowledgement
-// (WithReplicaAck, WithDurableAck) and fail-open policies apply to all of them. A denial
-// ignores what its call's WAIT answered (a call that only denied sends no WAITAOF): only an
-// admission is refused for it.
-func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req request) (Result, error) {
+// decide takes req, the request of a, through its group commit (transport.Commit.Do) and
+// turns the server's answer into a Result. Every scripted decision goes through here, batched
+// or not, so the acknowledgement (WithReplicaAck, WithDurableAck), fail-open and deny-cache
+// policies apply to all of them. A denial ignores what its call's WAIT answered (a call that
+// only denied sends no WAITAOF): only an admission is refused for it.
+func (e *Engine) decide(ctx context.Context, a *ask, req request) (Result, error) {
 	// Built only on failure: a successful decision allocates nothing for its error context.
-	what := func() string {
-		return "strictrate: " + op + " " + quoteKey(strings.TrimPrefix(req.key, e.prefix))
+	what := func() string { return "strictrate: " + a.name() + " " + quoteKey(a.key) }
+	c := e.decides
+	if a.peek {
+		c = e.peeks
 	}
-	cached := e.denials != nil && c == e.decides
+	cached := e.denials != nil && !a.peek
 	var sent time.Time
 	var epoch uint64
 	if cached {
@@ -169,20 +184,17 @@ func (e *Engine) decide(ctx context.Context, c *commit[request], op string, req 
 			return r, nil
 		}
 	}
-	cl := c.do(ctx, req, c.route(req.key, req.now != ""))
-	r, replyErr, callErr, ack := cl.req.result, cl.req.replyErr, cl.err, cl.ack
-	c.release(cl)
-	switch {
-	case callErr != nil:
-		return e.backendFailure(ctx, classify(ctx, what(), callErr))
-	case replyErr != nil:
-		return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), replyErr))
+	dest := c.Route(req.key, req.now != "")
+	var o transport.Outcome[decision]
+	if a.detached {
+		o = c.Send(ctx, req, dest)
+	} else {
+		o = c.Do(ctx, req, dest)
 	}
-	if c.ack && r.Allowed {
-		if err := e.ackPolicy.check(ctx, ack); err != nil {
-			return e.backendFailure(ctx, fmt.Errorf("%s: %w", what(), err))
-		}
+	if err := o.Failure(ctx, what); err != nil {
+		return e.backendFailure(ctx, err)
 	}
+	r := req.set.result(o.Reply, req.key, req.record)
 	if cached && !r.Allowed {
 		e.denials.store(req.key, req.set, req.record, r, sent, e.localNow(), epoch)
 	}
@@ -296,21 +308,17 @@ func (c clockReading) arg() (string, error) {
 	return strconv.FormatInt(us, 10), nil
 }
 
-// maxCachedLimits bounds the engine's cache of formatted single limits: a program that makes
-// limits without end (a Max per tenant, say) formats the rest each time.
-const maxCachedLimits = 1024
-
 // checkedLimit checks a request for n events of key against l, and returns l's limit set. A
 // limit in the engine's cache was valid when it went in: only n is checked against it.
 func (e *Engine) checkedLimit(key string, l Limit, n int) (*limitSet, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	if s, ok := e.limitSets.Load(l); ok {
+	if s := e.cachedLimit(l); s != nil {
 		if n < 1 || n > l.Max {
 			return nil, l.validate(n)
 		}
-		return s.(*limitSet), nil
+		return s, nil
 	}
 	if err := l.validate(n); err != nil {
 		return nil, err
@@ -318,23 +326,10 @@ func (e *Engine) checkedLimit(key string, l Limit, n int) (*limitSet, error) {
 	return e.oneLimit(l), nil
 }
 
-// oneLimit returns the limit set of l alone, formatted once per engine.
-func (e *Engine) oneLimit(l Limit) *limitSet {
-	if s, ok := e.limitSets.Load(l); ok {
-		return s.(*limitSet)
-	}
-	s := newLimitSet([]Limit{l})
-	if e.limitSetCount.Load() < maxCachedLimits {
-		if _, loaded := e.limitSets.LoadOrStore(l, s); !loaded {
-			e.limitSetCount.Add(1)
-		}
-	}
-	return s
-}
-
-// decisionClock is the clock a decision is taken on: the caller's (WithClock), else unset,
-// and the script reads the server's. A Result nobody decided is stamped with localNow.
-func (e *Engine) decisionClock() clockReading {
+// clockReading is the clock a decision (or a lease call) is taken on: the caller's
+// (WithClock), else unset, and the script reads the server's. A Result nobody decided is
+// stamped with localNow.
+func (e *Engine) clockReading() clockReading {
 	if e.clock != nil {
 		return clockReading{t: e.clock(), set: true}
 	}

@@ -27,7 +27,7 @@ import (
 
 // The model reads as far as the scripts do: lib_log.lua's COVER_WALK is coverWalk.
 func TestCoverWalkIsTheScripts(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const COVER_WALK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	m := regexp.MustCompile(`(?m)^--const COVER_WALK (\d+)$`).FindStringSubmatch(scripts.Source("decide"))
 	if m == nil {
 		t.Fatal("lib_log.lua defines no COVER_WALK")
 	}
@@ -40,21 +40,15 @@ func TestCoverWalkIsTheScripts(t *testing.T) {
 // behind each other and stand still, single limits and policies of up to four windows on the
 // same key, costs from 1 to Max, peeks, refunds and settles (retried, and of entries long
 // gone), and 20 different windows on one key (more than the log keeps cursors for): every
-// Result field equals the model's, and the stored log holds the model's entries; under layout
-// 2 and layout 5. Seeds past 12 keep to one window, so that the log never holds a cursor and
+// Result field equals the model's, and the stored log holds the model's entries.
+// Seeds past 12 keep to one window, so that the log never holds a cursor and
 // the fast paths decide most requests: short logs (lib_small.lua), and past 15, long ones
-// (lib_busy.lua), of cost 1 alone past 17, whose denials' waits layout 5 reads exactly.
+// (lib_busy.lua), of cost 1 alone past 17, whose denials' waits the script reads exactly.
 func TestLogAgainstModel(t *testing.T) {
-	for _, layout := range []int{2, 5} {
-		t.Run(fmt.Sprint("layout ", layout), func(t *testing.T) { testLogAgainstModel(t, layout) })
-	}
-}
-
-func testLogAgainstModel(t *testing.T, layout int) {
 	client := exampleClient()
 	defer client.Close()
 	clock := &steppedClock{}
-	e, err := engine.New(client, engine.WithClock(clock.Now), engine.WithWriteLayout(layout))
+	e, err := engine.New(client, engine.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +58,7 @@ func testLogAgainstModel(t *testing.T, layout int) {
 		// Seeds past 6 keep logs long (larger limits, smaller steps), so that the log's oldest
 		// entries move behind its header and back out; past 15, long logs of one window, which
 		// the busy path (lib_busy.lua) decides; past 17, of cost 1 alone and no refund: unit
-		// logs, whose every denial's wait is exact under layout 5.
+		// logs, whose every denial's wait is exact.
 		long, oneWindow, unitOnly := seed > 6 && seed <= 12 || seed > 15, seed > 12, seed > 17
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 42))
@@ -73,8 +67,8 @@ func testLogAgainstModel(t *testing.T, layout int) {
 				step, maxes, ops = 40_000, 300, 1500
 			}
 			longest := 0
-			key := exampleKey(fmt.Sprint("model-", layout, "-", seed))
-			model := &modelLog{key: "strictrate:" + key, layout: layout, weighted: noTime}
+			key := exampleKey(fmt.Sprint("model-", seed))
+			model := &modelLog{key: "strictrate:" + key, weighted: noTime}
 			base := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).UnixMicro()
 			now := base
 			// The windows this key sees: a few common ones, and now and then a rare one.
@@ -169,7 +163,7 @@ func testLogAgainstModel(t *testing.T, layout int) {
 			deep += model.deepExact
 		})
 	}
-	if layout >= 5 && deep == 0 {
+	if deep == 0 {
 		t.Fatal("no denial's wait lay deeper than the script walks on a unit log: the exact read went untested")
 	}
 }
@@ -846,7 +840,8 @@ func TestShadowNeverRecordsADenial(t *testing.T) {
 }
 
 // A scripted sequence of decisions gives exactly these counts: allowed, denied, cached, shadow
-// denied, fail-open, errors, by operation; durations for each; no key anywhere.
+// denied, fail-open, errors, by operation (give-backs and AllowAll included, a call refused
+// before anything is sent not counted); durations for each; no key anywhere.
 func TestMetricsCountEveryOutcome(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
@@ -868,6 +863,24 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	enginetest.MustAllowPolicy(t, e, enginetest.NewKey(t), engine.Policy{engine.PerSecond(1), engine.PerMinute(5)}, 1)
 	r := enginetest.MustAllowN(t, shadow, key, l, 1) // allow/shadow_denied
 	enginetest.Want(t, "shadow: allowed", r.Allowed && r.ShadowDenied, true)
+	given := enginetest.NewKey(t)
+	r = enginetest.MustAllowN(t, closed, given, engine.PerMinute(5), 3) // allow/allowed
+	// settle/allowed, then refund/allowed:
+	if err := closed.Settle(ctx, given, r, 2); err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if err := closed.Refund(ctx, given, r); err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	// Not counted: refused before anything is sent.
+	if err := closed.Refund(ctx, given, engine.Result{}); err == nil {
+		t.Fatal("Refund of a Result that recorded nothing: no error")
+	}
+	// allow_all/allowed:
+	all := []engine.Request{{Key: enginetest.NewKey(t), Policy: engine.Policy{l}, N: 1}, {Key: enginetest.NewKey(t), Policy: engine.Policy{l}, N: 1}}
+	if allowed, _, err := closed.AllowAll(ctx, all); err != nil || !allowed {
+		t.Fatalf("AllowAll: %v, %v", allowed, err)
+	}
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -882,8 +895,9 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 
 	got := collected(t, reader)
 	wantCounts := map[string]int64{
-		"allow/allowed": 1, "allow/denied": 1, "allow/cache_denied": 1, "allow/shadow_denied": 1,
+		"allow/allowed": 2, "allow/denied": 1, "allow/cache_denied": 1, "allow/shadow_denied": 1,
 		"allow/fail_open": 1, "allow/error": 1, "peek/denied": 1, "policy/allowed": 1,
+		"settle/allowed": 1, "refund/allowed": 1, "allow_all/allowed": 1,
 	}
 	for _, name := range []string{"strictrate.decisions", "strictrate.decision.duration"} {
 		for attrs, n := range wantCounts {
@@ -896,7 +910,7 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 		}
 	}
 	// Batching is on by default: every call to the server is a batch, of one here.
-	if got["strictrate.batch.size"]["allow"] < 4 || got["strictrate.batch.size"]["peek"] != 1 {
-		t.Errorf("strictrate.batch.size = %v, want allow >= 4 and peek 1", got["strictrate.batch.size"])
+	if bs := got["strictrate.batch.size"]; bs["allow"] < 5 || bs["peek"] != 1 || bs["allow_all"] != 1 {
+		t.Errorf("strictrate.batch.size = %v, want allow >= 5, peek 1 and allow_all 1", bs)
 	}
 }

@@ -50,6 +50,7 @@ import (
 
 	"github.com/strictrate/strictrate/internal/nodes"
 	"github.com/strictrate/strictrate/internal/sendctx"
+	"github.com/strictrate/strictrate/internal/transport"
 	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
 )
@@ -68,27 +69,28 @@ type Engine struct {
 	prefix string
 	clock  func() time.Time // nil: the server's clock
 
-	// The group commit of each kind of script call (commit.go).
-	decides  *commit[request]   // decide.lua, decide_batch.lua: Allow, AllowN, AllowPolicy, reservations
-	peeks    *commit[request]   // peek.lua, peek_batch.lua: Peek, PeekPolicy, Check
-	groups   *commit[*allCall]  // decide_all.lua: AllowAll
-	settles  *commit[settleReq] // settle.lua: Refund, Settle
-	acquires *commit[leaseReq]  // lease_acquire.lua: Acquire
-	extends  *commit[leaseReq]  // lease_extend.lua: Extend
-	releases *commit[leaseReq]  // lease_release.lua: Release
-	batching bool               // WithBatching: decisions go through the committers' queues
-	shadow   bool               // WithShadow: denials are admitted, marked ShadowDenied
-	denials  *denyCache         // WithDenyCache; nil when off
-	local    *localQuotas       // WithLocalQuota; nil when off
-	logger   *slog.Logger       // WithLogger; nil: silent
+	// The group commit of each kind of script call (package transport: routing, batches,
+	// retries, acknowledgements).
+	decides  *transport.Commit[request, decision]    // decide.lua, decide_batch.lua: Allow, AllowN, AllowPolicy, reservations
+	peeks    *transport.Commit[request, decision]    // peek.lua, peek_batch.lua: Peek, PeekPolicy, Check
+	groups   *transport.Commit[group, []partReply]   // decide_all.lua: AllowAll
+	settles  *transport.Commit[settleReq, int64]     // settle.lua: Refund, Settle
+	acquires *transport.Commit[leaseReq, leaseReply] // lease_acquire.lua: Acquire
+	extends  *transport.Commit[leaseReq, leaseReply] // lease_extend.lua: Extend
+	releases *transport.Commit[leaseReq, leaseReply] // lease_release.lua: Release
+	shadow   bool                                    // WithShadow: denials are admitted, marked ShadowDenied
+	denials  *denyCache                              // WithDenyCache; nil when off
+	local    *localQuotas                            // WithLocalQuota; nil when off
+	logger   *slog.Logger                            // WithLogger; nil: silent
 	metrics  *metrics
 
-	// limitSets caches the formatted arguments of single limits (oneLimit).
+	// limitSets and policySets cache the limit sets of single limits (oneLimit) and of
+	// policies (policySet); limitSetCount counts both, to bound them.
 	limitSets     sync.Map // Limit -> *limitSet
+	policySets    sync.Map // policyKey -> *limitSet
 	limitSetCount atomic.Int64
 
-	failOpen  bool
-	ackPolicy ackPolicy // WithReplicaAck, WithDurableAck
+	failOpen bool
 }
 
 // New returns an engine that uses client. Unless WithPreload(false) is given it loads the
@@ -109,19 +111,13 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 	if err := o.validateDurableAck(); err != nil {
 		return nil, err
 	}
-	if o.writeLayout != 2 && o.writeLayout != 3 && o.writeLayout != 5 {
-		return nil, fmt.Errorf("%w: WithWriteLayout(%d): this release writes layout 2, 3 or 5", ErrInvalidArgument, o.writeLayout)
-	}
 	e := &Engine{
 		client:   client,
 		prefix:   o.prefix,
 		clock:    o.clock,
-		batching: o.batching,
 		shadow:   o.shadow,
-
-		failOpen:  o.failOpen,
-		ackPolicy: o.ack,
-		logger:    o.logger,
+		failOpen: o.failOpen,
+		logger:   o.logger,
 	}
 	var err error
 	if e.metrics, err = newMetrics(o.meterProvider); err != nil {
@@ -132,13 +128,13 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("%w: deny cache: %w", ErrInvalidArgument, err)
 		}
 	}
-	e.newCommits(o.writeLayout)
+	e.newCommits(transport.New(client, o.batching, o.ack))
 	if o.localQuota != nil {
 		if e.local, err = newLocalQuotas(e, *o.localQuota); err != nil {
 			return nil, err
 		}
 	}
-	needAOF := o.ack.aofLocal > 0
+	needAOF := o.ack.AOFLocal > 0
 	if o.evictionCheck != Ignore || o.persistenceCheck != Ignore || needAOF || o.preload {
 		ctx, cancel := context.WithTimeout(context.Background(), o.preloadTimeout)
 		defer cancel()
@@ -149,7 +145,7 @@ func New(client valkey.Client, opts ...Option) (*Engine, error) {
 			return nil, err
 		}
 		if o.preload {
-			src := scripts.Source("probe", 0)
+			src := scripts.Source("probe")
 			probe := [...]*loader.Script{loader.New("probe", src), loader.NewReadOnly("probe", src)}
 			if err := loader.Preload(ctx, client, append(e.scripts(), probe[0])...); err != nil {
 				return nil, classify(ctx, "strictrate: new engine", err)
@@ -200,37 +196,37 @@ func (e *Engine) checkPermissions(ctx context.Context, p *loader.Script) error {
 	return nil
 }
 
-// newCommits makes the group commit of every kind of script call, the decisions' scripts
-// composed to write layout.
-func (e *Engine) newCommits(layout int) {
-	var slots *slotMap // decisions and AllowAll groups go to their keys' primaries in a cluster
-	if e.client.Mode() == valkey.ClientModeCluster {
-		slots = newSlotMap(e.client)
-	}
-	e.decides = newCommit(e, kind[request]{op: opAllow, acked: true,
-		single: loader.New("decide", scripts.Source("decide", layout)), batch: loader.New("decide_batch", scripts.Source("decide_batch", layout)),
-		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, slots)
-	e.peeks = newCommit(e, kind[request]{op: opPeek,
-		single: loader.NewReadOnly("peek", scripts.Source("peek", 0)), batch: loader.NewReadOnly("peek_batch", scripts.Source("peek_batch", 0)),
-		encode: encodeDecisions, decode: decodeDecisions, size: decisionSize, retry: retryNotTaken[request]}, nil)
-	all := loader.New("decide_all", scripts.Source("decide_all", layout))
-	e.groups = newCommit(e, kind[*allCall]{op: opPolicy, acked: true, single: all, batch: all,
-		encode: encodeGroups, decode: decodeGroups, size: groupSize}, slots)
-	e.settles = newCommit(e, kind[settleReq]{op: opAllow, single: loader.New("settle", scripts.Source("settle", layout)),
-		encode: encodeSettle, decode: decodeSettle}, nil)
-	e.acquires = newCommit(e, kind[leaseReq]{op: opAcquire, acked: true, single: loader.New("lease_acquire", scripts.Source("lease_acquire", 0)),
-		encode: encodeLease, decode: decodeLease}, nil)
-	e.extends = newCommit(e, kind[leaseReq]{op: opExtend, acked: true, single: loader.New("lease_extend", scripts.Source("lease_extend", 0)),
-		encode: encodeLease, decode: decodeLease}, nil)
-	e.releases = newCommit(e, kind[leaseReq]{op: opRelease, single: loader.New("lease_release", scripts.Source("lease_release", 0)),
-		encode: encodeLease, decode: decodeRelease}, nil)
+// newCommits makes the group commit of every kind of script call on t.
+func (e *Engine) newCommits(t *transport.Transport) {
+	e.decides = transport.NewCommit(t, transport.Kind[request, decision]{Acked: true, Routed: true,
+		Single: loader.New("decide", scripts.Source("decide")), Batch: loader.New("decide_batch", scripts.Source("decide_batch")),
+		Encode: encodeDecisions, Decode: decodeDecisions, Size: decisionSize, Called: e.metrics.called(opAllow)})
+	e.peeks = transport.NewCommit(t, transport.Kind[request, decision]{
+		Single: loader.NewReadOnly("peek", scripts.Source("peek")), Batch: loader.NewReadOnly("peek_batch", scripts.Source("peek_batch")),
+		Encode: encodeDecisions, Decode: decodeDecisions, Size: decisionSize, Called: e.metrics.called(opPeek)})
+	all := loader.New("decide_all", scripts.Source("decide_all"))
+	e.groups = transport.NewCommit(t, transport.Kind[group, []partReply]{Acked: true, Routed: true, Single: all, Batch: all,
+		Encode: encodeGroups, Decode: decodeGroups, Size: groupSize, Called: e.metrics.called(opAllowAll)})
+	e.settles = transport.NewCommit(t, transport.Kind[settleReq, int64]{Single: loader.New("settle", scripts.Source("settle")),
+		Encode: encodeSettle, Decode: decodeSettle})
+	e.acquires = transport.NewCommit(t, transport.Kind[leaseReq, leaseReply]{Acked: true,
+		Single: loader.New("lease_acquire", scripts.Source("lease_acquire")), Encode: encodeLease, Decode: decodeLease})
+	e.extends = transport.NewCommit(t, transport.Kind[leaseReq, leaseReply]{Acked: true,
+		Single: loader.New("lease_extend", scripts.Source("lease_extend")), Encode: encodeLease, Decode: decodeLease})
+	e.releases = transport.NewCommit(t, transport.Kind[leaseReq, leaseReply]{
+		Single: loader.New("lease_release", scripts.Source("lease_release")), Encode: encodeLease, Decode: decodeRelease})
 }
 
 // scripts lists every script the engine runs, for Preload.
 func (e *Engine) scripts() []*loader.Script {
-	return []*loader.Script{e.decides.kind.single, e.decides.kind.batch, e.peeks.kind.single, e.peeks.kind.batch,
-		e.groups.kind.single, e.settles.kind.single, e.acquires.kind.single, e.extends.kind.single,
-		e.releases.kind.single}
+	var s []*loader.Script
+	s = append(s, e.decides.Scripts()...)
+	s = append(s, e.peeks.Scripts()...)
+	s = append(s, e.groups.Scripts()...)
+	s = append(s, e.settles.Scripts()...)
+	s = append(s, e.acquires.Scripts()...)
+	s = append(s, e.extends.Scripts()...)
+	return append(s, e.releases.Scripts()...)
 }
 
 // Reset deletes key's log: every event recorded for it is forgotten. The key's leases
@@ -257,37 +253,37 @@ func (e *Engine) Reset(ctx context.Context, key string) error {
 // Check reports whether one more event for key would be admitted at now, recording nothing:
 // nil when it would, a *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Check(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
-	return e.classic(ctx, opPeek, key, Limit{Max: limit, Window: window}, now)
+	return e.classic(ctx, true, key, Limit{Max: limit, Window: window}, now)
 }
 
 // Record records one event for key at now if the limit admits it: nil when admitted, a
 // *DeniedError (ErrRateLimitExceeded) when not.
 func (e *Engine) Record(ctx context.Context, key string, limit int, window time.Duration, now time.Time) error {
-	return e.classic(ctx, opAllow, key, Limit{Max: limit, Window: window}, now)
+	return e.classic(ctx, false, key, Limit{Max: limit, Window: window}, now)
 }
 
-// classic takes the Check (op peek) or Record (op allow) of the classic sliding-window-log
-// design for one event of key at now, and returns its verdict as that design's interface does.
-func (e *Engine) classic(ctx context.Context, op operation, key string, l Limit, now time.Time) error {
+// classic is Check (peek) or Record: the one decision take makes of them, on the caller's
+// time, returned as the classic sliding-window-log design's interface returns its verdict.
+func (e *Engine) classic(ctx context.Context, peek bool, key string, l Limit, now time.Time) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
-	if err := validate(key, l, 1); err != nil {
+	set, err := e.checkedLimit(key, l, 1)
+	if err != nil {
 		return err
 	}
-	started := time.Now()
-	decide := e.allowAt
-	if op == opPeek {
-		decide = e.peekAt
+	op := opAllow
+	if peek {
+		op = opPeek
 	}
-	r, err := decide(ctx, key, l, 1, clockReading{t: now, set: true})
-	r, err = e.finish(ctx, op, started, r, err)
+	r, err := e.take(ctx, ask{op: op, peek: peek, key: key, set: set, n: 1, at: clockReading{t: now, set: true}})
 	return deniedOrErr(key, r, err)
 }
 
 // Clear forgets every event of key; it is Reset.
 func (e *Engine) Clear(ctx context.Context, key string) error { return e.Reset(ctx, key) }
 
+// deniedOrErr is a decision as Check and Record return it: its error, a *DeniedError, or nil.
 func deniedOrErr(key string, r Result, err error) error {
 	if err != nil {
 		return err

@@ -106,7 +106,7 @@ func TestEngineRunsUnchangedOnAClusterClient(t *testing.T) {
 		rc := c.Client(t, valkey.ClientOption{SendToReplicas: engine.SendPeeksToReplicas})
 		onEvery(t, c.Nodes(), func(b valkey.Builder) valkey.Completed { return b.ScriptFlush().Build() })
 		enginetest.New(t, rc)
-		shas := []string{loader.New("", scripts.Source("decide", 0)).SHA1(), loader.New("", scripts.Source("peek", 0)).SHA1()}
+		shas := []string{loader.New("", scripts.Source("decide")).SHA1(), loader.New("", scripts.Source("peek")).SHA1()}
 		if len(rc.Nodes()) != 6 {
 			t.Fatalf("client knows %d nodes, want 6", len(rc.Nodes()))
 		}

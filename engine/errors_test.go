@@ -19,7 +19,7 @@ import (
 )
 
 // A key that holds what this release cannot read as a log (another program's value, or a log
-// in a layout of a later release) is refused by every operation with ErrUnknownLayout, naming
+// in a layout of an earlier pre-release or a later release) is refused by every operation with ErrUnknownLayout, naming
 // the key and what it holds; it is never counted, converted or written, and fail-open does not
 // admit on it: batched or not, single limit or policy.
 func TestUnknownLayoutIsRefused(t *testing.T) {
@@ -36,6 +36,9 @@ func TestUnknownLayoutIsRefused(t *testing.T) {
 		"another program's zset": {func(k string) valkey.Completed { return c.B().Zadd().Key(k).ScoreMember().ScoreMember(1, "m").Build() }, "a zset"},
 		"another program's list": {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element("hello", "world").Build() }, "0x68"},
 		"a later release's log":  {func(k string) valkey.Completed { return c.B().Rpush().Key(k).Element(later).Build() }, "0x57"},
+		"an earlier layout's log": {func(k string) valkey.Completed {
+			return c.B().Rpush().Key(k).Element(earlierLayoutLists()[1]...).Build()
+		}, "0x54"},
 	}
 	l := engine.PerMinute(5)
 	policy := engine.Policy{engine.PerSecond(2), l}
@@ -224,7 +227,37 @@ func foreignLists() [][]string {
 			lists = append(lists, list)
 		}
 	}
-	return lists
+	return append(lists, earlierLayoutLists()...)
+}
+
+// earlierLayoutLists are logs as the pre-release layouts 1 to 4 stored them, each well formed
+// for its layout (fields in range, the open chunk exactly the entries counted, the elements
+// behind it as many as counted): version 1's 'S' and 'F' (no horizon), version 2's 'T', 'U',
+// 'G' and 'H', version 4's counters before a version 2 header. This release reads one layout,
+// so each is refused like any other program's list, never read and never rewritten.
+func earlierLayoutLists() [][]string {
+	const t, window = int64(1_790_000_000_000_000), int64(60_000_000)
+	field := func(b []byte, vs ...int64) []byte {
+		for _, v := range vs {
+			b = append(b, byte(v>>48), byte(v>>40), byte(v>>32), byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+		}
+		return b
+	}
+	entry := func(b []byte, at int64, cost byte) []byte { return append(field(b, at), cost) }
+	open := func(kind byte, fields ...int64) string {
+		b := field([]byte{kind}, fields...)
+		return string(entry(entry(b, t-1000, 1), t, 1))
+	}
+	closed := string(field(nil, t-2000))
+	return [][]string{
+		{open('S', 2, 2, t, 1)},
+		{open('T', 2, 2, t, 1, window)},
+		{open('U', 2, 2, t, 1, window)},
+		{open('F', 3, 3, t, 1, 0, 1, t-2000, 1, 0), closed},
+		{open('G', 3, 3, t, 1, window, 0, 1, t-2000, 1, 0), closed},
+		{open('H', 3, 3, t, 1, window, 0, 1, t-2000, 1, 0), closed},
+		{string(field([]byte{'C', 1}, t-window, t+window, 2)) + open('T', 2, 2, t, 1, window)},
+	}
 }
 
 // Another program's list under the engine's prefix is never read as a log, whatever its first
@@ -238,9 +271,9 @@ func TestForeignListsAreRefused(t *testing.T) {
 	slotted := engine.Limit{Max: 100, Window: time.Minute, Resolution: time.Second}
 	policy := engine.Policy{engine.PerSecond(2), l}
 	engines := map[string]*engine.Engine{
-		"closed":                enginetest.New(t, c),
-		"open":                  enginetest.New(t, c, engine.WithFailOpen(true)),
-		"layout 2, not batched": enginetest.New(t, c, engine.WithWriteLayout(2), engine.WithBatching(false)),
+		"closed":      enginetest.New(t, c),
+		"open":        enginetest.New(t, c, engine.WithFailOpen(true)),
+		"not batched": enginetest.New(t, c, engine.WithBatching(false)),
 	}
 	for i, list := range foreignLists() {
 		key := enginetest.NewKey(t)

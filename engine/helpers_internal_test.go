@@ -13,8 +13,8 @@ import (
 	"github.com/strictrate/strictrate/scripts"
 )
 
-// clusterEngine returns an engine on a cluster client of c, with batching on, and its
-// committer's slot map loaded.
+// clusterEngine returns an engine on a cluster client of c, with batching on, and its slot map
+// loaded: a decision routes to a primary.
 func clusterEngine(t *testing.T, c *valkeytest.Cluster, opts ...Option) *Engine {
 	t.Helper()
 	e, err := New(c.Client(t, valkey.ClientOption{}), append([]Option{WithBatching(true)}, opts...)...)
@@ -22,8 +22,7 @@ func clusterEngine(t *testing.T, c *valkeytest.Cluster, opts ...Option) *Engine 
 		t.Fatal(err)
 	}
 	if err := valkeytest.WaitFor(context.Background(), 10*time.Second, "the slot map to load", func() (bool, error) {
-		_, ok := e.decides.slots.primary(0)
-		return ok, nil
+		return e.decides.Route(e.prefix+"slot-map", false).Node() != "", nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +52,7 @@ type storedLog struct{ Events, Count, Layout int }
 
 func readLog(t *testing.T, e *Engine, key string) storedLog {
 	t.Helper()
-	reply, _ := loader.NewReadOnly("inspect", scripts.Source("inspect", 0)).Exec(context.Background(), e.client,
+	reply, _ := loader.NewReadOnly("inspect", scripts.Source("inspect")).Exec(context.Background(), e.client,
 		loader.Call{Keys: []string{e.prefix + key}, Args: []string{"1"}})
 	vals, err := reply.AsIntSlice()
 	if err != nil || len(vals) < 3 {
@@ -82,6 +81,37 @@ func commandStatsOn(t *testing.T, node *valkeytest.Node) map[string]valkeytest.C
 		t.Fatal(err)
 	}
 	return info.CommandStats()
+}
+
+// BenchmarkCommitterBatched takes decisions on many keys through the group commit from 64
+// goroutines: the transport's own allocations per decision (no key prefixing, no Result).
+func BenchmarkCommitterBatched(b *testing.B) {
+	client := valkeytest.New(b).Client(b)
+	e, err := New(client, WithBatching(true))
+	if err != nil {
+		b.Fatal(err)
+	}
+	set := e.oneLimit(Limit{Max: 1 << 20, Window: time.Second})
+	keys := make([]request, 1024)
+	for i := range keys {
+		if keys[i], err = newRequest(e.prefix+"bench:"+uuid.NewString(), clockReading{}, 1, true, set); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx, i := context.Background(), 0
+		for pb.Next() {
+			req := keys[i%len(keys)]
+			if o := e.decides.Do(ctx, req, e.decides.Route(req.key, false)); o.Err != nil || o.Invalid != nil {
+				b.Error(o.Err, o.Invalid)
+				return
+			}
+			i += 7
+		}
+	})
 }
 
 // Reserve is reserve, for the tests of package engine_test: reservations are local quota's

@@ -616,9 +616,6 @@ type modelLog struct {
 	key     string // the log's name in Valkey, as an admission's EntryID carries it
 	entries []modelEntry
 	horizon int64
-	// layout is the layout version the engine writes; under 5 a unit log's wait is exact
-	// (lib_log.lua, version 5).
-	layout int
 	// weighted is the latest time of an entry that ever cost other than 1 since the log last
 	// emptied: the script's last_weighted is at most this (and at least the latest such
 	// entry's that still costs other than 1: weightedNow).
@@ -650,11 +647,11 @@ func (m *modelLog) weightedNow() int64 {
 }
 
 // unit reports whether the script reads the log as a unit log (every entry of cost 1), and
-// whether that is sure: under layout 5 it does when its last_weighted is before the oldest
+// whether that is sure: it does when its last_weighted is before the oldest
 // entry, and last_weighted lies between weightedNow and weighted, depending on how the log
 // was stored (a small header's is recomputed from its entries).
 func (m *modelLog) unit() (unit, sure bool) {
-	if m.layout < 5 || len(m.entries) == 0 {
+	if len(m.entries) == 0 {
 		return false, true
 	}
 	oldest := m.entries[0].at

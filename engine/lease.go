@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // In-flight limits: at most max requests of a key running at once.
@@ -21,10 +23,10 @@ import (
 //
 // A caller that gives up holds nothing either. The path of one Acquire: the lease's id is made
 // before the call (acquireLease); the script call runs to its reply on a context the caller
-// cannot cut short (runAcquire, on outliving's context), while the caller waits for the reply
-// or its own context's end, whichever comes first; once the reply (or the call's failure) is
-// back, a lease that no caller took, or that the call may have left without saying so, is
-// released by its id (releaseAbandoned). The release comes after the acquire's reply, never
+// cannot cut short (runAcquire, on outliving's context), on one goroutine of its own while the
+// caller waits for the reply or its own context's end, whichever comes first; once the reply
+// (or the call's failure) is back, a lease that no caller took, or that the call may have left
+// without saying so, is released by its id (releaseAbandoned). The release comes after the acquire's reply, never
 // before: a release the server took before the acquire would remove nothing.
 
 const (
@@ -105,8 +107,10 @@ func (e *Engine) Acquire(ctx context.Context, key string, maxHolders int, ttl ti
 	return l, err
 }
 
+// acquireLease is Acquire on validated arguments: it makes the lease's id, runs the script
+// call (runAcquire) and reads what it answered.
 func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, ttl time.Duration, what func() string) (Lease, error) {
-	nowArg, err := e.leaseClock().arg()
+	nowArg, err := e.clockReading().arg()
 	if err != nil {
 		return Lease{}, err
 	}
@@ -114,14 +118,8 @@ func (e *Engine) acquireLease(ctx context.Context, key string, maxHolders int, t
 	if err != nil {
 		return Lease{}, fmt.Errorf("%s: make a lease id: %w", what(), err)
 	}
-	args := acquireArgs(nowArg, maxHolders, ttl, id)
-	d, err := e.runAcquire(ctx, key, id, func(ctx context.Context) acquireCall {
-		d, err := e.runLease(ctx, e.acquires, what, e.leaseKey(key), args)
-		if err == nil && (d.holders < 1 || d.holders > int64(maxHolders) && d.granted) {
-			err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), d.holders, maxHolders)
-		}
-		return acquireCall{d: d, err: err}
-	}, what)
+	req := leaseReq{key: e.leaseKey(key), args: acquireArgs(nowArg, maxHolders, ceilMicros(ttl), id)}
+	d, err := e.runAcquire(ctx, key, id, req, maxHolders, what)
 	if err != nil {
 		return e.leaseFailure(ctx, Lease{Key: key}, ttl, err)
 	}
@@ -152,45 +150,39 @@ func (c acquireCall) mayHold() bool {
 	return c.err != nil && !errors.As(c.err, &reply) && !errors.Is(c.err, ErrUnknownLayout)
 }
 
-// runAcquire runs call, the acquire of lease id of key, so that no lease of that id outlives
-// it unless returned to the caller: call runs to its reply on a context ctx cannot cut short
-// (outliving), the caller waits for the reply or ctx's end, whichever comes first, and once the
-// reply is back, a lease no caller took, or that the call may have left while it failed, is
-// released (releaseAbandoned). A ctx that has ended already sends nothing.
-func (e *Engine) runAcquire(ctx context.Context, key string, id uuid.UUID, call func(context.Context) acquireCall, what func() string) (leaseReply, error) {
-	if ctx.Done() == nil {
-		// ctx never ends: the caller takes whatever the call comes back with.
-		c := call(ctx)
-		if c.err != nil && c.mayHold() {
-			go e.releaseAbandoned(ctx, key, id)
-		}
-		return c.d, c.err
-	}
+// runAcquire runs req, the acquire of lease id of key (of at most maxHolders), so that no
+// lease of that id outlives it unless returned to the caller: the call runs to its reply on a
+// context ctx cannot cut short (outliving), on one goroutine of its own while the caller waits
+// for the reply or ctx's end, whichever comes first (sendctx.Promptly); once the reply is
+// back, a lease no caller took, or that the call may have left while it failed, is released
+// (releaseAbandoned). A ctx that has ended already sends nothing.
+func (e *Engine) runAcquire(ctx context.Context, key string, id uuid.UUID, req leaseReq, maxHolders int, what func() string) (leaseReply, error) {
 	if err := ctx.Err(); err != nil {
 		return leaseReply{}, classify(ctx, what(), err)
 	}
-	// Unbuffered: a reply handed over is the caller's, one not handed over is nobody's.
-	handed := make(chan acquireCall)
-	callCtx, stop := outliving(ctx)
-	go func() {
+	c, _ := sendctx.Promptly(ctx, func() acquireCall {
+		callCtx, stop := outliving(ctx)
 		defer stop()
-		c := call(callCtx)
-		taken := false
-		select {
-		case handed <- c:
-			taken = true
-		case <-ctx.Done():
+		o := e.acquires.Send(callCtx, req, e.acquires.Route(req.key, false))
+		c := acquireCall{d: o.Reply, err: o.Failure(callCtx, what)}
+		if c.err == nil && (c.d.holders < 1 || c.d.holders > int64(maxHolders) && c.d.granted) {
+			c.err = fmt.Errorf("%s: script reply: %d holders of at most %d", what(), c.d.holders, maxHolders)
 		}
-		if c.mayHold() && (!taken || c.err != nil) {
-			e.releaseAbandoned(ctx, key, id)
+		return c
+	}, func(err error) acquireCall {
+		return acquireCall{err: classify(ctx, what(), err)}
+	}, func(c acquireCall, taken bool) {
+		if !c.mayHold() || taken && c.err == nil {
+			return
 		}
-	}()
-	select {
-	case c := <-handed:
-		return c.d, c.err
-	case <-ctx.Done():
-		return leaseReply{}, classify(ctx, what(), ctx.Err())
-	}
+		if ctx.Done() == nil {
+			// On the caller's goroutine (ctx never ends): the caller does not wait for it.
+			go e.releaseAbandoned(ctx, key, id)
+			return
+		}
+		e.releaseAbandoned(ctx, key, id)
+	})
+	return c.d, c.err
 }
 
 // outliving returns a context for a call that must run to its reply though its caller may
@@ -213,7 +205,7 @@ func outliving(ctx context.Context) (callCtx context.Context, stop func()) {
 func (e *Engine) releaseAbandoned(ctx context.Context, key string, id uuid.UUID) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCleanupTimeout)
 	defer cancel()
-	removed, err := e.removeLease(ctx, key, id)
+	removed, err := e.removeLease(ctx, key, id, "strictrate: release the abandoned lease "+id.String()+" of "+quoteKey(key))
 	if e.logger != nil {
 		e.logger.LogAttrs(ctx, slog.LevelDebug, "strictrate: released a lease no caller holds (its acquire's caller left, or the acquire failed)",
 			slog.String("key", quoteKey(key)), slog.String("lease", id.String()), slog.Bool("removed", removed), slog.Any("error", err))
@@ -257,12 +249,13 @@ func (e *Engine) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease,
 }
 
 func (e *Engine) extendLease(ctx context.Context, l Lease, ttl time.Duration, what func() string) (Lease, error) {
-	nowArg, err := e.leaseClock().arg()
+	nowArg, err := e.clockReading().arg()
 	if err != nil {
 		return Lease{}, err
 	}
-	args := extendArgs(nowArg, ttl, l.ID)
-	d, err := e.runLease(ctx, e.extends, what, e.leaseKey(l.Key), args)
+	full := e.leaseKey(l.Key)
+	o := e.extends.Do(ctx, leaseReq{key: full, args: extendArgs(nowArg, ceilMicros(ttl), l.ID)}, e.extends.Route(full, false))
+	d, err := o.Reply, o.Failure(ctx, what)
 	if err != nil {
 		return e.leaseFailure(ctx, l, ttl, err)
 	}
@@ -296,11 +289,11 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 		return nil
 	}
 	started := time.Now()
-	removed, err := e.removeLease(ctx, l.Key, l.ID)
+	removed, err := e.removeLease(ctx, l.Key, l.ID, what)
 	oc := outcomeAllowed
 	switch {
 	case err != nil:
-		err, oc = classify(ctx, what, err), outcomeError
+		oc = outcomeError
 	case !removed:
 		oc = outcomeDenied
 	}
@@ -309,28 +302,15 @@ func (e *Engine) Release(ctx context.Context, l Lease) error {
 }
 
 // removeLease runs lease_release.lua for lease id of key: removed reports whether the lease
-// was there to remove. The error is the client's, unclassified.
-func (e *Engine) removeLease(ctx context.Context, key string, id uuid.UUID) (removed bool, err error) {
-	cl := e.releases.do(ctx, leaseReq{key: e.leaseKey(key), args: releaseArgs(id)}, destination{})
-	removed, err = cl.req.d.granted, cl.err
-	if err == nil {
-		err = cl.req.replyErr
-	}
-	e.releases.release(cl)
-	return removed, err
+// was there to remove. Its error is wrapped with what.
+func (e *Engine) removeLease(ctx context.Context, key string, id uuid.UUID, what string) (removed bool, err error) {
+	full := e.leaseKey(key)
+	o := e.releases.Do(ctx, leaseReq{key: full, args: releaseArgs(id)}, e.releases.Route(full, false))
+	return o.Reply.granted, o.Failure(ctx, func() string { return what })
 }
 
 // leaseKey is the name of key's lease set.
 func (e *Engine) leaseKey(key string) string { return e.prefix + LeaseNamespace + key }
-
-// leaseClock is the clock leases are decided on: the caller's under WithClock, else the
-// server's.
-func (e *Engine) leaseClock() clockReading {
-	if e.clock != nil {
-		return clockReading{t: e.clock(), set: true}
-	}
-	return clockReading{}
-}
 
 // leaseFailure applies the fail-open policy to a lease call the server could not take, as
 // backendFailure does for decisions. Open, it returns l as a lease that holds no slot, with
@@ -378,29 +358,6 @@ func validateHeld(l Lease) error {
 		return fmt.Errorf("%w: lease of %q has no id: it holds no slot (fail-open granted it, or it is not from Acquire)", ErrInvalidArgument, l.Key)
 	}
 	return nil
-}
-
-// runLease sends a lease script's call through c for the full key fullKey and decodes its
-// reply. With WithReplicaAck or WithDurableAck it goes with WAIT in its round trip and is
-// followed by WAITAOF when it granted, and a grant not held where it was asked to be is an
-// error wrapping ErrUnavailable, returned with the granting reply. Errors are wrapped with
-// what() and classified; the fail-open policy is the caller's to apply.
-func (e *Engine) runLease(ctx context.Context, c *commit[leaseReq], what func() string, fullKey string, args []string) (leaseReply, error) {
-	cl := c.do(ctx, leaseReq{key: fullKey, args: args}, destination{})
-	out, callErr, got := cl.req, cl.err, cl.ack
-	c.release(cl)
-	switch {
-	case callErr != nil:
-		return leaseReply{}, classify(ctx, what(), callErr)
-	case out.replyErr != nil:
-		return leaseReply{}, fmt.Errorf("%s: %w", what(), out.replyErr)
-	case c.ack && out.d.granted:
-		if err := e.ackPolicy.check(ctx, got); err != nil {
-			// Granted all the same: Acquire releases what it will not return.
-			return out.d, fmt.Errorf("%s: %w", what(), err)
-		}
-	}
-	return out.d, nil
 }
 
 // leaseOutcome is how the metrics count a lease call that returned err, or a lease whose

@@ -202,19 +202,13 @@ func resolutionCases() []resolutionCase {
 // limits with resolutions, policies of two resolutions (the finer wins) and of an exact limit
 // and a resolution (the log is exact), costs 1 to Max, peeks, refunds and settles (retried:
 // a shared entry gives back again): every Result field equals the model's, and the stored log
-// holds the model's entries. In layouts 2 and 5: under 5 a long log of one limit is decided on
+// holds the model's entries. A long log of one limit is decided on
 // its busy header (lib_busy.lua), slots included.
 func TestResolutionAgainstModel(t *testing.T) {
-	for _, layout := range []int{2, 5} {
-		t.Run(fmt.Sprintf("layout %d", layout), func(t *testing.T) { testResolutionAgainstModel(t, layout) })
-	}
-}
-
-func testResolutionAgainstModel(t *testing.T, layout int) {
 	client := exampleClient()
 	defer client.Close()
 	clock := &steppedClock{}
-	e, err := engine.New(client, engine.WithClock(clock.Now), engine.WithPersistenceCheck(engine.Ignore), engine.WithWriteLayout(layout))
+	e, err := engine.New(client, engine.WithClock(clock.Now), engine.WithPersistenceCheck(engine.Ignore))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,8 +219,8 @@ func testResolutionAgainstModel(t *testing.T, layout int) {
 		tc := cases[(seed-1)%uint64(len(cases))]
 		t.Run(fmt.Sprintf("seed %d %s", seed, tc.name), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 77))
-			key := exampleKey(fmt.Sprint("resolution-model-", layout, "-", seed))
-			model := &resModel{modelLog: &modelLog{key: "strictrate:" + key, layout: layout, weighted: noTime}}
+			key := exampleKey(fmt.Sprint("resolution-model-", seed))
+			model := &resModel{modelLog: &modelLog{key: "strictrate:" + key, weighted: noTime}}
 			base := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).UnixMicro() + 123_457
 			now := base
 			ops, step := 800, int64(600_000)
@@ -803,8 +797,8 @@ func TestClusterQuotasExactPerKey(t *testing.T) {
 		if hasSliding && log.Events != max {
 			t.Fatalf("key %s (%v): the log holds %d events, want %d", k, p, log.Events, max)
 		}
-		if hasCalendar && (len(log.Periods) != 1 || log.Periods[0].Events != max || log.Layout != 4) {
-			t.Fatalf("key %s (%v): periods %+v layout %d, want one period of %d events, layout 4", k, p, log.Periods, log.Layout, max)
+		if hasCalendar && (len(log.Periods) != 1 || log.Periods[0].Events != max || log.Layout != 5) {
+			t.Fatalf("key %s (%v): periods %+v layout %d, want one period of %d events, layout 5", k, p, log.Periods, log.Layout, max)
 		}
 		if p[0] == slotted && log.Count > 2 {
 			t.Fatalf("key %s (%v): %d entries for a minute's slots within seconds, want at most 2", k, p, log.Count)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/strictrate/strictrate/internal/sendctx"
 )
 
 // LocalQuota configures local quota (WithLocalQuota): for a key this process asks about often
@@ -296,26 +298,29 @@ func (lq *localQuotas) allow(ctx context.Context, key string, set *limitSet, n i
 // take sends a reservation of k events of h's key, and installs it when it comes back within
 // ctx, admitting n of them for the request that took it; false when the request is the
 // server's to decide. Apart from allow, whose local admissions it would otherwise slow: the
-// goroutine here captures h, which would move allow's h to the heap on every call.
+// call here captures h, which would move allow's h to the heap on every call.
 func (lq *localQuotas) take(ctx context.Context, h *holder, k, n int) (Result, bool) {
 	// The reservation's call outlives its caller's context: a call the caller gave up on may
 	// still be taken by the server (one that stopped answering for a while takes it when it
-	// answers again), and its events must then be used or given back, not left held.
+	// answers again), and its events must then be used or given back, not left held. It runs
+	// on one goroutine of its own (sendctx.Promptly), which installs it when its caller left.
 	sent := time.Now()
-	done := make(chan reserved, 1)
-	go func() {
+	got, taken := sendctx.Promptly(ctx, func() reserved {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.hold+localSettleTimeout)
 		defer cancel()
-		res, err := lq.e.reserveSet(rctx, h.key, h.set, k, h.hold)
-		done <- reserved{res, err}
-	}()
-	select {
-	case got := <-done:
-		return lq.install(ctx, h, got, k, n, sent)
-	case <-ctx.Done():
-		go func() { _, _ = lq.install(context.Background(), h, <-done, k, 0, sent) }()
+		res, err := lq.e.take(rctx, ask{key: h.key, set: h.set, n: k, at: lq.e.clockReading(), hold: h.hold, detached: true})
+		return reserved{res, err}
+	}, func(err error) reserved {
+		return reserved{err: err}
+	}, func(got reserved, taken bool) {
+		if !taken {
+			_, _ = lq.install(context.Background(), h, got, k, 0, sent)
+		}
+	})
+	if !taken {
 		return Result{}, false
 	}
+	return lq.install(ctx, h, got, k, n, sent)
 }
 
 // reserved is a reservation's call's outcome.
@@ -499,7 +504,7 @@ func (lq *localQuotas) giveBack(s *settlement) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), localSettleTimeout)
 	defer cancel()
-	if err := lq.e.Settle(ctx, s.key, Result{Entry: s.entry}, s.used); err != nil {
+	if err := lq.e.settle(ctx, uncounted, s.key, Result{Entry: s.entry}, s.used); err != nil {
 		if lq.e.logger == nil {
 			return
 		}

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -16,10 +18,13 @@ import (
 //	strictrate.local.events         counter    {event}     events reserved, used and given back
 //
 // Attributes: strictrate.operation (allow: Allow, AllowN, Record, Wait; policy: AllowPolicy;
-// peek: Peek, Check; acquire, extend and release: the lease calls) and, on the first two,
-// strictrate.outcome (allowed, denied, error, fail_open, shadow_denied, cache_denied; for
-// leases: allowed when granted, extended or released, denied when the key was full, the lease
-// had expired or there was none to release); on strictrate.local.events, strictrate.local
+// allow_all: AllowAll; peek: Peek, PeekPolicy, Check; refund and settle: Refund and Settle;
+// acquire, extend and release: the lease calls) and, on the first two, strictrate.outcome
+// (allowed, denied, error, fail_open, shadow_denied, cache_denied; for leases: allowed when
+// granted, extended or released, denied when the key was full, the lease had expired or there
+// was none to release; for refund and settle: allowed when given back, error when not). The
+// give-backs the engine makes on its own (AllowAll's refunds, local quota's settles) are not
+// counted: the metrics count callers' calls. On strictrate.local.events, strictrate.local
 // (reserved, used: admitted from a reservation, returned: given back unused). Never the key:
 // keys are unbounded.
 const (
@@ -42,14 +47,18 @@ type operation int
 const (
 	opAllow operation = iota
 	opPolicy
+	opAllowAll
 	opPeek
+	opRefund
+	opSettle
 	opAcquire
 	opExtend
 	opRelease
 	numOperations
 )
 
-var operationNames = [numOperations]string{"allow", "policy", "peek", "acquire", "extend", "release"}
+// operationNames are the operations as strictrate.operation names them.
+var operationNames = [numOperations]string{"allow", "policy", "allow_all", "peek", "refund", "settle", "acquire", "extend", "release"}
 
 // metricOutcome is how a call ended, as the metrics count it.
 type metricOutcome int
@@ -64,6 +73,7 @@ const (
 	numOutcomes
 )
 
+// outcomeNames are the outcomes as strictrate.outcome names them.
 var outcomeNames = [numOutcomes]string{"allowed", "denied", "error", "fail_open", "shadow_denied", "cache_denied"}
 
 // metrics holds the engine's instruments and their attribute sets, made once (as option
@@ -81,6 +91,14 @@ type metrics struct {
 	localReserved, localUsed, localReturned []metric.AddOption
 }
 
+// called is the batch-size metric's count of a call of n requests of op
+// (transport.Kind.Called).
+func (m *metrics) called(op operation) func(ctx context.Context, n int) {
+	return func(ctx context.Context, n int) { m.batchSize.Record(ctx, int64(n), m.byOp[op]...) }
+}
+
+// newMetrics makes the engine's instruments on mp (the global provider when nil), and every
+// attribute set they are recorded with.
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()

@@ -9,22 +9,28 @@ import (
 	"sync"
 	"time"
 
-	"github.com/valkey-io/valkey-go"
+	"github.com/strictrate/strictrate/internal/transport"
 )
 
 // The path of one AllowAll, top-down:
 //
-//  1. AllowAll validates every request (checkAllowAll) and makes its scripts' arguments
-//     (newRequest), all on one clock reading.
-//  2. allCalls groups the requests by where their keys live: one group on a standalone server;
-//     in a cluster, one per primary (the committer's slot map), in a fixed order. A group of
-//     more than MaxAllowAllRequests is cut into calls of at most that many, in request order.
-//  3. Each call runs decide_all.lua, which peeks every request of the call and records those
-//     its limits admit only when every one that is not advisory is admitted. readReply decodes its
-//     reply, each decision with outcome.read, the one decoder of decisions.
+//  1. AllowAll validates every request once (checkAllowAll), which gives its limit set, and
+//     makes its scripts' arguments (newRequest), all on one clock reading. One request with a
+//     cost is take's decision, as AllowPolicy's.
+//  2. allCalls groups the requests by where their keys go, by the rule every request is routed
+//     by (transport.Commit.Route): one group on a standalone server; in a cluster, one per
+//     primary, or per slot while the slot map names none, in a fixed order
+//     (transport.CompareDests). A group of more than MaxAllowAllRequests is cut into calls of
+//     at most that many, in request order.
+//  3. Each call is a request of the group commit (e.groups.Do), which runs decide_all.lua: it
+//     peeks every request of the call and records those its limits admit only when every one
+//     that is not advisory is admitted. decodeGroups (wire_kinds.go) decodes its reply, each
+//     decision with request.read, the one decoder of decisions. A call its node did not take
+//     is sent again by the transport's retry rule; one whose keys are of several slots comes
+//     back ErrNotTaken, and its requests go again, one slot at a time (bySlot).
 //  4. The calls run one after the other. Once a call denies, the calls after it only peek
-//     (check); what earlier calls recorded is given back (refundAll) before AllowAll returns. allowAll applies the fail-open policy and
-//     shadow mode, and AllowAll counts the call.
+//     (check); what earlier calls recorded is given back (refundAll) before AllowAll returns.
+//     allowAll applies the fail-open policy and shadow mode, and AllowAll counts the call.
 
 // MaxAllowAllRequests is the most requests one script call of AllowAll carries: the server
 // runs a call alone, so a bound keeps any one call short. An AllowAll of more requests (any
@@ -64,28 +70,30 @@ type Request struct {
 //     in a fixed order; when one denies, what earlier calls recorded is refunded before
 //     AllowAll returns. That never admits more than the limits allow, but a concurrent request
 //     may be denied meanwhile; a refunded request's Result has Entry zero.
-//   - Failures, shadow mode and metrics are as for AllowPolicy: fail-closed returns the error
-//     and nil results, fail-open admits every request with BackendErr set. One request with
-//     N > 0 is exactly AllowPolicy's decision.
+//   - Failures and shadow mode are as for AllowPolicy: fail-closed returns the error and nil
+//     results, fail-open admits every request with BackendErr set. One request with N > 0 is
+//     exactly AllowPolicy's decision. The metrics count each call as operation "allow_all".
 //
 // docs/limits.md, "Several keys at once", has the rest: the order of calls, refunds that fail,
 // clusters, the deny cache, group commit and the clock.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, err error) {
-	if err := e.checkAllowAll(ctx, reqs); err != nil {
+	sets, err := e.checkAllowAll(ctx, reqs)
+	if err != nil {
 		return false, nil, err
 	}
+	at := e.clockReading()
 	if len(reqs) == 1 && reqs[0].N > 0 {
 		// One key alone is AllowPolicy's decision, which shares the group commit and the deny
 		// cache with every other decision.
 		r := reqs[0]
-		res, err := e.AllowPolicy(ctx, r.Key, r.Policy, r.N)
+		res, err := e.take(ctx, ask{op: opAllowAll, key: r.Key, set: sets[0], n: r.N, at: at})
 		if err != nil {
 			return false, nil, err
 		}
 		return res.Allowed || r.Advisory, []Result{res}, nil
 	}
 	started := time.Now()
-	allowed, results, shadowed, err := e.allowAll(ctx, reqs)
+	allowed, results, shadowed, err := e.allowAll(ctx, reqs, sets, at)
 	oc := outcomeAllowed
 	switch {
 	case err != nil:
@@ -97,64 +105,73 @@ func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (allowed bool, re
 	case !allowed:
 		oc = outcomeDenied
 	}
-	e.metrics.record(ctx, opPolicy, oc, time.Since(started))
+	e.metrics.record(ctx, opAllowAll, oc, time.Since(started))
 	return allowed, results, err
 }
 
-// checkAllowAll checks an AllowAll of reqs before anything is sent.
-func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) error {
+// checkAllowAll checks an AllowAll of reqs before anything is sent, and returns each
+// request's limit set.
+func (e *Engine) checkAllowAll(ctx context.Context, reqs []Request) ([]*limitSet, error) {
 	if err := checkContext(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if len(reqs) == 0 {
-		return fmt.Errorf("%w: allow_all of no request", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: allow_all of no request", ErrInvalidArgument)
 	}
+	sets := make([]*limitSet, len(reqs))
 	seen := make(map[string]int, len(reqs))
 	for i, r := range reqs {
 		if err := validateKey(r.Key); err != nil {
-			return fmt.Errorf("strictrate: allow_all request %d: %w", i, err)
+			return nil, fmt.Errorf("strictrate: allow_all request %d: %w", i, err)
 		}
 		if j, dup := seen[r.Key]; dup {
-			return fmt.Errorf("%w: allow_all requests %d and %d have the same key %s; merge them into one", ErrInvalidArgument, j, i, quoteKey(r.Key))
+			return nil, fmt.Errorf("%w: allow_all requests %d and %d have the same key %s; merge them into one", ErrInvalidArgument, j, i, quoteKey(r.Key))
 		}
 		seen[r.Key] = i
 		if r.N < 0 {
-			return fmt.Errorf("%w: allow_all request %d (key %s): cost N %d is negative", ErrInvalidArgument, i, quoteKey(r.Key), r.N)
+			return nil, fmt.Errorf("%w: allow_all request %d (key %s): cost N %d is negative", ErrInvalidArgument, i, quoteKey(r.Key), r.N)
 		}
-		if err := r.Policy.validate(max(r.N, 1)); err != nil {
-			return fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
+		set, err := e.checkedPolicy(r.Policy, max(r.N, 1))
+		if err != nil {
+			return nil, fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
 		}
+		sets[i] = set
 	}
-	return nil
+	return sets, nil
 }
 
 // allPart is one request of an AllowAll in the engine's hands.
 type allPart struct {
 	key      string  // as the caller gave it
-	req      request // its scripts' arguments, and its last call's decision for it
+	req      request // its scripts' arguments
 	advisory bool
-	err      error // its last call's error reply for it alone
-	recorded bool  // its last call recorded it
 	result   Result
 	kept     bool // its entry is in its key's log
 }
 
-// allCall is one group of decide_all.lua: the requests of an AllowAll whose keys one node
-// holds, decided all or nothing in one call, alone or with other AllowAlls' groups for the
-// same node (the group commit, e.groups).
+// allCall is one call of an AllowAll: its requests whose keys go to one destination, decided
+// all or nothing in one group of decide_all.lua, alone or with other AllowAlls' groups for the
+// same destination (the group commit, e.groups).
 type allCall struct {
-	node  string     // the primary's address, keys undeclared; "" for the engine's client, keys declared
+	dest  transport.Dest
 	parts []*allPart // in KEYS order
-	check bool       // peek only: the AllowAll is already denied on another node
 }
 
-// allowAll takes the decision of AllowAll on validated requests; shadowed reports that shadow
-// mode admitted a group that was denied.
-func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, results []Result, shadowed bool, err error) {
-	at := e.decisionClock()
+// group is c as the script's group, checking only when check.
+func (c *allCall) group(check bool) group {
+	g := group{parts: make([]groupPart, len(c.parts)), check: check}
+	for i, p := range c.parts {
+		g.parts[i] = groupPart{req: p.req, advisory: p.advisory}
+	}
+	return g
+}
+
+// allowAll takes the decision of AllowAll on validated requests, of limit sets sets, at at;
+// shadowed reports that shadow mode admitted a group that was denied.
+func (e *Engine) allowAll(ctx context.Context, reqs []Request, sets []*limitSet, at clockReading) (allowed bool, results []Result, shadowed bool, err error) {
 	parts := make([]allPart, len(reqs))
 	for i, r := range reqs {
-		req, err := newRequest(e.prefix+r.Key, at, r.N, false, e.policySet(r.Policy))
+		req, err := newRequest(e.prefix+r.Key, at, r.N, false, sets[i])
 		if err != nil {
 			return false, nil, false, fmt.Errorf("strictrate: allow_all request %d (key %s): %w", i, quoteKey(r.Key), err)
 		}
@@ -166,23 +183,14 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 		c := calls[0]
 		calls = calls[1:]
 		check := !admitted
-		c.check = check
-		dest := destination{node: c.node}
-		if c.node == "" && e.groups.slots != nil {
-			// A cluster whose slot map names no primary for these keys: one slot's keys,
-			// through the engine's client. On a single server every group shares one queue.
-			dest.slot = slotOf(c.parts[0].req.key)
-		}
-		cl := e.groups.do(ctx, c, dest)
-		callErr, ack := cl.err, cl.ack
-		e.groups.release(cl)
-		if c.node != "" && c.notTaken(callErr) {
-			// The node does not serve every key (a slot moved): nothing was recorded there.
-			e.groups.slots.reload()
-			calls = append(bySlot(c.parts), calls...)
+		o := e.groups.Do(ctx, c.group(check), c.dest)
+		if errors.Is(o.Err, transport.ErrNotTaken) {
+			// The node does not serve every key (a slot moved), and the keys are of several
+			// slots: nothing was recorded there, and they go again, a slot at a time.
+			calls = append(e.bySlot(c.parts), calls...)
 			continue
 		}
-		if err := e.readAllCall(ctx, c, callErr, ack, check); err != nil {
+		if err := e.readAllCall(ctx, c, o, check); err != nil {
 			if check {
 				continue // the denial stands; these requests' Results stay zero
 			}
@@ -228,50 +236,50 @@ func (e *Engine) allowAll(ctx context.Context, reqs []Request) (allowed bool, re
 	return admitted, results, false, err
 }
 
-// allCalls groups parts by where their keys live, in the order they are decided: one group on
-// a standalone server; in a cluster, one per primary by the committer's slot map, by address,
-// then, for the keys whose slot has no primary known (the map has not landed yet), one per
-// slot, through the engine's client. Each group is cut into calls of at most
-// MaxAllowAllRequests (capped).
+// allCalls groups parts by where their keys go (e.groups.Route), in the order they are
+// decided (transport.CompareDests): one group on a standalone server; in a cluster, one per
+// primary by address, then, for the keys whose slot has no primary known (the slot map has
+// not landed yet), one per slot, through the engine's client. Each group is cut into calls of
+// at most MaxAllowAllRequests (capped).
 func (e *Engine) allCalls(parts []allPart) []*allCall {
-	slots := e.groups.slots
-	if slots == nil {
-		c := &allCall{parts: make([]*allPart, len(parts))}
-		for i := range parts {
-			c.parts[i] = &parts[i]
-		}
-		return capped([]*allCall{c})
-	}
-	byNode := map[string]*allCall{}
-	var unmapped []*allPart
+	ps := make([]*allPart, len(parts))
 	for i := range parts {
-		p := &parts[i]
-		addr, ok := slots.primary(slotOf(p.req.key))
-		if !ok {
-			unmapped = append(unmapped, p)
-			continue
-		}
-		if byNode[addr] == nil {
-			byNode[addr] = &allCall{node: addr}
-		}
-		byNode[addr].parts = append(byNode[addr].parts, p)
+		ps[i] = &parts[i]
 	}
-	calls := make([]*allCall, 0, len(byNode))
-	for _, c := range byNode {
-		calls = append(calls, c)
+	return groupBy(ps, func(p *allPart) transport.Dest { return e.groups.Route(p.req.key, false) })
+}
+
+// bySlot groups parts into calls of one slot each (capped), through the engine's client (which
+// routes them by their declared keys, following MOVED and ASK), by ascending slot.
+func (e *Engine) bySlot(parts []*allPart) []*allCall {
+	return groupBy(parts, func(p *allPart) transport.Dest { return e.groups.BySlot(p.req.key) })
+}
+
+// groupBy groups parts by their destination dest, in the order of destinations, each
+// group's parts in their order, and cuts each group into calls of at most MaxAllowAllRequests.
+func groupBy(parts []*allPart, dest func(*allPart) transport.Dest) []*allCall {
+	groups := map[transport.Dest]*allCall{}
+	var calls []*allCall
+	for _, p := range parts {
+		d := dest(p)
+		if groups[d] == nil {
+			groups[d] = &allCall{dest: d}
+			calls = append(calls, groups[d])
+		}
+		groups[d].parts = append(groups[d].parts, p)
 	}
-	slices.SortFunc(calls, func(a, b *allCall) int { return strings.Compare(a.node, b.node) })
-	return append(capped(calls), bySlot(unmapped)...)
+	slices.SortStableFunc(calls, func(a, b *allCall) int { return transport.CompareDests(a.dest, b.dest) })
+	return capped(calls)
 }
 
 // capped cuts each call of more than MaxAllowAllRequests into consecutive calls of at most
-// that many, for the same node, its requests in their order: the server runs a call alone, so
-// no call may grow with what a caller asks.
+// that many, for the same destination, its requests in their order: the server runs a call
+// alone, so no call may grow with what a caller asks.
 func capped(calls []*allCall) []*allCall {
 	out := make([]*allCall, 0, len(calls))
 	for _, c := range calls {
 		for len(c.parts) > MaxAllowAllRequests {
-			out = append(out, &allCall{node: c.node, parts: c.parts[:MaxAllowAllRequests:MaxAllowAllRequests]})
+			out = append(out, &allCall{dest: c.dest, parts: c.parts[:MaxAllowAllRequests:MaxAllowAllRequests]})
 			c.parts = c.parts[MaxAllowAllRequests:]
 		}
 		out = append(out, c)
@@ -279,93 +287,44 @@ func capped(calls []*allCall) []*allCall {
 	return out
 }
 
-// bySlot groups parts into calls of one slot each (capped), through the engine's client (which
-// routes them by their declared keys, following MOVED and ASK), by ascending slot.
-func bySlot(parts []*allPart) []*allCall {
-	groups := map[uint16]*allCall{}
-	var order []uint16
-	for _, p := range parts {
-		s := slotOf(p.req.key)
-		if groups[s] == nil {
-			groups[s] = &allCall{}
-			order = append(order, s)
+// readAllCall reads o, the outcome of c's call (a group that only checks when check), into
+// its requests' Results, and returns the first error among them (the call's, or a request's):
+// the decision cannot go on. What c recorded is marked, so that it is refunded whatever the
+// outcome. The acknowledgements asked for (WithReplicaAck, WithDurableAck) must hold for a
+// call that recorded something.
+func (e *Engine) readAllCall(ctx context.Context, c *allCall, o transport.Outcome[[]partReply], check bool) error {
+	if o.Reply == nil {
+		// The call failed whole, or its reply for the group is none the script gives.
+		if err := o.Failure(ctx, func() string { return "strictrate: allow_all on " + c.describe() }); err != nil {
+			return err
 		}
-		groups[s].parts = append(groups[s].parts, p)
+		return fmt.Errorf("strictrate: allow_all on %s: script reply: no reply for the group", c.describe())
 	}
-	slices.Sort(order)
-	calls := make([]*allCall, len(order))
-	for i, s := range order {
-		calls[i] = groups[s]
-	}
-	return capped(calls)
-}
-
-// slotOf is the cluster hash slot of a full key.
-func slotOf(key string) uint16 {
-	cmd := valkey.Completed{}.SetSlot(key)
-	return cmd.Slot()
-}
-
-// notTaken reports whether c's node did not take its call, which ended with callErr, so that
-// nothing of it was recorded and its requests may go again elsewhere: a node gone from the
-// client's topology, a call refused before it ran for its slots (not OOM, which any node would
-// answer alike), or a request whose key the node does not serve (its peek failed, so the call
-// recorded nothing).
-func (c *allCall) notTaken(callErr error) bool {
-	if callErr != nil {
-		return callErr == errNodeGone || refusedBeforeRun(callErr) && !strings.HasPrefix(callErr.Error(), "OOM ")
-	}
-	retry := false
-	for _, p := range c.parts {
-		if p.recorded {
-			return false
-		}
-		retry = retry || p.err != nil && notTakenOnNode(p.err)
-	}
-	return retry
-}
-
-// readAllCall reads c's outcomes, after a call that ended with callErr and whose
-// acknowledgements answered ack, into its requests' Results, and returns the first error among
-// them (the call's, or a request's): the decision cannot go on. What c recorded is marked, so
-// that it is refunded whatever the outcome. The acknowledgements asked for (WithReplicaAck,
-// WithDurableAck) must hold for a call that recorded something.
-func (e *Engine) readAllCall(ctx context.Context, c *allCall, callErr error, ack ackReplies, check bool) error {
 	var first error
 	what := func(p *allPart) string { return "strictrate: allow_all " + quoteKey(p.key) }
-	if callErr != nil {
-		return classify(ctx, "strictrate: allow_all on "+c.describe(), callErr)
-	}
-	recorded := false
-	for _, p := range c.parts {
+	for i, p := range c.parts {
+		r := &o.Reply[i]
 		switch {
-		case p.err != nil:
-			first = cmpErr(first, classify(ctx, what(p), p.err))
+		case r.err != nil:
+			first = cmpErr(first, classify(ctx, what(p), r.err))
 			continue
-		case p.req.replyErr != nil:
-			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), p.req.replyErr))
-			continue
-		}
-		p.req.record = 0
-		if p.recorded {
-			p.req.record = p.req.n
-		}
-		r, err := p.req.d.result(&p.req)
-		if err != nil {
-			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), err))
+		case r.invalid != nil:
+			first = cmpErr(first, fmt.Errorf("%s: %w", what(p), r.invalid))
 			continue
 		}
-		if p.recorded && r.Entry.IsZero() {
+		cost := 0
+		if r.recorded {
+			cost = p.req.n
+		}
+		res := p.req.set.result(r.d, p.req.key, cost)
+		if r.recorded && res.Entry.IsZero() {
 			first = cmpErr(first, fmt.Errorf("%s: script reply: recorded, but the decision denied", what(p)))
 			continue
 		}
-		p.result, p.kept = r, p.recorded
-		recorded = recorded || p.recorded
+		p.result, p.kept = res, r.recorded
 	}
-	if first == nil && recorded && e.groups.ack && !check {
-		if err := e.ackPolicy.check(ctx, ack); err != nil {
-			first = fmt.Errorf("strictrate: allow_all on %s: %w", c.describe(), err)
-		}
+	if first == nil && o.Ack != nil {
+		first = fmt.Errorf("strictrate: allow_all on %s: %w", c.describe(), o.Ack)
 	}
 	return first
 }
@@ -384,8 +343,8 @@ func (c *allCall) describe() string {
 	if len(c.parts) > 1 {
 		s += fmt.Sprintf(" and %d more", len(c.parts)-1)
 	}
-	if c.node != "" {
-		s += " (node " + c.node + ")"
+	if node := c.dest.Node(); node != "" {
+		s += " (node " + node + ")"
 	}
 	return s
 }
@@ -408,7 +367,7 @@ func (e *Engine) refundAll(ctx context.Context, parts []allPart) error {
 			continue
 		}
 		wg.Go(func() {
-			if err := e.Refund(ctx, p.key, p.result); err != nil {
+			if err := e.settle(ctx, uncounted, p.key, p.result, 0); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				failed = append(failed, quoteKey(p.key))

@@ -569,7 +569,8 @@ func TestAllowAllNeverOverAdmitsAsTheWindowSlides(t *testing.T) {
 // the key without room says ShadowDenied. Fail-open admits a group the server could not
 // decide, each Result carrying the error; fail-closed returns the error. A key that holds
 // something else is ErrUnknownLayout, which fail-open never admits. The metrics count one
-// decision per call, of operation policy.
+// decision per call, of operation allow_all, one
+// request included.
 func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	own := valkeytest.New(t, valkeytest.OwnServer())
 	c := own.Client(t)
@@ -584,13 +585,13 @@ func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	p := engine.Policy{engine.PerMinute(2)}
 	a, full := enginetest.NewKey(t), enginetest.NewKey(t)
 
-	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 2}); !allowed { // policy/allowed
+	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: full, Policy: p, N: 2}); !allowed { // allow_all/allowed
 		t.Fatal("filling a key: denied, want an admission")
 	}
-	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}); allowed { // policy/denied
+	if allowed, _ := mustAllowAll(t, e, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}); allowed { // allow_all/denied
 		t.Fatal("a group with a full key: admitted, want a denial")
 	}
-	allowed, rs := mustAllowAll(t, shadow, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}) // policy/shadow_denied
+	allowed, rs := mustAllowAll(t, shadow, engine.Request{Key: a, Policy: p, N: 1}, engine.Request{Key: full, Policy: p, N: 1}) // allow_all/shadow_denied
 	if !allowed || !rs[0].Allowed || rs[0].ShadowDenied || !rs[0].Entry.IsZero() || !rs[1].Allowed || !rs[1].ShadowDenied {
 		t.Fatalf("shadow: %v, %+v; want admitted, the full key's Result ShadowDenied, nothing recorded", allowed, rs)
 	}
@@ -600,7 +601,7 @@ func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	if err := c.Do(ctx, c.B().Set().Key(enginetest.Prefix+bad).Value("not a log").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := open.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}, {Key: bad, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnknownLayout) { // policy/error
+	if _, _, err := open.AllowAll(ctx, []engine.Request{{Key: a, Policy: p, N: 1}, {Key: bad, Policy: p, N: 1}}); !errors.Is(err, engine.ErrUnknownLayout) { // allow_all/error
 		t.Fatalf("a key that holds a string, fail-open: %v, want ErrUnknownLayout", err)
 	}
 	enginetest.Want(t, "a's events after a failed group", logOf(t, c, a).Events, 0)
@@ -611,16 +612,16 @@ func TestAllowAllFollowsShadowFailOpenAndMetrics(t *testing.T) {
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	reqs := []engine.Request{{Key: a, Policy: p, N: 1}, {Key: full, Policy: p, N: 1}}
-	allowed, rs, err := open.AllowAll(tctx, reqs) // policy/fail_open
+	allowed, rs, err := open.AllowAll(tctx, reqs) // allow_all/fail_open
 	if err != nil || !allowed || len(rs) != 2 || !rs[0].Allowed || rs[0].BackendErr == nil || !rs[1].Allowed || rs[1].BackendErr == nil {
 		t.Fatalf("fail-open with the server down: %v, %+v, %v; want the group admitted, each Result carrying a BackendErr", allowed, rs, err)
 	}
-	if _, _, err := closed.AllowAll(tctx, reqs); !errors.Is(err, engine.ErrUnavailable) { // policy/error
+	if _, _, err := closed.AllowAll(tctx, reqs); !errors.Is(err, engine.ErrUnavailable) { // allow_all/error
 		t.Fatalf("fail-closed with the server down: %v, want ErrUnavailable", err)
 	}
 
 	got := collected(t, reader)["strictrate.decisions"]
-	want := map[string]int64{"policy/allowed": 1, "policy/denied": 1, "policy/shadow_denied": 1, "policy/fail_open": 1, "policy/error": 2}
+	want := map[string]int64{"allow_all/allowed": 1, "allow_all/denied": 1, "allow_all/shadow_denied": 1, "allow_all/fail_open": 1, "allow_all/error": 2}
 	for attrs, n := range want {
 		if got[attrs] != n {
 			t.Errorf("strictrate.decisions{%s} = %d, want %d (all: %v)", attrs, got[attrs], n, got)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/strictrate/strictrate/internal/transport"
 )
 
 // Option configures New.
@@ -17,7 +19,7 @@ type options struct {
 	preload          bool
 	preloadTimeout   time.Duration
 	failOpen         bool
-	ack              ackPolicy // WithReplicaAck, WithDurableAck
+	ack              transport.Ack // WithReplicaAck, WithDurableAck
 	evictionCheck    CheckLevel
 	persistenceCheck CheckLevel
 	logger           *slog.Logger
@@ -25,35 +27,13 @@ type options struct {
 	shadow           bool
 	denyCacheEntries int
 	meterProvider    metric.MeterProvider
-	writeLayout      int
 	localQuota       *LocalQuota // WithLocalQuota; nil when off
 }
 
 func defaultOptions() options {
 	return options{prefix: "strictrate:", preload: true, preloadTimeout: 10 * time.Second,
-		evictionCheck: Refuse, persistenceCheck: Warn, logger: slog.Default(), batching: true,
-		writeLayout: 5}
+		evictionCheck: Refuse, persistenceCheck: Warn, logger: slog.Default(), batching: true}
 }
-
-// WithWriteLayout sets the layout version of the logs this engine writes: 5, the default, 2
-// or 3. Every version from 1 to 5 is read either way. Layout 3 keeps a key's expiry in its
-// log's header, so that most decisions of a busy key send the server three commands instead
-// of four (measured in the bench's floor table); a key then lasts up to one more window, at
-// most an hour more, after its last admission. Layout 5 is layout 3 with a busy key's header
-// (a log longer than the 32 entries a header holds) that keeps copies of the oldest entries
-// and the time of the newest entry whose cost was not 1, so that a decision on a busy key
-// costs the server about what one on an idle key does, a denial's RetryAfter on a log of
-// cost-1 entries is exact at any depth, and a call after an idle stretch (a read-only one
-// included) finds where its window starts by its time instead of reading every entry that
-// left it (docs/limits.md; the bench's busykeys table). Layout 2's busy logs know none of
-// that: their reads after an idle stretch walk what left.
-//
-// A release that reads a layout does not mean every process does: a process of an earlier
-// release refuses a key of a later layout (ErrUnknownLayout). So write a layout only once every
-// process that shares the keys runs a release that reads it (this one or later), and never
-// roll back past it while keys of that layout exist (docs/operating.md, "Upgrading across a
-// layout change").
-func WithWriteLayout(version int) Option { return func(o *options) { o.writeLayout = version } }
 
 // WithPrefix sets the prefix put before every key; the default is "strictrate:". Keys of
 // engines with different prefixes never meet.
@@ -104,7 +84,7 @@ func WithFailOpen(failOpen bool) Option { return func(o *options) { o.failOpen =
 // until the context ends. The cost is real: valkey-go sends WAIT on a connection of its own,
 // so acknowledged decisions are not pipelined (docs/benchmarks.md has the figures).
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
-	return func(o *options) { o.ack.replicas, o.ack.timeout = replicas, timeout }
+	return func(o *options) { o.ack.Replicas, o.ack.Timeout = replicas, timeout }
 }
 
 // WithDurableAck makes every admission wait until it is fsynced (WAITAOF local replicas
@@ -127,17 +107,17 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // docs/operating.md, "What a crash forgets", says what each setting loses, why the WAITAOF
 // comes after the reply, and what it costs.
 func WithDurableAck(local, replicas int, timeout time.Duration) Option {
-	return func(o *options) { o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout = local, replicas, timeout }
+	return func(o *options) { o.ack.AOFLocal, o.ack.AOFReplicas, o.ack.AOFTimeout = local, replicas, timeout }
 }
 
 // validateDurableAck checks WithDurableAck's arguments.
 func (o *options) validateDurableAck() error {
 	switch {
-	case o.ack.aofLocal == 0 && o.ack.aofReplicas == 0:
+	case o.ack.AOFLocal == 0 && o.ack.AOFReplicas == 0:
 		return nil
-	case o.ack.aofLocal < 0 || o.ack.aofLocal > 1 || o.ack.aofReplicas < 0 || o.ack.aofTimeout < 0:
+	case o.ack.AOFLocal < 0 || o.ack.AOFLocal > 1 || o.ack.AOFReplicas < 0 || o.ack.AOFTimeout < 0:
 		return fmt.Errorf("%w: WithDurableAck(%d, %d, %s): local must be 0 or 1, replicas and timeout at least 0",
-			ErrInvalidArgument, o.ack.aofLocal, o.ack.aofReplicas, o.ack.aofTimeout)
+			ErrInvalidArgument, o.ack.AOFLocal, o.ack.AOFReplicas, o.ack.AOFTimeout)
 	}
 	return nil
 }

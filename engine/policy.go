@@ -103,30 +103,36 @@ func (p Policy) Longest() Limit {
 	return longest
 }
 
-// checkPolicyCall checks a call of op for n events of key against p before anything is sent:
-// the context, the key, and p with cost n.
-func (e *Engine) checkPolicyCall(ctx context.Context, op, key string, p Policy, n int) error {
+// checkPolicyCall checks a call for n events of key against p before anything is sent (the
+// context, the key, and p with cost n), and returns p's limit set.
+func (e *Engine) checkPolicyCall(ctx context.Context, key string, p Policy, n int) (*limitSet, error) {
 	if err := checkContext(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if err := validateKey(key); err != nil {
-		return err
+		return nil, err
 	}
-	if err := p.validate(n); err != nil {
-		return err
-	}
-	return nil
+	return e.checkedPolicy(p, n)
 }
 
-// policySet is p's limits as the scripts want them, sliding windows ascending (the last is
-// the longest), then calendar limits; a single limit's set is the engine's cached one.
-func (e *Engine) policySet(p Policy) *limitSet {
-	if len(p) == 1 {
-		return e.oneLimit(p[0])
+// checkedPolicy checks p with the cost n and returns its limit set. A policy in the engine's
+// cache was valid when it went in: only n is checked against it.
+func (e *Engine) checkedPolicy(p Policy, n int) (*limitSet, error) {
+	var s *limitSet
+	switch len(p) {
+	case 0:
+	case 1:
+		s = e.cachedLimit(p[0])
+	default:
+		s = e.cachedPolicy(p)
 	}
-	sorted := slices.Clone(p)
-	slices.SortFunc(sorted, compareLimits)
-	return newLimitSet(sorted)
+	if s != nil && n >= 1 && n <= s.maxCost {
+		return s, nil
+	}
+	if err := p.validate(n); err != nil {
+		return nil, err
+	}
+	return e.policySet(p), nil
 }
 
 // compareLimits orders limits as the scripts take them: sliding ones by window (then max,

@@ -83,7 +83,7 @@ func TestPolicyTagIgnoresTheLimitsOrder(t *testing.T) {
 // The log keeps a cursor for every window a policy may count at once: lib_log.lua's
 // MAX_CURSORS is MaxPolicyLimits.
 func TestLogKeepsACursorPerPolicyLimit(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const MAX_CURSORS (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	m := regexp.MustCompile(`(?m)^--const MAX_CURSORS (\d+)$`).FindStringSubmatch(scripts.Source("decide"))
 	if m == nil {
 		t.Fatal("lib_log.lua defines no MAX_CURSORS")
 	}

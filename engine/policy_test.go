@@ -382,7 +382,7 @@ func TestPolicyScriptPreloadedAndFlushed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := enginetest.New(t, c)
-	sum := sha1.Sum([]byte(scripts.Source("decide", 0)))
+	sum := sha1.Sum([]byte(scripts.Source("decide")))
 	loaded, err := c.Do(ctx, c.B().ScriptExists().Sha1(hex.EncodeToString(sum[:])).Build()).AsIntSlice()
 	if err != nil || len(loaded) != 1 || loaded[0] != 1 {
 		t.Fatalf("SCRIPT EXISTS after New: %v, %v; want the policy script loaded", loaded, err)

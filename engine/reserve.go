@@ -25,7 +25,8 @@ import (
 // refuses a hold that is not positive or a policy with calendar limits (ErrInvalidArgument),
 // before anything is sent.
 func (e *Engine) reserve(ctx context.Context, key string, p Policy, k int, hold time.Duration) (Result, error) {
-	if err := e.checkPolicyCall(ctx, "reserve", key, p, k); err != nil {
+	set, err := e.checkPolicyCall(ctx, key, p, k)
+	if err != nil {
 		return Result{}, err
 	}
 	switch {
@@ -34,14 +35,5 @@ func (e *Engine) reserve(ctx context.Context, key string, p Policy, k int, hold 
 	case slices.ContainsFunc(p, Limit.IsCalendar):
 		return Result{}, fmt.Errorf("%w: reserve %s: a policy with calendar limits takes no reservation", ErrInvalidArgument, quoteKey(key))
 	}
-	return e.reserveSet(ctx, key, e.policySet(p), k, hold)
-}
-
-// reserveSet is reserve on a validated request, its policy's limit set set.
-func (e *Engine) reserveSet(ctx context.Context, key string, set *limitSet, k int, hold time.Duration) (Result, error) {
-	req, err := newRequest(e.prefix+key, e.decisionClock(), k, true, set.withHold(hold))
-	if err != nil {
-		return Result{}, err
-	}
-	return e.decide(ctx, e.decides, "reserve", req)
+	return e.take(ctx, ask{key: key, set: set, n: k, at: e.clockReading(), hold: hold})
 }

@@ -12,9 +12,9 @@ type Result struct {
 	// nobody else takes the events first; 0 when allowed. The decision reads at most 32 entries from
 	// each end of the window to find it, so that no request buys server time with its cost:
 	// when the events that must leave end deeper in a long log, it is the wait until the 32nd
-	// oldest entry leaves, before which the request is not admitted (ask again then). On a log
-	// written in layout 5 (WithWriteLayout) whose live entries all cost 1, it is exact at any
-	// depth: the entry is found by its number.
+	// oldest entry leaves, before which the request is not admitted (ask again then). On a long
+	// log whose live entries all cost 1, it is exact at any depth: the entry is found by its
+	// number.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the log holds no event; 0 when it is empty.
 	ResetAfter time.Duration

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Refund gives an admitted request's cost back at once: its entry's cost becomes 0, and every
@@ -19,7 +20,7 @@ import (
 // from before a Reset then names nothing, except under a caller's clock frozen at that
 // Result's microsecond.
 func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
-	return e.Settle(ctx, key, r, 0)
+	return e.settle(ctx, opRefund, key, r, 0)
 }
 
 // Settle lowers an admitted request's cost to actual, the events it ended up using, and gives
@@ -38,6 +39,16 @@ func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
 // hold, so call it once per request. A calendar counter gets its give-back until its period
 // ends, even after the request's entry left every sliding window.
 func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) error {
+	return e.settle(ctx, opSettle, key, r, actual)
+}
+
+// uncounted is the operation of a give-back the engine makes on its own (AllowAll's refunds,
+// local quota's settles): the metrics count callers' calls, not those.
+const uncounted operation = -1
+
+// settle is Refund (op opRefund) and Settle (opSettle), and the engine's own give-backs (op
+// uncounted). Its arguments are checked before anything is sent, and not counted when wrong.
+func (e *Engine) settle(ctx context.Context, op operation, key string, r Result, actual int) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
@@ -57,9 +68,6 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 	case actual < 0 || actual > id.Cost:
 		return fmt.Errorf("%w: settle to %d events, outside 0 to the entry's cost %d", ErrInvalidArgument, actual, id.Cost)
 	}
-	if e.local != nil && id.Shared && e.local.settleLocal(id, actual) {
-		return nil // a local admission, given back to the reservation it came from
-	}
 	at, err := clockReading{t: id.At, set: true}.micros()
 	if err != nil {
 		return err
@@ -78,16 +86,31 @@ func (e *Engine) Settle(ctx context.Context, key string, r Result, actual int) e
 			return err
 		}
 	}
+	started := time.Now()
+	err = e.giveBack(ctx, what, id, actual, settleArgs(at, id, actual, decidedUS))
+	if op != uncounted {
+		oc := outcomeAllowed
+		if err != nil {
+			oc = outcomeError
+		}
+		e.metrics.record(ctx, op, oc, time.Since(started))
+	}
+	return err
+}
+
+// giveBack lowers the entry id of its key's log to actual events: to the local reservation it
+// was admitted from while that is held (WithLocalQuota), else through settle.lua, with args.
+func (e *Engine) giveBack(ctx context.Context, what string, id EntryID, actual int, args []string) error {
+	if e.local != nil && id.Shared && e.local.settleLocal(id, actual) {
+		return nil // a local admission, given back to the reservation it came from
+	}
+	full := id.Key
 	defer e.givingBack(full)()
-	cl := e.settles.do(ctx, settleReq{key: full, args: settleArgs(at, id, actual, decidedUS)}, destination{})
-	back, callErr, replyErr := cl.req.back, cl.err, cl.req.replyErr
-	e.settles.release(cl)
-	switch {
-	case callErr != nil:
-		return classify(ctx, what, callErr)
-	case replyErr != nil:
-		return fmt.Errorf("%s: %w", what, replyErr)
-	case back < 0 || back > int64(id.Cost-actual):
+	o := e.settles.Do(ctx, settleReq{key: full, args: args}, e.settles.Route(full, false))
+	if err := o.Failure(ctx, func() string { return what }); err != nil {
+		return err
+	}
+	if back := o.Reply; back < 0 || back > int64(id.Cost-actual) {
 		return fmt.Errorf("%s: script reply: %d events given back, outside 0 to %d", what, back, id.Cost-actual)
 	}
 	return nil

@@ -369,41 +369,39 @@ func TestRefundsBoundedAndExactUnderConcurrency(t *testing.T) {
 
 // A slotted request recorded in the same microsecond as a busy log's newest exact entry is a
 // new entry at its slot's end, numbered 1 there, and its Refund gives its whole cost back;
-// later exact entries at that time are numbered after it. Small and busy logs, both layouts.
+// later exact entries at that time are numbered after it. Small and busy logs.
 func TestSlotBesideAnExactEntryOfItsMicrosecondRefunds(t *testing.T) {
 	c := exampleServer.Client(t)
 	ctx := context.Background()
 	exact := engine.Limit{Max: 1000, Window: 10 * time.Second}
 	slotted := engine.Limit{Max: 1000, Window: 10 * time.Second, Resolution: 100 * time.Millisecond}
-	for _, layout := range []int{2, 5} {
-		for _, before := range []int{0, 40} {
-			t.Run(fmt.Sprintf("layout %d, %d entries before", layout, before), func(t *testing.T) {
-				e, clock := enginetest.Clocked(t, c, engine.WithWriteLayout(layout))
-				key := enginetest.NewKey(t)
-				for i := range before {
-					clock.Set(enginetest.T0.Add(time.Duration(i) * time.Millisecond))
-					enginetest.MustAllowN(t, e, key, exact, 1)
-				}
-				at := enginetest.T0.Add(time.Second + 7*time.Microsecond) // not on a slot's end
-				clock.Set(at)
+	for _, before := range []int{0, 40} {
+		t.Run(fmt.Sprintf("%d entries before", before), func(t *testing.T) {
+			e, clock := enginetest.Clocked(t, c)
+			key := enginetest.NewKey(t)
+			for i := range before {
+				clock.Set(enginetest.T0.Add(time.Duration(i) * time.Millisecond))
 				enginetest.MustAllowN(t, e, key, exact, 1)
-				r := enginetest.MustAllowN(t, e, key, slotted, 3)
-				if !r.Allowed || r.Entry.Seq != 1 || !r.Entry.Shared {
-					t.Fatalf("the slotted request: %+v; want admitted, entry seq 1 at its slot's end", r)
-				}
-				room := enginetest.MustPeek(t, e, key, exact).Remaining
-				if err := e.Refund(ctx, key, r); err != nil {
-					t.Fatal(err)
-				}
-				if got := enginetest.MustPeek(t, e, key, exact).Remaining; got != room+3 {
-					t.Fatalf("after the slotted request's Refund: %d remaining, want %d (its 3 events back)", got, room+3)
-				}
-				clock.Set(r.Entry.At)
-				later := enginetest.MustAllowN(t, e, key, exact, 1)
-				if later.Entry.Seq != 2 {
-					t.Fatalf("an exact request at the slot's end after it: seq %d, want 2", later.Entry.Seq)
-				}
-			})
-		}
+			}
+			at := enginetest.T0.Add(time.Second + 7*time.Microsecond) // not on a slot's end
+			clock.Set(at)
+			enginetest.MustAllowN(t, e, key, exact, 1)
+			r := enginetest.MustAllowN(t, e, key, slotted, 3)
+			if !r.Allowed || r.Entry.Seq != 1 || !r.Entry.Shared {
+				t.Fatalf("the slotted request: %+v; want admitted, entry seq 1 at its slot's end", r)
+			}
+			room := enginetest.MustPeek(t, e, key, exact).Remaining
+			if err := e.Refund(ctx, key, r); err != nil {
+				t.Fatal(err)
+			}
+			if got := enginetest.MustPeek(t, e, key, exact).Remaining; got != room+3 {
+				t.Fatalf("after the slotted request's Refund: %d remaining, want %d (its 3 events back)", got, room+3)
+			}
+			clock.Set(r.Entry.At)
+			later := enginetest.MustAllowN(t, e, key, exact, 1)
+			if later.Entry.Seq != 2 {
+				t.Fatalf("an exact request at the slot's end after it: seq %d, want 2", later.Entry.Seq)
+			}
+		})
 	}
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/strictrate/strictrate/internal/transport"
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	"github.com/strictrate/strictrate/loader"
 	"github.com/strictrate/strictrate/scripts"
 )
 
@@ -40,6 +42,15 @@ func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 	// decideBoth takes a decision of n events against set on each key of pair: alone through
 	// the single script on pair[0], and second of two in one call of the batch script on
 	// pair[1] (the first of those two is a peek of another key, which changes nothing).
+	scripts := e.decides.Scripts()
+	call := func(reqs ...request) []transport.Outcome[decision] {
+		t.Helper()
+		keys, args := encodeDecisions(reqs, nil, nil)
+		reply, _ := scripts[min(len(reqs), 2)-1].Exec(ctx, client, loader.Call{Keys: keys, Args: args})
+		outs := make([]transport.Outcome[decision], len(reqs))
+		decodeDecisions(reply, reqs, outs)
+		return outs
+	}
 	decideBoth := func(pair [2]string, set *limitSet, n int) [2]decision {
 		t.Helper()
 		var got [2]decision
@@ -48,17 +59,15 @@ func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		single := &call[request]{ctx: ctx, req: req}
-		e.decides.sendAlone(ctx, single)
+		single := call(req)[0]
 		req.key = pair[1]
 		other, _ := newRequest("contract:other:"+uuid.NewString(), at, 1, true, one)
-		batched := []*call[request]{{ctx: ctx, req: other}, {ctx: ctx, req: req}}
-		e.decides.exec(ctx, nil, batched, &scratch{})
-		for i, cl := range []*call[request]{single, batched[1]} {
-			if cl.err != nil || cl.req.replyErr != nil {
-				t.Fatalf("decision %d: %v %v; want a decision", i, cl.err, cl.req.replyErr)
+		batched := call(other, req)[1]
+		for i, o := range []transport.Outcome[decision]{single, batched} {
+			if o.Err != nil || o.Invalid != nil {
+				t.Fatalf("decision %d: %v %v; want a decision", i, o.Err, o.Invalid)
 			}
-			got[i] = cl.req.d
+			got[i] = o.Reply
 		}
 		return got
 	}
@@ -106,8 +115,9 @@ func TestSingleAndBatchRepliesDecodeAlike(t *testing.T) {
 }
 
 // A reply the scripts never give is a reply error, not a decision; an error reply for one
-// request is that request's error; a transport error is every request's. The replies are
-// made by the server, echoing the values given.
+// request is that request's error, and a bad value in a batch's reply fails its request alone
+// (the one failure rule); a transport error is the transport's. The replies are made by the
+// server, echoing the values given.
 func TestDecodeDecisionsRefusesOtherReplies(t *testing.T) {
 	server := valkeytest.New(t)
 	client := server.Client(t)
@@ -141,13 +151,14 @@ return r`
 	}
 	single := func(now int64, vals ...int64) string { return be8(now) + dec(vals...) }
 	set := newLimitSet([]Limit{{Max: 5, Window: time.Second}, {Max: 100, Window: time.Hour}})
-	read := func(r valkey.ValkeyResult, n int) []*call[request] {
-		calls := make([]*call[request], n)
-		for i := range calls {
-			calls[i] = &call[request]{req: request{set: set, record: 1}}
+	read := func(r valkey.ValkeyResult, n int) []transport.Outcome[decision] {
+		reqs := make([]request, n)
+		for i := range reqs {
+			reqs[i] = request{set: set, record: 1}
 		}
-		decodeDecisions(r, calls)
-		return calls
+		outs := make([]transport.Outcome[decision], n)
+		decodeDecisions(r, reqs, outs)
+		return outs
 	}
 	// Defaults filled in, and the Result they make: the same through either form.
 	at := time.UnixMicro(1_000_000)
@@ -156,16 +167,18 @@ return r`
 	for form, rep := range map[string]valkey.ValkeyResult{
 		"single": reply(single(1_000_000, 4)), "batch": reply("1000000", dec(4)),
 	} {
-		cl := read(rep, 1)[0]
-		if r := cl.req.result; cl.req.replyErr != nil || r != want {
-			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, cl.req.replyErr, want)
+		o := read(rep, 1)[0]
+		if r := set.result(o.Reply, "", 1); o.Invalid != nil || !o.Recorded || r != want {
+			t.Fatalf("a short %s reply: %+v, %v; want %+v", form, r, o.Invalid, want)
 		}
 	}
-	// One request's error reply is its own; the next request is read after it.
-	calls := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", dec(2, 250)), 2)
-	if calls[0].err == nil || !strings.HasPrefix(calls[0].err.Error(), "BADLAYOUT") || calls[1].err != nil ||
-		calls[1].req.replyErr != nil || calls[1].req.d.retryAfter != 250 {
-		t.Fatalf("an error reply, then a denial: %+v, %+v; want BADLAYOUT for the first, a denial with retryAfter 250 for the second", calls[0], calls[1])
+	// One request's error reply is its own, and so is a value no script gives: the requests
+	// after it are read all the same.
+	outs := read(reply("1000000", "err:BADLAYOUT the key holds a hash, not a strictrate log", single(0, 4), dec(2, 250)), 3)
+	if outs[0].Err == nil || !strings.HasPrefix(outs[0].Err.Error(), "BADLAYOUT") || outs[0].Invalid != nil ||
+		outs[1].Invalid == nil || outs[1].Err != nil ||
+		outs[2].Err != nil || outs[2].Invalid != nil || outs[2].Reply.retryAfter != 250 || outs[2].Recorded {
+		t.Fatalf("an error reply, a bad value, then a denial: %+v; want BADLAYOUT for the first, the second invalid, a denial with retryAfter 250 for the third", outs)
 	}
 	for name, vals := range map[string][]string{
 		"empty string":            {""},
@@ -180,9 +193,8 @@ return r`
 		"batch: a number":         {"1000000", "1000000"},
 		"batch: no now":           {"0", dec(4)},
 	} {
-		cl := read(reply(vals...), 1)[0]
-		if cl.req.replyErr == nil {
-			t.Errorf("%s: read as %+v, want a reply error", name, cl.req)
+		if o := read(reply(vals...), 1)[0]; o.Invalid == nil || o.Recorded {
+			t.Errorf("%s: read as %+v, want a reply error", name, o)
 		}
 	}
 	for name, vals := range map[string][]int64{
@@ -195,16 +207,15 @@ return r`
 		"limit position 0":   {5, 0, 5, 10, 10, 0},
 		"limit position 3":   {5, 0, 5, 10, 10, 3},
 	} {
-		// A well-formed decision of values no script gives: refused as it becomes a Result.
-		cl := read(reply(single(7, vals[1:]...)), 1)[0]
-		if cl.req.replyErr == nil || !strings.Contains(cl.req.replyErr.Error(), "script reply") {
-			t.Errorf("%s: made %+v, want a reply error", name, cl.req.result)
+		// A well-formed decision of values no script gives: refused as it is read.
+		if o := read(reply(single(7, vals[1:]...)), 1)[0]; o.Invalid == nil || !strings.Contains(o.Invalid.Error(), "script reply") {
+			t.Errorf("%s: read %+v, want a reply error", name, o.Reply)
 		}
 	}
-	// A transport error is every request's.
-	for _, cl := range read(valkey.NewErrorResult(fmt.Errorf("connection reset")), 2) {
-		if cl.err == nil || cl.req.replyErr != nil {
-			t.Errorf("transport error: %+v, want the call's error", cl)
+	// The whole call's error reply is left to the transport, which hands it each request.
+	for _, o := range read(valkey.NewErrorResult(fmt.Errorf("connection reset")), 2) {
+		if o.Err != nil || o.Invalid != nil || o.Recorded {
+			t.Errorf("transport error: %+v, want nothing read", o)
 		}
 	}
 }
@@ -229,7 +240,7 @@ func TestClockReadingRefusesTimesOutOfRange(t *testing.T) {
 
 // The server's clock in a single decision's argument is decide.lua's SERVER_CLOCK.
 func TestServerClockIsTheScripts(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide", 0))
+	m := regexp.MustCompile(`(?m)^--const SERVER_CLOCK (\d+)$`).FindStringSubmatch(scripts.Source("decide"))
 	if m == nil {
 		t.Fatal("decide.lua defines no SERVER_CLOCK")
 	}

@@ -4,27 +4,49 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/valkey-io/valkey-go"
+
+	"github.com/strictrate/strictrate/internal/transport"
 )
 
 // The wire of the kinds of request besides decisions and peeks (wire.go): AllowAll's groups
 // (decide_all.lua), settles (settle.lua) and leases (lease_*.lua). Like wire.go, it lays out
 // arguments and decodes replies, and does nothing else.
 
+// group is one group of decide_all.lua: the requests of an AllowAll whose keys one node holds,
+// decided all or nothing in one call, alone or with other AllowAlls' groups for the same node.
+type group struct {
+	parts []groupPart // in KEYS order
+	check bool        // peek only: the AllowAll is already denied on another node
+}
+
+// groupPart is one request of a group.
+type groupPart struct {
+	req      request // its record is unused: the script records a part's cost when admitted
+	advisory bool
+}
+
+// partReply is what decide_all.lua answered for one request of a group.
+type partReply struct {
+	d        decision
+	recorded bool
+	err      error // the server's error reply for it (BADLAYOUT, a key not on the node)
+	invalid  error // a reply the script does not give
+}
+
 // groupSize is the size rule of AllowAll groups: its keys (a group goes whole into one call).
-func groupSize(cl *call[*allCall]) (int, int) { return len(cl.req.parts), 0 }
+func groupSize(g *group) (int, int) { return len(g.parts), 0 }
 
 // encodeGroups lays out a call of decide_all.lua (its header documents it): the limit sets of
 // the call once each, then each group (its clock, whether it decides or only checks, its
 // requests: cost, set, advisory), the requests' keys in order.
-func encodeGroups(calls []*call[*allCall], keys, args []string) ([]string, []string) {
+func encodeGroups(groups []group, keys, args []string) ([]string, []string) {
 	var sets []*limitSet
 	var setOf []int
-	for _, cl := range calls {
-		for _, p := range cl.req.parts {
+	for _, g := range groups {
+		for _, p := range g.parts {
 			i := slices.IndexFunc(sets, func(s *limitSet) bool { return s.sameLimits(p.req.set) })
 			if i < 0 {
 				i = len(sets)
@@ -38,9 +60,8 @@ func encodeGroups(calls []*call[*allCall], keys, args []string) ([]string, []str
 		args = append(args, itoa(len(s.nums)))
 		args = append(args, s.nums...)
 	}
-	args = append(args, itoa(len(calls)))
-	for _, cl := range calls {
-		g := cl.req
+	args = append(args, itoa(len(groups)))
+	for _, g := range groups {
 		mode := "decide"
 		if g.check {
 			mode = "check"
@@ -58,74 +79,50 @@ func encodeGroups(calls []*call[*allCall], keys, args []string) ([]string, []str
 	return keys, args
 }
 
-// decodeGroups reads a reply of decide_all.lua (its header documents it) into the groups'
-// requests, and reports whether the call recorded any of them.
-func decodeGroups(reply valkey.ValkeyResult, calls []*call[*allCall]) (recorded bool) {
-	fail := func(err error) bool {
-		for _, cl := range calls {
-			for _, p := range cl.req.parts {
-				p.req.replyErr = err
-			}
-		}
-		return false
-	}
-	for _, cl := range calls {
-		for _, p := range cl.req.parts {
-			p.err, p.recorded, p.req.d, p.req.replyErr = nil, false, decision{}, nil
-		}
-	}
+// decodeGroups reads a reply of decide_all.lua (its header documents it; readBatch) into each
+// group's Outcome: its requests' replies; Recorded when it recorded any of them; and, when
+// one failed, Err, the error reply of its first request that failed.
+func decodeGroups(reply valkey.ValkeyResult, groups []group, outs []transport.Outcome[[]partReply]) {
 	if reply.Error() != nil {
-		return false // the call's error, which exec hands each group
+		return // the call's error, which the transport hands each group
 	}
-	vals, err := reply.ToArray()
-	if err != nil {
-		return fail(fmt.Errorf("script reply: %w", err))
-	}
-	want := 1
-	for _, cl := range calls {
-		want += 1 + len(cl.req.parts)
-	}
-	if len(vals) != want {
-		return fail(fmt.Errorf("script reply has %d values for %d groups of %d values", len(vals), len(calls), want-1))
-	}
-	serverNow, err := vals[0].AsInt64()
-	if err != nil {
-		return fail(fmt.Errorf("script reply: the server's now: %w", err))
-	}
-	at := 1
-	for _, cl := range calls {
-		parts := cl.req.parts
-		flags, err := vals[at].ToString()
+	width := func(i int) int { return 1 + len(groups[i].parts) }
+	readBatch(reply, outs, width, func(i int, serverNow int64, vals []valkey.ValkeyMessage, o *transport.Outcome[[]partReply]) {
+		parts := groups[i].parts
+		flags, err := vals[0].ToString()
 		if err != nil || len(flags) != len(parts) {
-			return fail(fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(parts), err))
+			o.Invalid = fmt.Errorf("script reply: the recorded flags %q for %d requests (%v)", flags, len(parts), err)
+			return
 		}
-		for i, p := range parts {
-			p.recorded = flags[i] == '1'
-			recorded = recorded || p.recorded
-			v := &vals[at+1+i]
-			if err := v.Error(); err != nil {
-				p.err = err
+		replies := make([]partReply, len(parts))
+		for j := range parts {
+			r := &replies[j]
+			r.recorded = flags[j] == '1'
+			o.Recorded = o.Recorded || r.recorded
+			v := &vals[1+j]
+			if r.err = v.Error(); r.err != nil {
+				if o.Err == nil {
+					o.Err = r.err
+				}
 				continue
 			}
 			s, err := v.ToString()
 			if err == nil {
-				err = p.req.read(s, serverNow)
+				r.d, err = parts[j].req.read(s, serverNow)
 			}
 			if err != nil {
-				p.req.replyErr = fmt.Errorf("script reply value %d: %w", at+2+i, err)
+				r.invalid = fmt.Errorf("script reply: request %d of its group: %w", 1+j, err)
 			}
 		}
-		at += 1 + len(parts)
-	}
-	return recorded
+		o.Reply = replies
+	})
 }
 
-// settleReq is a call of settle.lua (its header documents it) and what it gave back.
+// settleReq is a call of settle.lua (its header documents it); its reply is the events given
+// back.
 type settleReq struct {
-	key      string
-	args     []string
-	back     int64 // the events given back
-	replyErr error // the reply was not one the script gives
+	key  string
+	args []string
 }
 
 // settleArgs are settle.lua's arguments for id, settled to actual: the entry's time, seq and
@@ -138,77 +135,72 @@ func settleArgs(at int64, id EntryID, actual int, decided int64) []string {
 	return args
 }
 
-func encodeSettle(calls []*call[settleReq], keys, args []string) ([]string, []string) {
-	return append(keys, calls[0].req.key), append(args, calls[0].req.args...)
+// encodeSettle lays out a call of settle.lua: its key, its arguments (settleArgs).
+func encodeSettle(reqs []settleReq, keys, args []string) ([]string, []string) {
+	return append(keys, reqs[0].key), append(args, reqs[0].args...)
 }
 
-func decodeSettle(reply valkey.ValkeyResult, calls []*call[settleReq]) bool {
-	r := &calls[0].req
-	r.back, r.replyErr = 0, nil
+// decodeSettle reads settle.lua's reply, the events it gave back: nothing to acknowledge.
+func decodeSettle(reply valkey.ValkeyResult, _ []settleReq, outs []transport.Outcome[int64]) {
 	if reply.Error() != nil {
-		return false
+		return
 	}
 	back, err := reply.AsInt64()
 	if err != nil {
-		r.replyErr = fmt.Errorf("script reply: %w", err)
-		return false
+		outs[0].Invalid = fmt.Errorf("script reply: %w", err)
+		return
 	}
-	r.back = back
-	return false // nothing to acknowledge: it gave back
+	outs[0].Reply = back
 }
 
 // leaseReq is a call of a lease script (lease_acquire.lua, lease_extend.lua,
-// lease_release.lua: their headers document them) and what it answered.
+// lease_release.lua: their headers document them); its reply is a leaseReply.
 type leaseReq struct {
-	key      string // the lease set's full key
-	args     []string
-	d        leaseReply
-	replyErr error // the reply was not one the script gives
+	key  string // the lease set's full key
+	args []string
 }
 
 // acquireArgs are lease_acquire.lua's arguments: now, max, the ttl in microseconds, the id.
-func acquireArgs(now string, maxHolders int, ttl time.Duration, id uuid.UUID) []string {
-	return []string{now, strconv.Itoa(maxHolders), strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+func acquireArgs(now string, maxHolders int, ttlUS int64, id uuid.UUID) []string {
+	return []string{now, strconv.Itoa(maxHolders), strconv.FormatInt(ttlUS, 10), string(id[:])}
 }
 
 // extendArgs are lease_extend.lua's arguments: now, the ttl in microseconds, the id.
-func extendArgs(now string, ttl time.Duration, id uuid.UUID) []string {
-	return []string{now, strconv.FormatInt(ceilMicros(ttl), 10), string(id[:])}
+func extendArgs(now string, ttlUS int64, id uuid.UUID) []string {
+	return []string{now, strconv.FormatInt(ttlUS, 10), string(id[:])}
 }
 
 // releaseArgs are lease_release.lua's argument: the id.
 func releaseArgs(id uuid.UUID) []string { return []string{string(id[:])} }
 
-func encodeLease(calls []*call[leaseReq], keys, args []string) ([]string, []string) {
-	return append(keys, calls[0].req.key), append(args, calls[0].req.args...)
+// encodeLease lays out a call of a lease script: the lease set's key, its arguments.
+func encodeLease(reqs []leaseReq, keys, args []string) ([]string, []string) {
+	return append(keys, reqs[0].key), append(args, reqs[0].args...)
 }
 
-// decodeLease reads the reply of lease_acquire.lua or lease_extend.lua, and reports whether it
-// granted (which WithDurableAck then confirms with WAITAOF).
-func decodeLease(reply valkey.ValkeyResult, calls []*call[leaseReq]) (granted bool) {
-	r := &calls[0].req
-	r.d, r.replyErr = leaseReply{}, nil
+// decodeLease reads the reply of lease_acquire.lua or lease_extend.lua: Recorded when it
+// granted (which WithReplicaAck and WithDurableAck then confirm).
+func decodeLease(reply valkey.ValkeyResult, _ []leaseReq, outs []transport.Outcome[leaseReply]) {
 	if reply.Error() != nil {
-		return false
+		return
 	}
-	r.d, r.replyErr = readLeaseReply(reply)
-	return r.d.granted && r.replyErr == nil
+	o := &outs[0]
+	if o.Reply, o.Invalid = readLeaseReply(reply); o.Invalid == nil {
+		o.Recorded = o.Reply.granted
+	}
 }
 
 // decodeRelease reads the reply of lease_release.lua, the leases it removed: granted says one
 // was. A release writes nothing to acknowledge.
-func decodeRelease(reply valkey.ValkeyResult, calls []*call[leaseReq]) bool {
-	r := &calls[0].req
-	r.d, r.replyErr = leaseReply{}, nil
+func decodeRelease(reply valkey.ValkeyResult, _ []leaseReq, outs []transport.Outcome[leaseReply]) {
 	n, err := reply.AsInt64()
 	switch {
 	case reply.Error() != nil:
 	case err != nil || n < 0 || n > 1:
-		r.replyErr = fmt.Errorf("script reply: %d leases removed (%v)", n, err)
+		outs[0].Invalid = fmt.Errorf("script reply: %d leases removed (%v)", n, err)
 	default:
-		r.d.granted = n == 1
+		outs[0].Reply.granted = n == 1
 	}
-	return false
 }
 
 // leaseReply is a lease script's reply (lease_acquire.lua; lease_extend.lua replies its first

@@ -26,13 +26,10 @@ type Log struct {
 	Events int
 	// Count is the number of entries in the log.
 	Count int
-	// Layout is the version of the layout the log is stored in (docs/design.md): 2 for what
-	// the engine writes by default, 3 for a log written under engine.WithWriteLayout(3), 5 for
-	// a log longer than its header's 32 entries written under engine.WithWriteLayout(5) (a
-	// shorter one reads 3 or 2 under it, as under layout 3), 4 for a log that keeps calendar
-	// counters, 1 for a log an earlier release wrote and no decision has rewritten yet; 0 for a
-	// key that does not exist. Operators read it during an upgrade that changes the layout
-	// (docs/operating.md).
+	// Layout is the version of the layout the log is stored in (docs/design.md): 5, the one
+	// this release writes and reads, for every log; 0 for a key that does not exist. A key of
+	// any other layout is refused (engine.ErrUnknownLayout). Operators read it during an
+	// upgrade that changes the layout (docs/operating.md).
 	Layout int
 	// Cursors is how many shorter windows the log keeps a count for (policies), a part of what
 	// a log costs the server.
@@ -64,7 +61,7 @@ type Period struct {
 }
 
 // script is inspect.lua, read-only: it may be served where only reads are allowed.
-var script = loader.NewReadOnly("inspect", scripts.Source("inspect", 0))
+var script = loader.NewReadOnly("inspect", scripts.Source("inspect"))
 
 // Read returns the log stored at key, the key in Valkey (an engine's prefix, "strictrate:" by
 // default, then the key it decides on), with its newest entries, at most most of them (0:

@@ -37,8 +37,8 @@ func TestReadsWhatTheEngineStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if log.Events != 6 || log.Count != 3 || log.Layout != 4 || len(log.Entries) != 2 {
-		t.Fatalf("log %+v: want 6 events in 3 entries, layout 4 (calendar counters), the 2 newest entries", log)
+	if log.Events != 6 || log.Count != 3 || log.Layout != 5 || len(log.Entries) != 2 {
+		t.Fatalf("log %+v: want 6 events in 3 entries, layout 5 (with calendar counters), the 2 newest entries", log)
 	}
 	if e := log.Entries[1]; !e.At.Equal(enginetest.T0.Add(2*time.Second)) || e.Cost != 3 {
 		t.Fatalf("the newest entry %+v, want 3 events at T0+2s", e)
@@ -81,5 +81,5 @@ func TestInspectReportsTheLayout(t *testing.T) {
 	key := enginetest.NewKey(t)
 	enginetest.Want(t, "layout of no key", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 0)
 	enginetest.MustAllowN(t, e, key, engine.PerMinute(3), 1)
-	enginetest.Want(t, "layout of a log this release wrote", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 3)
+	enginetest.Want(t, "layout of a log this release wrote", enginetest.Log(t, c, enginetest.Prefix, key).Layout, 5)
 }

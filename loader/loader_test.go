@@ -38,8 +38,8 @@ func do(t *testing.T, c valkey.Client, cmd valkey.Completed) {
 func TestPreloadLoadsEveryScript(t *testing.T) {
 	c := valkeytest.New(t).Client(t)
 	ctx := context.Background()
-	a := loader.New("decide", scripts.Source("decide", 0))
-	b := loader.NewReadOnly("peek", scripts.Source("peek", 0))
+	a := loader.New("decide", scripts.Source("decide"))
+	b := loader.NewReadOnly("peek", scripts.Source("peek"))
 	do(t, c, c.B().ScriptFlush().Build())
 
 	if err := loader.Preload(ctx, c, a, b); err != nil {
@@ -99,7 +99,7 @@ func TestPreloadFailsWhenScriptingIsRefused(t *testing.T) {
 	srv := valkeytest.New(t, valkeytest.OwnServer())
 	c := srv.NewUser(t, "noscripts", "secret", "+@all", "-@scripting")
 
-	err := loader.Preload(context.Background(), c, loader.New("decide", scripts.Source("decide", 0)))
+	err := loader.Preload(context.Background(), c, loader.New("decide", scripts.Source("decide")))
 	if !errors.Is(err, loader.ErrPreload) || !strings.Contains(err.Error(), "NOPERM") || !strings.Contains(err.Error(), "decide") {
 		t.Fatalf("Preload without scripting permission: %v, want ErrPreload naming the script and NOPERM", err)
 	}

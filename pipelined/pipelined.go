@@ -115,7 +115,7 @@ func (e *Engine) allowAt(ctx context.Context, key string, l engine.Limit, n int,
 		members[i] = e.nextMember()
 	}
 	pttl := (window + 999) / 1000
-	replies := sendctx.Promptly(ctx, func() []valkey.ValkeyResult {
+	replies, _ := sendctx.Promptly(ctx, func() []valkey.ValkeyResult {
 		return sendctx.Send(ctx, func(ctx context.Context) []valkey.ValkeyResult {
 			b := e.client.B()
 			add := b.Zadd().Key(full).ScoreMember()
@@ -129,7 +129,7 @@ func (e *Engine) allowAt(ctx context.Context, key string, l engine.Limit, n int,
 				b.Pexpire().Key(full).Milliseconds(pttl).Build(),
 			)
 		}, func(replies []valkey.ValkeyResult) error { return replies[0].Error() })
-	}, func(err error) []valkey.ValkeyResult { return []valkey.ValkeyResult{valkey.NewErrorResult(err)} })
+	}, func(err error) []valkey.ValkeyResult { return []valkey.ValkeyResult{valkey.NewErrorResult(err)} }, nil)
 	for _, r := range replies {
 		if err := r.Error(); err != nil {
 			return engine.Result{}, e.failed(ctx, "allow", key, err)

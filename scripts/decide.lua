@@ -33,7 +33,7 @@
 --
 -- The common path (one limit, a log of up to 32 live entries: lib_small.lua) makes four
 -- server calls: TIME, LINDEX (the header, which holds the newest entries), LSET (the header
--- with the new entry), PEXPIRE; three when the header keeps the key's expiry (layout 3). A
+-- with the new entry), PEXPIRE; three when the small header keeps the key's expiry. A
 -- busy key (one limit, a longer log: lib_busy.lua) adds an LRANGE of its oldest entries when
 -- some leave the window, and now and then an RPUSH or an LTRIM.
 
@@ -67,7 +67,7 @@ if now == SERVER_CLOCK then
   server_now = now
 end
 local h = redis.pcall('LINDEX', key, 0)
--- A busy header of version 5 ('K', at least 79 bytes) goes straight to the busy path:
+-- A busy header ('K', at least 79 bytes) goes straight to the busy path:
 -- decide_small would unpack its fields only to decline it (3,000 of a busy admission's 92,000
 -- instructions on callgrind). The length first, so that a short header (a small log of up to 5
 -- entries, most keys) or none pays no call for the test.

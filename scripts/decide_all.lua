@@ -72,7 +72,7 @@ local function weight(r)
     return 0
   end
   local kind = string.byte(h, 1)
-  if (kind == KIND_T or kind == KIND_U or kind == KIND_V or kind == KIND_S or kind == KIND_G or kind == KIND_K)
+  if (kind == KIND_V or kind == KIND_U or kind == KIND_K)
     and one_limit(r.limits) ~= nil then
     return 1
   end

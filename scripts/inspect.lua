@@ -6,7 +6,7 @@
 -- ARGV[1]  the most entries to return, newest last (0: all)
 --
 -- Reply: an array of integers: total (events in the log), count (entries), layout (the version
--- of the layout the header was written in: lib_log.lua; 0 for an absent key), cursors (how
+-- of the layout the header was written in, lib_log.lua's LAYOUT; 0 for an absent key), cursors (how
 -- many shorter windows the log keeps a cursor for), counters (how many calendar counters it
 -- keeps), then per counter its period's start and end and its events, then a time and a
 -- cost per entry returned, oldest first. An absent key replies total 0 and count 0; BADLAYOUT as in
@@ -15,22 +15,12 @@
 -- include: lib_log.lua
 
 -- layout_version is the layout version (lib_log.lua) of a header read_log accepted
--- (lib_header.lua): 1 to 5; 0 for none.
+-- (lib_header.lua): LAYOUT, the one this release reads; 0 for none.
 local function layout_version(h)
   if not h then
     return 0
   end
-  local kind = string.byte(h, 1)
-  if kind == KIND_S or kind == KIND_F then
-    return 1
-  elseif kind == KIND_V then
-    return 3
-  elseif kind == KIND_C then
-    return 4
-  elseif kind == KIND_K or kind == KIND_L then
-    return 5
-  end
-  return 2
+  return LAYOUT
 end
 
 local g = general()

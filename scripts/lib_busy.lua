@@ -1,24 +1,21 @@
 -- lib_busy.lua: a part included by decide.lua, decide_batch.lua, decide_all.lua, peek.lua and
 -- peek_batch.lua (not a script of its own): the decision of one limit on a busy key, one
--- whose log holds older entries behind its header (a full header of version 2 or 5, 'G' or
--- 'K', that keeps no cursor), on the header string and locals alone, as decide_small does
+-- whose log holds older entries behind its header (a full header, 'K', that keeps no cursor), on the header string and locals alone, as decide_small does
 -- for a small log (lib_small.lua), so that a busy key costs about what an idle one does.
 -- Included after the small decision, so that a call that takes it makes none of these
 -- functions. Like decide_small, it uses no other function of the scripts but its elements'
 -- (lib_busy_elements.lua, included before it).
 --
 -- What it reads beyond the header: the entries that left the window since the last write,
--- each once: under version 5 from the header's head cache, refilled by one LRANGE every
--- HEAD_CACHE entries, and past one refill, when every entry after the window's start costs 1,
--- only the few busy_seek reads to find where it starts; under version 2 one element per
--- entry; and on a unit log (version 5, lib_log.lua), the one entry a denial's wait is read
--- from. What it declines (returns nil,
+-- each once: from the header's head cache, refilled by one LRANGE every HEAD_CACHE entries,
+-- and past one refill, when every entry after the window's start costs 1, only the few
+-- busy_seek reads to find where it starts; and on a unit log (lib_log.lua), the one entry a
+-- denial's wait is read from. What it declines (returns nil,
 -- having written nothing), for the general path: a header of another kind or with cursors,
 -- a log over a longer window than this limit's (its horizon), a caller's clock behind the
 -- newest entry, a log whose every entry left, an entry of cost 254 or more, a refunded entry
 -- where the decision needs the first entry with events, and the wait of a denial that lies
--- deep in a log whose entries' costs are unknown (version 2, or weighted: the general path
--- walks to it).
+-- deep in a log whose entries' costs are unknown (weighted: the general path walks to it).
 --
 -- What it costs is counted in server calls and in strings made: Lua interns every string it
 -- makes (hashing it), so the header is written as one concatenation of its packed fields
@@ -32,26 +29,20 @@
 -- busy_read reads h, key's header, as the busy path takes it, at now for a limit of window,
 -- for an entry to be recorded at at (now when nil; a slot's end for a limit with a resolution):
 -- the header's fields, with the entries that left the window taken out (the elements behind
--- the header read as far as they left, from the head cache first under version 5; the open
+-- the header read as far as they left, from the head cache first; the open
 -- chunk's, when every closed one left: p is then the byte of the first that stays);
 -- changed when some left; first, the time of the oldest live entry with events (nil when
--- none carries any); and the head cache to write back (version 5; none else): cn entries of
+-- none carries any); and the head cache to write back: cn entries of
 -- cs from byte cf, the oldest live closed entries in the open chunk's encoding, oldest
 -- first. cs is h itself while nothing was read into it, and then the cache runs on into the
 -- open chunk. It returns nil when the busy path does not take the log (see the top).
 local function busy_read(key, h, now, window, at)
-  if type(h) ~= 'string' or #h < 71 then
+  if type(h) ~= 'string' or #h < 79 or string.byte(h) ~= KIND_K then
     return nil
   end
-  local kind, total, count, newest, seq, horizon, gone, closed, oldest, oldest_cost, ncursors, p =
-    struct.unpack('>Bi7i7i7i7i7i7i7i7i7i7', h)
-  local last_weighted, cs, cf, cn, chunk = newest, h, p, 0, 1
-  if kind == KIND_K and #h >= 79 then
-    last_weighted, cn, cf = struct.unpack('>i7B', h, p)
-    p, chunk = cf + 8 * cn, HEAD_CACHE
-  elseif kind ~= KIND_G then
-    return nil
-  end
+  local kind, total, count, newest, seq, horizon, gone, closed, oldest, oldest_cost, ncursors, last_weighted, cn, cf =
+    struct.unpack('>Bi7i7i7i7i7i7i7i7i7i7i7B', h)
+  local cs, p, chunk = h, cf + 8 * cn, HEAD_CACHE
   local cutoff = now - window
   if ncursors ~= 0 or horizon ~= window or (at or now) < newest or newest <= cutoff or closed <= 0 or closed > count
     or gone < 0 or total < 0 or cn > HEAD_CACHE or #h - p + 1 ~= 8 * (count - closed) then
@@ -61,7 +52,7 @@ local function busy_read(key, h, now, window, at)
   if oldest <= cutoff then
     -- The oldest leaves (the cache's first, when it holds any), then the next ones as far as
     -- they left: from the cache, then from the elements, a chunk at a time (a cache's worth
-    -- first under version 5, which the chunk fills again).
+    -- first, which the chunk fills again).
     changed = true
     total, count, closed, gone = total - oldest_cost, count - 1, closed - 1, gone + 1
     if cn > 0 then
@@ -69,7 +60,7 @@ local function busy_read(key, h, now, window, at)
     end
     local left = oldest -- the newest entry known to have left
     while closed > 0 do
-      if cn == 0 and kind == KIND_K and chunk > HEAD_CACHE and last_weighted <= cutoff then
+      if cn == 0 and chunk > HEAD_CACHE and last_weighted <= cutoff then
         -- More have left since the key's last write than a cache refill held, and every entry
         -- after cutoff costs 1 (its time is after last_weighted): the first that stays is found
         -- by its time, galloping then bisecting over the elements, so that a call after an idle
@@ -115,7 +106,7 @@ local function busy_read(key, h, now, window, at)
       left = t
       total, count, closed, gone, cf, cn = total - cost, count - 1, closed - 1, gone + 1, cf + 8, cn - 1
     end
-    if kind ~= KIND_K or closed == 0 then
+    if closed == 0 then
       cn = 0
     elseif cn > HEAD_CACHE then
       cn = HEAD_CACHE
@@ -289,12 +280,8 @@ local function decide_busy(key, h, now, n, window, max, server_clock, res)
       if closed == 0 then
         -- The log's oldest entries are these now, and the cache takes the first of them.
         oldest, oldest_cost = struct.unpack('>i7B', h, p)
-        if kind == KIND_K then
-          cn = HEAD_CACHE
-          tail = string.sub(h, p, p + 8 * cn - 1)
-        else
-          tail = ''
-        end
+        cn = HEAD_CACHE
+        tail = string.sub(h, p, p + 8 * cn - 1)
       else
         tail = string.sub(tail, 1, 8 * cn)
       end
@@ -302,20 +289,13 @@ local function decide_busy(key, h, now, n, window, max, server_clock, res)
     end
     total, count, newest, entry = total + n, count + 1, at, struct.pack('>i7B', at, n)
   end
-  -- The header: full, of the kind WRITE_LAYOUT writes ('K', or 'G' below version 5, which
-  -- keeps no cache), or small ('T') when nothing is left behind it.
+  -- The header: full ('K'), or small ('V', claiming no expiry) when nothing is left behind it.
   local fields
   if closed == 0 and gone == 0 then
-    fields = struct.pack('>Bi7i7i7i7i7', KIND_T, total, count, newest, seq, window)
-  elseif WRITE_LAYOUT >= 5 then
+    fields = struct.pack('>Bi7i7i7i7i7i7', KIND_V, total, count, newest, seq, window, 0)
+  else
     fields = struct.pack('>Bi7i7i7i7i7i7i7i7i7i7i7B', KIND_K, total, count, newest, seq, window, gone, closed, oldest,
       oldest_cost, 0, last_weighted, cn)
-  else
-    fields = struct.pack('>Bi7i7i7i7i7i7i7i7i7i7', KIND_G, total, count, newest, seq, window, gone, closed, oldest,
-      oldest_cost, 0)
-    if cn > 0 then
-      tail = string.sub(tail, 8 * cn + 1)
-    end
   end
   redis.call('LSET', key, 0, fields .. tail .. entry)
   if denied then

@@ -1,6 +1,6 @@
 -- lib_counters.lua: a part of the general path, included in general()'s body (lib_log.lua),
--- where g is the table of its functions: the calendar counters of a log (lib_log.lua, version
--- 4), log.counters, a list of {start, stop, events}, used when this call counted on it;
+-- where g is the table of its functions: the calendar counters of a log (lib_log.lua),
+-- log.counters, a list of {start, stop, events}, used when this call counted on it;
 -- lib_header.lua reads and writes them. Here: find a period's counter, drop the ended ones,
 -- count events in, pick the period that holds now, and when the log holds no event any more.
 

@@ -18,7 +18,7 @@ function g.covering(log, from, need, held)
     return log.oldest
   end
   if log.last_weighted < g.oldest_time(log) or from < log.count and log.last_weighted < g.entry_at(log, from) then
-    -- A unit log (lib_log.lua, version 5), or one whose entries from the window's first on
+    -- A unit log (lib_log.lua), or one whose entries from the window's first on
     -- are all after last_weighted: every entry there is one event, so the entry sought is the
     -- need-th from the window's first, exactly, read alone.
     return (g.entry_at(log, from + need - 1))

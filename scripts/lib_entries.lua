@@ -95,7 +95,7 @@ function g.seek(log, from, bound)
 end
 
 -- unit_after reports whether every live entry after bound costs 1: none is after
--- last_weighted (lib_log.lua, version 5). Then the events after bound are counted by number.
+-- last_weighted (lib_log.lua). Then the events after bound are counted by number.
 function g.unit_after(log, bound)
   return log.last_weighted <= bound
 end

@@ -23,7 +23,7 @@
 -- most res longer. A reservation (a hold, the engine's local quota) is recorded at now +
 -- hold (then rounded up to its slot): every admission made from it happens in [now, now +
 -- hold], so its entry counts at least as long as each of them would, by the same argument.
--- Calendar limits count their period's counter (lib_log.lua, version 4).
+-- Calendar limits count their period's counter (lib_log.lua).
 function g.decide(log, now, n, limits, write)
   local sliding, res, cals, hold = g.view(limits)
   local last = #sliding / 2

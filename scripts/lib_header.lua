@@ -31,7 +31,7 @@ function g.read_log(key, h)
   local kind = string.byte(h, 1)
   local counters = {}
   if kind == KIND_C and #h >= 2 then
-    -- Version 4: the calendar counters, then a header of version 2.
+    -- The calendar counters, then a small or full header.
     local k, pos = struct.unpack('>B', h, 2)
     if k < 1 or k > MAX_COUNTERS or #h < pos + 21 * k then
       g.refuse_layout(key, whole)
@@ -47,33 +47,21 @@ function g.read_log(key, h)
     end
     h = string.sub(h, pos)
     kind = string.byte(h, 1)
-    if kind ~= KIND_T and kind ~= KIND_U and kind ~= KIND_G and kind ~= KIND_H and kind ~= KIND_K and kind ~= KIND_L then
-      g.refuse_layout(key, whole)
-    end
   end
-  local small, full, unit = kind == KIND_T or kind == KIND_U, kind == KIND_G or kind == KIND_H, kind == KIND_K or kind == KIND_L
-  if not (small and #h >= 36 or full and #h >= 71 or unit and #h >= 79 or kind == KIND_V and #h >= 43 or kind == KIND_S and #h >= 29 or kind == KIND_F and #h >= 64) then
+  local small, full = kind == KIND_V or kind == KIND_U, kind == KIND_K or kind == KIND_L
+  if not (small and #h >= 43 or full and #h >= 79) then
     g.refuse_layout(key, whole)
   end
-  local total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
-  local horizon, gone, closed, oldest, oldest_cost, ncursors = 0, 0, 0, 0, 0, 0
-  if small or full or unit then
-    horizon, pos = struct.unpack('>i7', h, pos)
-  elseif kind == KIND_V then
-    -- expires is not kept: this log is written back as version 2, which claims none.
-    horizon, pos = struct.unpack('>i7', h, pos)
-    pos = pos + 7
-  end
-  -- last_weighted: no entry at or before it is known to cost 1 (see lib_log.lua, version 5). A
-  -- header that does not keep it (version 1 or 2, full) knows nothing of its entries' costs
-  -- but what it reads: every live entry may be weighted, up to the newest.
+  local total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
+  local gone, closed, oldest, oldest_cost, ncursors, cached = 0, 0, 0, 0, 0, 0
+  -- last_weighted: no entry at or before it is known to cost 1 (lib_log.lua); a small header's
+  -- is read from its entries, below.
   local last_weighted = newest
-  if full or unit or kind == KIND_F then
-    gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
-  end
-  local cached = 0
-  if unit then
-    last_weighted, cached, pos = struct.unpack('>i7B', h, pos)
+  if small then
+    -- expires is not kept: the general path sets the expiry it needs, and claims none.
+    pos = pos + 7
+  else
+    gone, closed, oldest, oldest_cost, ncursors, last_weighted, cached, pos = struct.unpack('>i7i7i7i7i7i7B', h, pos)
   end
   if not (total >= 0 and total <= MAX_COUNT and count >= 0 and count <= MAX_COUNT and seq >= 0 and seq <= MAX_COUNT
     and (newest == NO_TIME_BEFORE or g.plausible_time(newest)) and horizon >= 0 and horizon <= MAX_WINDOW
@@ -87,7 +75,7 @@ function g.read_log(key, h)
   local log = {key = key, exists = true, dirty = false, total = total, count = count,
     newest = newest, seq = seq, horizon = horizon, gone = gone, closed = closed, oldest = oldest,
     oldest_cost = oldest_cost, cursors = {}, open = nil,
-    tail_refunded = kind == KIND_U or kind == KIND_H or kind == KIND_L, counters = counters,
+    tail_refunded = kind == KIND_U or kind == KIND_L, counters = counters,
     last_weighted = last_weighted}
   for i = 1, ncursors do
     local c = {}
@@ -98,7 +86,7 @@ function g.read_log(key, h)
     end
     log.cursors[i] = c
   end
-  -- The head cache (version 5) copies the oldest closed entries for the busy path alone
+  -- The head cache copies the oldest closed entries for the busy path alone
   -- (lib_busy.lua): the general path reads the elements, and writes the cache empty.
   log.open = string.sub(h, pos + 8 * cached)
   -- The open chunk, decoded once (lib_entries.lua's open_entries keeps it): exactly the entries
@@ -123,7 +111,7 @@ function g.read_log(key, h)
     g.refuse_layout(key, whole)
   end
   log.open_ts, log.open_cs, log.open_ps, log.open_ss = ts, cs, ps, ss
-  if closed == 0 and not unit then
+  if closed == 0 and small then
     -- A header that holds every live entry tells their costs: the newest that is not 1.
     local w = NO_TIME_BEFORE
     for i = 1, #ts do
@@ -155,7 +143,7 @@ function g.refuse_layout(key, h)
     found = 'a ' .. redis.call('TYPE', key).ok
   else
     found = string.format('a list whose first element (%d bytes, first byte 0x%02x) is no log '
-      .. 'header of layouts 1 to 5, or does not agree with what the list holds', #h, string.byte(h, 1) or 0)
+      .. 'header of layout %d, or does not agree with what the list holds', #h, string.byte(h, 1) or 0, LAYOUT)
   end
   error({err = 'BADLAYOUT the key holds ' .. found .. ', not a strictrate log'})
 end
@@ -167,10 +155,10 @@ function g.refuse_elements(key, why)
     .. '), not a strictrate log'})
 end
 
--- save writes the header when it changed: small ('T', or 'U' when the last entry is a
--- refunded run) when the log has no element but the header and keeps no cursor, else full
--- ('G' or 'H'; with WRITE_LAYOUT 5, 'K' or 'L', which keep last_weighted); behind the
--- calendar counters when it keeps some. It notes created on a log whose key it made.
+-- save writes the header when it changed: small ('V', or 'U' when the last entry is a
+-- refunded run; claiming no expiry) when the log has no element but the header and keeps no
+-- cursor, else full ('K' or 'L', its head cache empty); behind the calendar counters when it
+-- keeps some. It notes created on a log whose key it made.
 function g.save(log)
   if not log.dirty then
     return
@@ -186,16 +174,12 @@ function g.save(log)
   end
   local header = g.counters_prefix(log)
   if log.gone == 0 and log.closed == 0 and #parts == 0 then
-    header = header .. (log.tail_refunded and 'U' or 'T') .. struct.pack('>i7i7i7i7i7', log.total, log.count,
-      log.newest, log.seq, log.horizon) .. log.open
-  elseif WRITE_LAYOUT >= 5 then
+    header = header .. (log.tail_refunded and 'U' or 'V') .. struct.pack('>i7i7i7i7i7i7', log.total, log.count,
+      log.newest, log.seq, log.horizon, 0) .. log.open
+  else
     header = header .. (log.tail_refunded and 'L' or 'K') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7i7B', log.total, log.count,
       log.newest, log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts, log.last_weighted, 0)
       .. table.concat(parts) .. log.open
-  else
-    header = header .. (log.tail_refunded and 'H' or 'G') .. struct.pack('>i7i7i7i7i7i7i7i7i7i7', log.total, log.count,
-      log.newest, log.seq, log.horizon, log.gone, log.closed, log.oldest, log.oldest_cost, #parts) .. table.concat(parts)
-      .. log.open
   end
   if log.exists then
     redis.call('LSET', log.key, 0, header)
@@ -206,7 +190,7 @@ function g.save(log)
   log.exists = true
 end
 
--- counters_prefix is the version 4 prefix of log's header: its calendar counters
+-- counters_prefix is the prefix of log's header: its calendar counters
 -- (lib_log.lua), '' when it keeps none. When more than MAX_COUNTERS are live, it keeps the ones
 -- this call used, then the latest to end.
 function g.counters_prefix(log)

@@ -47,7 +47,7 @@ function g.insert(log, t, cost)
 end
 
 -- weigh notes an entry of time t that now costs cost: one that is not of cost 1 moves
--- last_weighted up to it (lib_log.lua, version 5).
+-- last_weighted up to it (lib_log.lua).
 function g.weigh(log, t, cost)
   if cost ~= 1 and t > log.last_weighted then
     log.last_weighted = t

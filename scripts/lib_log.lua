@@ -38,60 +38,54 @@
 -- another entry moves.
 --
 -- The header opens with its kind, one byte, which says the layout's version and the header's
--- shape. Version 2 (this release writes it when told to; version 5 by default): 'T' small (five
--- fields, then the open chunk) or 'G' full (ten fields, then cursors, then the open chunk);
--- 'U' and 'H' are the same when the last entry is a refunded run. Version 3 adds 'V': a small
--- header as 'T' with a sixth field, expires (see below); only decide_small (lib_small.lua)
--- writes it, and only when the script is composed with WRITE_LAYOUT 3 (the engine's
--- WithWriteLayout); every other write of a 'V' log writes version 2. Version 1 (earlier
--- releases): 'S' and 'F', the same without the horizon. Versions 1 to 5 are read; a write
--- replaces version 1 by version 2. A later version takes other kinds. A key whose value is
--- anything else (another type, a list whose first element is no header of these versions: a
--- later release's, or another program's) is refused with an error reply BADLAYOUT that says
--- what was found; it is never read as a log, never converted, and nothing is written to it. A
--- header is known by more than its kind byte: its fields in the ranges a log's take (MAX_TIME
--- and the bounds below), its open chunk exactly the entries it counts, and the list exactly the
--- elements it counts behind it (lib_header.lua's read_log); the fast paths take only headers
--- whose fields and length agree, and leave every other one to the general path.
+-- shape. This release writes and reads one layout, LAYOUT, of five kinds:
 --
--- Version 4 adds 'C', a prefix for calendar counters (the engine's Calendar limits): 'C', a
--- byte k (1 to MAX_COUNTERS), then k counters of three fields (start, end: the period, in
--- microseconds, start <= t < end; events: the events admitted on the key in that period since
--- the counter was made), then a header of version 2 as above. Every admission on the key adds
--- its cost to every counter whose period holds its time, so a counter counts the key's events
--- whatever limit admitted them, from its first use on; a refund takes its give-back from the
--- counters whose period holds the request's decision time. A counter whose period ended is
--- dropped when a later period's counter is made; a request of a period that ended on the key
--- (a later counter exists: a caller's clock behind) is denied until that period's end. A log with counters is written as version 4 whatever the
--- engine's WithWriteLayout: only a calendar limit makes one, and a release that reads no 'C'
--- refuses it (BADLAYOUT) rather than lose its counts.
+--   'V'  small: six fields (total, count, newest, seq, horizon, expires), then the open chunk
+--   'U'  the same, when the last entry is a refunded run
+--   'K'  full: eleven fields (the small ones but expires, then gone, closed, oldest,
+--        oldest_cost, cursors, last_weighted), one byte, cached, then the cursors, the head
+--        cache and the open chunk
+--   'L'  the same, when the last entry is a refunded run
+--   'C'  a prefix for calendar counters, before one of the four: 'C', a byte k (1 to
+--        MAX_COUNTERS), then k counters of three fields (start, end: the period, in
+--        microseconds, start <= t < end; events: the events admitted on the key in that
+--        period since the counter was made)
 --
--- Version 5 adds 'K' and 'L': a full header as 'G' and 'H' with, after the cursors' count,
--- an eleventh field, last_weighted, and one byte, cached, the entries of its head cache;
--- then the cursors, then the head cache, then the open chunk. The head cache holds copies of
--- the oldest closed entries (up to HEAD_CACHE, oldest first, 8 bytes each as in the open
--- chunk; the first is the oldest), so that the busy path (lib_busy.lua) trims with no read
+-- A key whose value is anything else (another type; a list whose first element is no header
+-- of these kinds: an earlier pre-release layout's, a later release's, or another program's) is
+-- refused with an error reply BADLAYOUT that says what was found; it is never read as a log,
+-- never converted, and nothing is written to it. A header is known by more than its kind
+-- byte: its fields in the ranges a log's take (MAX_TIME and the bounds below), its open chunk
+-- exactly the entries it counts, and the list exactly the elements it counts behind it
+-- (lib_header.lua's read_log); the fast paths take only headers whose fields and length
+-- agree, and leave every other one to the general path.
+--
+-- Calendar counters: every admission on the key adds its cost to every counter whose period
+-- holds its time, so a counter counts the key's events whatever limit admitted them, from its
+-- first use on; a refund takes its give-back from the counters whose period holds the
+-- request's decision time. A counter whose period ended is dropped when a later period's
+-- counter is made; a request of a period that ended on the key (a later counter exists: a
+-- caller's clock behind) is denied until that period's end.
+--
+-- The head cache holds copies of the oldest closed entries (up to HEAD_CACHE, oldest first, 8
+-- bytes each as in the open chunk), so that the busy path (lib_busy.lua) trims with no read
 -- but one LRANGE per HEAD_CACHE entries; the general path ignores it and writes it empty.
 -- last_weighted is a time at or after the newest live entry whose cost is not 1
--- (NO_TIME_BEFORE when none ever was). So a log whose oldest
--- live entry is after last_weighted holds only entries of cost 1 (a unit log), and the entry
--- at which a window's events reach any count is found by its number alone, with one read
--- (lib_cover.lua, lib_busy.lua): a denial costs the same at any depth. Every write that
--- makes an entry's cost other than 1 (an admission of cost n > 1, a slot's merge, a refund)
--- moves last_weighted up to that entry's time; nothing moves it down, so the claim is
--- always true, and a log becomes a unit log again once its last weighted entry has left
--- every window. A log read from a header that does not keep it (version 2, full) takes its
--- newest entry's time; a small one, whose entries are all read, the newest entry's of cost
--- other than 1. Only a script composed with WRITE_LAYOUT 5 (the engine's WithWriteLayout)
--- writes version 5, and then writes its small headers as version 3; every other write of a
--- 'K' or 'L' log writes version 2.
+-- (NO_TIME_BEFORE when none ever was). So a log whose oldest live entry is after
+-- last_weighted holds only entries of cost 1 (a unit log), and the entry at which a window's
+-- events reach any count is found by its number alone, with one read (lib_cover.lua,
+-- lib_busy.lua): a denial costs the same at any depth. Every write that makes an entry's cost
+-- other than 1 (an admission of cost n > 1, a slot's merge, a refund) moves last_weighted up
+-- to that entry's time; nothing moves it down, so the claim is always true, and a log becomes
+-- a unit log again once its last weighted entry has left every window. A small header, whose
+-- entries are all read, takes the newest entry's of cost other than 1.
 --
--- expires ('V' only) is a time, in the server's milliseconds, at or before which the key's
--- expiry lies: whoever writes a 'V' header has set the key to expire then or later, and a
--- write that sets the expiry without knowing it writes version 2. So a decision whose entry
--- needs the key until no later than expires sets no expiry at all; one that needs it longer
--- sets it with slack (lib_small.lua), and most decisions of a busy key make three server
--- calls, not four.
+-- expires (small headers) is a time, in the server's milliseconds, at or before which the
+-- key's expiry lies, or 0 for no claim: whoever writes a nonzero expires has set the key to
+-- expire then or later, and a write that sets the expiry without knowing it writes 0. So a
+-- decision whose entry needs the key until no later than expires sets no expiry at all; one
+-- that needs it longer sets it with slack (lib_small.lua), and most decisions of a small key
+-- make three server calls, not four.
 --
 -- The fields, 7 bytes big-endian each: total (the live entries' cost), count (live entries),
 -- newest (the newest entry's time), seq (its position in its microsecond), horizon (the
@@ -136,23 +130,16 @@
 --
 -- settle.lua adds lib_refund.lua's functions to g (find, compact): only a settle needs them.
 --
+-- LAYOUT is the layout version this release writes and reads (inspect.lua reports it).
+--const LAYOUT 5
 -- The header kinds (see above), as bytes.
---const KIND_T 84
---const KIND_U 85
---const KIND_G 71
---const KIND_H 72
---const KIND_S 83
---const KIND_F 70
 --const KIND_V 86
---const KIND_C 67
+--const KIND_U 85
 --const KIND_K 75
 --const KIND_L 76
--- HEAD_CACHE is the most entries a version 5 header's head cache holds.
+--const KIND_C 67
+-- HEAD_CACHE is the most entries a full header's head cache holds.
 --const HEAD_CACHE 8
--- WRITE_LAYOUT is the layout version the scripts write (the engine's WithWriteLayout:
--- scripts.go composes the scripts with that value): 5, the default, which adds 'K' and 'L' to
--- 3; 3, whose small header keeps the key's expiry (lib_small.lua); or 2.
---const WRITE_LAYOUT 5
 -- MAX_COUNTERS is the most calendar counters a log keeps: the periods live at once on a key
 -- (a policy's day, week, month and year, say), as many as a policy's limits.
 --const MAX_COUNTERS 16

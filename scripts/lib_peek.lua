@@ -8,7 +8,7 @@
 -- peek_small, on the header string alone; the rest goes through general(), whose log costs
 -- the server three times as much to make.
 -- peek_small is the read-only decision of one limit on a small header h (read_header's reply:
--- a string of kind T, U, V or S, or false for no key), counting the entries after now - window
+-- a string of kind V or U, or false for no key), counting the entries after now - window
 -- without trimming any: it returns remaining, retry_after, quota_after and reset_after as
 -- peek_request does, or nil when h is not such a header.
 local function peek_small(h, now, n, window, max)
@@ -18,13 +18,9 @@ local function peek_small(h, now, n, window, max)
     return nil
   end
   local kind, total, count, newest, seq, horizon, pos = string.byte(h, 1), 0, 0, 0, 0, 0, 0
-  if (kind == KIND_T or kind == KIND_U) and #h >= 36 then
-    total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
-  elseif kind == KIND_V and #h >= 43 then
+  if (kind == KIND_V or kind == KIND_U) and #h >= 43 then
     total, count, newest, seq, horizon, pos = struct.unpack('>i7i7i7i7i7', h, 2)
     pos = pos + 7 -- expires
-  elseif kind == KIND_S and #h >= 29 then
-    total, count, newest, seq, pos = struct.unpack('>i7i7i7i7', h, 2)
   else
     return nil
   end

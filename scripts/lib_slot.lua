@@ -24,36 +24,35 @@ local function write_slot(key, header, now, newest, first, window, server_clock,
 end
 
 -- merge_small is the common decision of a limit with a resolution res (lib_log.lua, Slots),
--- without making a log, on a log of version 2 that holds this window as its horizon: an
--- admission whose slot's entry is the newest entry, at the end of the header's open chunk
--- ('T', or 'G', or 'K' under WRITE_LAYOUT 5, without cursors), none of whose entries has left the window, so that nothing
--- is trimmed: the new cost is added to that entry in place, and the header rewritten; or an
--- admission of a new slot on a small log ('T', fewer than 32 entries), whose entries that
+-- without making a log, on a log that holds this window as its horizon: an admission whose
+-- slot's entry is the newest entry, at the end of the header's open chunk ('V', or 'K'
+-- without cursors), none of whose entries has left the window, so that nothing is trimmed: the
+-- new cost is added to that entry in place, and the header rewritten; or an admission of a
+-- new slot on a small log ('V', fewer than 32 entries), whose entries that
 -- left the window are dropped from the front and the slot's entry appended. It returns nil,
 -- having written nothing, in every other case (a denial, a big log's new slot or trim), and
 -- the general path takes the request; else a decision as decide_small's.
 local function merge_small(key, h, now, n, res, window, max, server_clock)
-  if not h or #h < 44 then
+  if not h or #h < 51 then
     return nil
   end
   local kind, total, count, newest, seq, horizon, pos = struct.unpack('>Bi7i7i7i7i7', h)
   local first_t, first_cost
-  if kind == KIND_G and #h >= 79 or kind == KIND_K and WRITE_LAYOUT >= 5 and #h >= 87 then
+  if kind == KIND_K and #h >= 87 then
     local gone, closed, oldest, oldest_cost, ncursors
     gone, closed, oldest, oldest_cost, ncursors, pos = struct.unpack('>i7i7i7i7i7', h, pos)
     -- Fields no log's header holds: the general path, which refuses it (lib_header.lua).
     if ncursors ~= 0 or closed <= 0 or closed > count or gone < 0 or total < 0 or total > MAX_COUNT
       or oldest <= -MAX_TIME or oldest >= MAX_TIME or newest <= -MAX_TIME or newest >= MAX_TIME
-      or kind == KIND_K and string.byte(h, pos + 7) > HEAD_CACHE then
+      or string.byte(h, pos + 7) > HEAD_CACHE then
       return nil
     end
-    if kind == KIND_K then
-      -- last_weighted, which the merged entry (of cost 2 or more) moves to newest, and the
-      -- head cache, which it leaves as it is: the open chunk follows.
-      pos = pos + 8 + 8 * string.byte(h, pos + 7)
-    end
+    -- last_weighted, which the merged entry (of cost 2 or more) moves to newest, and the head
+    -- cache, which it leaves as it is: the open chunk follows.
+    pos = pos + 8 + 8 * string.byte(h, pos + 7)
     first_t, first_cost = oldest, oldest_cost
-  elseif kind == KIND_T then
+  elseif kind == KIND_V then
+    pos = pos + 7 -- expires: a merge sets the expiry its entry needs, and claims none
     -- Every entry read below stays within the header, or the general path takes the request
     -- (and refuses a key whose header is no log's: lib_header.lua).
     local chunk = #h - pos + 1
@@ -82,7 +81,7 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   if t < now then
     t = t + res
   end
-  if kind == KIND_T and t > newest and horizon == window and count < OPEN_CHUNK_MAX and n < 254 then
+  if kind == KIND_V and t > newest and horizon == window and count < OPEN_CHUNK_MAX and n < 254 then
     -- A new slot on a small log: trim the entries that left the window from the front of the
     -- open chunk, and append the slot's entry.
     local cutoff, p, lead = now - window, pos, nil
@@ -118,7 +117,7 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
     if total + n > max then
       return nil
     end
-    return write_slot(key, struct.pack('>Bi7i7i7i7i7c0i7B', KIND_T, total + n, count + 1, t, 1, window, string.sub(h, p), t, n),
+    return write_slot(key, struct.pack('>Bi7i7i7i7i7i7c0i7B', KIND_V, total + n, count + 1, t, 1, window, 0, string.sub(h, p), t, n),
       now, t, lead or t, window, server_clock, max - total - n, 1)
   end
   if t ~= newest or horizon ~= window or first_t <= now - window or first_cost == 0 or total + n > max then
@@ -170,6 +169,8 @@ local function merge_small(key, h, now, n, res, window, max, server_clock)
   local header = struct.pack('>Bi7', kind, total + n) .. string.sub(h, 9, at - 1) .. entry
   if kind == KIND_K then
     header = string.sub(header, 1, 71) .. struct.pack('>i7', newest) .. string.sub(header, 79)
+  else
+    header = string.sub(header, 1, 36) .. struct.pack('>i7', 0) .. string.sub(header, 44)
   end
   return write_slot(key, header, now, newest, first_t, window, server_clock, max - total - n, seq)
 end

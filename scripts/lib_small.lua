@@ -5,17 +5,17 @@
 --
 -- decide_small is decide for the common case, without making a log: a write against one
 -- limit (window, max), on a log whose live entries all sit in the header's open chunk (a
--- small header of layout 2, at most 32 entries, no cursors, nothing gone, no refunded run and
--- no cost above 253; or its version 3, 'V'), by a request of n <= 253 events at or after its
+-- small header, 'V': at most 32 entries, no cursors, nothing gone, no refunded run and no cost
+-- above 253), by a request of n <= 253 events at or after its
 -- newest entry. h is the key's header as read_header reads it; server_clock says whether now is
 -- the server's clock (true) or a caller's. It returns nil, having written nothing, when the case
 -- is not that one, and the caller runs decide; else a decision in lib_reply.lua's order
 -- (remaining, retry_after, quota_after, reset_after, tightest, seq), the entry recorded when
 -- admitted and the key's expiry set.
 --
--- decide_small writes a small header of version 3 ('V', which keeps the key's expiry) when
--- WRITE_LAYOUT (lib_log.lua) is 3 or more, else of version 2. EXPIRY_SLACK_MAX bounds how far
--- beyond its need a version 3 write sets the key's expiry: an hour, in microseconds.
+-- decide_small writes a small header ('V'), which keeps the key's expiry when the decision is
+-- on the server's clock. EXPIRY_SLACK_MAX bounds how far beyond its need such a write sets the
+-- key's expiry: an hour, in microseconds.
 --const EXPIRY_SLACK_MAX 3600000000
 --
 -- What a call costs is counted here in server calls, library calls and values made (measured
@@ -26,24 +26,13 @@ local function decide_small(key, h, now, n, window, max, server_clock)
   local total, count, newest, seq, horizon, first, expires = 0, 0, NO_TIME_BEFORE, 0, 0, 1, 0
   if h then
     -- A table (the key holds another type) has length 0, as has no header.
-    if #h < 36 then
+    if #h < 43 then
       return nil
     end
     local kind
-    if #h >= 43 then
-      -- Six fields: a 'V' header's, or a 'T' header's five and its first entry's time.
-      kind, total, count, newest, seq, horizon, expires, first = struct.unpack('>Bi7i7i7i7i7i7', h)
-      if kind == KIND_T then
-        expires, first = 0, 37
-      end
-      if kind ~= KIND_T and kind ~= KIND_V then
-        return nil
-      end
-    else
-      kind, total, count, newest, seq, horizon, first = struct.unpack('>Bi7i7i7i7i7', h)
-      if kind ~= KIND_T then
-        return nil
-      end
+    kind, total, count, newest, seq, horizon, expires, first = struct.unpack('>Bi7i7i7i7i7i7', h)
+    if kind ~= KIND_V then
+      return nil
     end
   else
     h = ''
@@ -103,11 +92,7 @@ local function decide_small(key, h, now, n, window, max, server_clock)
         end
         expires = 0
       end
-      if expires > 0 then
-        redis.call('LSET', key, 0, struct.pack('>Bi7i7i7i7i7i7c0', KIND_V, total, count, newest, seq, window, expires, string.sub(h, first)))
-      else
-        redis.call('LSET', key, 0, struct.pack('>Bi7i7i7i7i7c0', KIND_T, total, count, newest, seq, window, string.sub(h, first)))
-      end
+      redis.call('LSET', key, 0, struct.pack('>Bi7i7i7i7i7i7c0', KIND_V, total, count, newest, seq, window, expires, string.sub(h, first)))
     end
     local remaining = max - total
     if remaining < 0 then
@@ -143,18 +128,15 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     seq = 1
   end
   -- The expiry: the key must last until the new entry leaves the window, now + window (as
-  -- keep_log_until in lib_log.lua sets it). With WRITE_LAYOUT 3 or more and the server's clock, an expires
-  -- that reaches that far means no call; else PEXPIREAT sets it further by the slack (the
-  -- window, at most EXPIRY_SLACK_MAX), and the header keeps it. Else the expiry is set exactly
-  -- (PEXPIREAT on the server's clock, PEXPIRE with its slack on a caller's), and the header
-  -- claims none. Whole milliseconds, rounded up (x + 999 - (x + 999) % 1000 is math.ceil's
+  -- keep_log_until in lib_log.lua sets it). On the server's clock, an expires that reaches
+  -- that far means no call; else PEXPIREAT sets it further by the slack (the window, at most
+  -- EXPIRY_SLACK_MAX), and the header keeps it. On a caller's clock PEXPIRE sets it with its
+  -- slack, and the header claims none (expires 0). Whole milliseconds, rounded up (x + 999 - (x + 999) % 1000 is math.ceil's
   -- work in three operations, not a call).
   local command, at = nil, now + window + 999
   if not server_clock then
     at = window + 999
     expires, command, at = 0, 'PEXPIRE', (at - at % 1000) / 1000 + RELATIVE_EXPIRY_SLACK_MS
-  elseif WRITE_LAYOUT < 3 then
-    expires, command, at = 0, 'PEXPIREAT', (at - at % 1000) / 1000
   elseif expires * 1000 < now + window then
     local slack = window
     if slack > EXPIRY_SLACK_MAX then
@@ -165,12 +147,7 @@ local function decide_small(key, h, now, n, window, max, server_clock)
     command, at = 'PEXPIREAT', expires
   end
   -- The header, with the entries left and the new one after them.
-  local header
-  if expires > 0 then
-    header = struct.pack('>Bi7i7i7i7i7i7c0i7B', KIND_V, total + n, count + 1, now, seq, window, expires, string.sub(h, first), now, n)
-  else
-    header = struct.pack('>Bi7i7i7i7i7c0i7B', KIND_T, total + n, count + 1, now, seq, window, string.sub(h, first), now, n)
-  end
+  local header = struct.pack('>Bi7i7i7i7i7i7c0i7B', KIND_V, total + n, count + 1, now, seq, window, expires, string.sub(h, first), now, n)
   if #h > 0 then
     -- The expiry before the entry: a server that refuses it refuses before anything is
     -- recorded.

@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 )
@@ -52,66 +51,37 @@ const shebangPrefix = "#!"
 // Source returns the script name (its file's name without ".lua": "decide", "decide_batch",
 // "peek", "peek_batch", "decide_all", "settle", "inspect", "lease_acquire", "lease_extend",
 // "lease_release" or "probe") composed: each include line replaced by its part, each constant
-// by its value. layout sets the layout version the scripts that write logs write (lib_log.lua's
-// WRITE_LAYOUT): 2; 3, whose small header keeps the key's expiry so that most decisions of a
-// busy key set none; or 5, which adds a full header that knows a unit log (every entry of
-// cost 1), so that a denial on it reads one entry at any depth; 0 leaves the file's own, 5.
-// Every composition reads every layout this release knows. It is composed once per process. Source panics for a name or layout the
-// package does not have: the engine names its scripts and checks its layout option first,
-// and the package's tests compose every one.
-func Source(name string, layout int) string {
-	if layout != 0 && layout != 2 && layout != 3 && layout != 5 {
-		panic(fmt.Sprintf("scripts: no layout version %d to write; want 2, 3 or 5", layout))
-	}
-	return composedOnce(name+".lua", layout)
-}
-
-// writeLayoutConst is the constant (lib_log.lua) that says which layout version the scripts
-// write.
-const writeLayoutConst = "WRITE_LAYOUT"
-
-// scriptFiles are the scripts Source returns, each composed once per process on
-// first use (composedOnce): the text depends on the embedded files alone, and composing it
-// takes a few regular expressions, which a program making many engines (or a test) would
-// otherwise pay for each one.
-var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_batch.lua", "decide_all.lua", "settle.lua",
-	"inspect.lua", "lease_acquire.lua", "lease_extend.lua", "lease_release.lua", "probe.lua"}
-
-// composed holds, per script and layout to write (0: as the file says), its composition; it
-// is made at start and only read after.
-var composed = func() map[string]func() string {
-	m := map[string]func() string{}
-	for _, name := range scriptFiles {
-		for _, layout := range []int{0, 2, 3, 5} {
-			m[composedKey(name, layout)] = sync.OnceValue(func() string {
-				var src string
-				var err error
-				if layout == 0 {
-					src, err = compose(name)
-				} else {
-					src, err = composeWith(name, map[string]string{writeLayoutConst: strconv.Itoa(layout)})
-				}
-				if err != nil {
-					panic(err)
-				}
-				return src
-			})
-		}
-	}
-	return m
-}()
-
-func composedKey(name string, layout int) string { return name + "@" + strconv.Itoa(layout) }
-
-// composedOnce returns the named script composed to write layout (0: as the file says),
-// composing it on the first call.
-func composedOnce(name string, layout int) string {
-	f, ok := composed[composedKey(name, layout)]
+// by its value. It is composed once per process. Source panics for a name the package does
+// not have: the engine names its scripts, and the package's tests compose every one.
+func Source(name string) string {
+	f, ok := composed[name+".lua"]
 	if !ok {
-		panic(fmt.Sprintf("scripts: %s is not among scriptFiles", name))
+		panic(fmt.Sprintf("scripts: %s.lua is not among scriptFiles", name))
 	}
 	return f()
 }
+
+// scriptFiles are the scripts Source returns, each composed once per process on
+// first use: the text depends on the embedded files alone, and composing it takes a few
+// regular expressions, which a program making many engines (or a test) would otherwise pay
+// for each one.
+var scriptFiles = []string{"decide.lua", "peek.lua", "decide_batch.lua", "peek_batch.lua", "decide_all.lua", "settle.lua",
+	"inspect.lua", "lease_acquire.lua", "lease_extend.lua", "lease_release.lua", "probe.lua"}
+
+// composed holds, per script file, its composition; it is made at start and only read after.
+var composed = func() map[string]func() string {
+	m := map[string]func() string{}
+	for _, name := range scriptFiles {
+		m[name] = sync.OnceValue(func() string {
+			src, err := compose(name)
+			if err != nil {
+				panic(err)
+			}
+			return src
+		})
+	}
+	return m
+}()
 
 // compose returns the named file with every include line replaced by the named part (and
 // the part's own include lines by theirs).

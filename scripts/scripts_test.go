@@ -36,11 +36,45 @@ var all = func() map[string]func() string {
 	m := map[string]func() string{}
 	for _, name := range scriptFiles {
 		if name != "probe.lua" {
-			m[name] = func() string { return Source(strings.TrimSuffix(name, ".lua"), 0) }
+			m[name] = func() string { return Source(strings.TrimSuffix(name, ".lua")) }
 		}
 	}
 	return m
 }()
+
+// layout is the one layout version the scripts write and read (lib_log.lua's LAYOUT), as
+// inspect.lua reports it.
+var layout = func() int64 {
+	m := regexp.MustCompile(`(?m)^--const LAYOUT (\d+)$`).FindStringSubmatch(Source("inspect"))
+	if m == nil {
+		panic("lib_log.lua defines no LAYOUT")
+	}
+	v, _ := strconv.ParseInt(m[1], 10, 64)
+	return v
+}()
+
+// The scripts know one layout of at most five header kinds: each a constant KIND_ of
+// lib_log.lua, each a distinct byte, and no script tests a kind byte but through them.
+func TestOneLayoutOfFewKinds(t *testing.T) {
+	text, err := files.ReadFile("lib_log.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := regexp.MustCompile(`(?m)^--const KIND_([A-Z]) (\d+)$`).FindAllStringSubmatch(string(text), -1)
+	if len(kinds) == 0 || len(kinds) > 5 {
+		t.Fatalf("lib_log.lua defines %d header kinds, want 1 to 5", len(kinds))
+	}
+	seen := map[string]bool{}
+	for _, k := range kinds {
+		if seen[k[2]] || k[2] != strconv.Itoa(int(k[1][0])) {
+			t.Errorf("KIND_%s is %s: want its letter's byte, once", k[1], k[2])
+		}
+		seen[k[2]] = true
+	}
+	if n := len(regexp.MustCompile(`(?m)^--const LAYOUT `).FindAllString(string(text), -1)); n != 1 || layout <= 0 {
+		t.Fatalf("lib_log.lua defines LAYOUT %d times (%d), want once", n, layout)
+	}
+}
 
 // Composition replaces every include line with its part, and each constant's name in code
 // with its value; nothing else changes.
@@ -82,7 +116,7 @@ func TestComposeInlinesParts(t *testing.T) {
 	}
 	// No line of code still names a constant; the comments that define them still do.
 	constant := regexp.MustCompile(`\b(OPEN_CHUNK_MAX|MAX_CURSORS|NO_TIME_BEFORE|NO_TIME_AFTER|KIND_[A-Z])\b`)
-	src := Source("decide", 0)
+	src := Source("decide")
 	for _, line := range strings.Split(src, "\n") {
 		if !strings.HasPrefix(strings.TrimSpace(line), "--") && constant.MatchString(line) {
 			t.Errorf("decide.lua composed still names a constant: %q", line)
@@ -275,12 +309,8 @@ func TestComposedScriptsRun(t *testing.T) {
 			t.Fatalf("%s: second refund: %d events back, want none", name, got)
 		}
 		log := run("inspect.lua", key, "0")
-		// The refund writes the header the general path writes: a small one (layout 2) for one
-		// limit, a full one that keeps the shorter window's cursor (layout 5) for two.
-		layout := int64(2)
-		if len(limits) > 2 {
-			layout = 5
-		}
+		// The refund writes the header the general path writes, in the one layout: a small one
+		// for one limit, a full one that keeps the shorter window's cursor for two.
 		want := []int64{max - 1, max - 1, layout, log[3], 0, now, 1, now + 2, 1}
 		if fmt.Sprint(log) != fmt.Sprint(want) {
 			t.Fatalf("%s: inspect: %v, want %v", name, log, want)
@@ -326,7 +356,7 @@ func TestBatchDecidesInOrderAndIsolatesFailures(t *testing.T) {
 			args = append(args, "1", "1") // cost 1, set 1
 		}
 	}
-	sum := sha1.Sum([]byte(Source("decide_batch", 0)))
+	sum := sha1.Sum([]byte(Source("decide_batch")))
 	got, err := c.Do(ctx, c.B().Evalsha().Sha1(hex.EncodeToString(sum[:])).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +415,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	key := "scripts-test:leases:" + uuid.NewString()
 	acquire := func(at int64, id string) []int64 {
-		return ints("acquire "+id, run(Source("lease_acquire", 0), key, itoa(at), itoa(max), itoa(ttl), id))
+		return ints("acquire "+id, run(Source("lease_acquire"), key, itoa(at), itoa(max), itoa(ttl), id))
 	}
 	if got := acquire(now, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now, now + ttl, 1}) {
 		t.Fatalf("first lease: %v", got)
@@ -396,11 +426,11 @@ func TestLeaseScriptsRun(t *testing.T) {
 	if got := acquire(now+20, "c"); fmt.Sprint(got) != fmt.Sprint([]int64{0, now + 20, 0, 2, now + ttl, now + 10 + ttl}) {
 		t.Fatalf("third lease, key full: %v, want denied until a expires, reset when b does", got)
 	}
-	if err := run(Source("lease_acquire", 0), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
+	if err := run(Source("lease_acquire"), key, itoa(now+30), "3", itoa(ttl), "a").Error(); err == nil {
 		t.Fatal("a lease id already held was accepted twice")
 	}
 	extend := func(at int64, id string) []int64 {
-		return ints("extend "+id, run(Source("lease_extend", 0), key, itoa(at), itoa(ttl), id))
+		return ints("extend "+id, run(Source("lease_extend"), key, itoa(at), itoa(ttl), id))
 	}
 	if got := extend(now+50, "a"); fmt.Sprint(got) != fmt.Sprint([]int64{1, now + 50, now + 50 + ttl}) {
 		t.Fatalf("extend a: %v", got)
@@ -413,7 +443,7 @@ func TestLeaseScriptsRun(t *testing.T) {
 		t.Fatalf("extend b after its expiry: %v, want refused", got)
 	}
 	for i, want := range []int64{1, 0} {
-		n, err := run(Source("lease_release", 0), key, "c").AsInt64()
+		n, err := run(Source("lease_release"), key, "c").AsInt64()
 		if err != nil || n != want {
 			t.Fatalf("release c, time %d: %d, %v; want %d", i+1, n, err, want)
 		}
@@ -447,12 +477,6 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 			t.Errorf("%s composed opens with %q, want its flags line %q first and only there", name, src[:min(len(src), 60)], want)
 		}
 	}
-	if src := Source("decide_batch", 3); !strings.HasPrefix(src, flags["decide_batch.lua"]) {
-		t.Errorf("decide_batch.lua composed to write layout 3 lost its flags line: %q", src[:60])
-	}
-	if src := Source("decide_all", 3); !strings.HasPrefix(src, flags["decide_all.lua"]) {
-		t.Errorf("decide_all.lua composed to write layout 3 lost its flags line: %q", src[:60])
-	}
 
 	c := server.Client(t)
 	ctx := context.Background()
@@ -460,7 +484,7 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 		sum := sha1.Sum([]byte(src))
 		return hex.EncodeToString(sum[:])
 	}
-	for _, src := range []string{Source("decide_batch", 0), Source("peek_batch", 0)} {
+	for _, src := range []string{Source("decide_batch"), Source("peek_batch")} {
 		if err := c.Do(ctx, c.B().ScriptLoad().Script(src).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
@@ -481,11 +505,11 @@ func TestBatchScriptsCarryFlagsAndTakeKeysInArgv(t *testing.T) {
 		var cmd valkey.Completed
 		switch {
 		case declared && script == "decide":
-			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch", 0))).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch"))).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 		case script == "decide":
-			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch", 0))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+			cmd = c.B().Evalsha().Sha1(sha(Source("decide_batch"))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
 		default:
-			cmd = c.B().EvalshaRo().Sha1(sha(Source("peek_batch", 0))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
+			cmd = c.B().EvalshaRo().Sha1(sha(Source("peek_batch"))).Numkeys(0).Arg(strconv.Itoa(len(keys))).Arg(keys...).Arg(args...).Build()
 		}
 		got, err := c.Do(ctx, cmd).ToArray()
 		if err != nil {
@@ -536,7 +560,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 		t.Helper()
 		args := append(append([]string{}, set...), "1", strconv.Itoa(now), mode, strconv.Itoa(len(keys)))
 		args = append(args, reqs...)
-		got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all", 0)).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+		got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all")).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 		if err != nil {
 			t.Fatalf("decide_all %s %v: %v", mode, reqs, err)
 		}
@@ -561,7 +585,7 @@ func TestDecideAllRecordsAllOrNothing(t *testing.T) {
 	}
 	events := func(key string) int64 {
 		t.Helper()
-		return evalInts(t, c, Source("inspect", 0), key, "0")[0]
+		return evalInts(t, c, Source("inspect"), key, "0")[0]
 	}
 	call("decide", []string{full}, "2", "1", "0")
 	// a has room, full has none: nothing is recorded; a's peek says 2 left (no event: quota
@@ -625,7 +649,7 @@ func TestDecideAllGroupsInOneCall(t *testing.T) {
 	keys = append(keys, poisoned, b)
 	group("", "decide", "1", "1", "0") // b on the server's clock: a log of another time, its own room
 	keys = append(keys, "scripts-test:groups:c:"+id)
-	got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all", 0)).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+	got, err := c.Do(ctx, c.B().Eval().Script(Source("decide_all")).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -662,7 +686,7 @@ func TestDecideAllGroupsInOneCall(t *testing.T) {
 		t.Errorf("group 5: flags %q, remaining %d; want 1 and 1", f, remaining(13))
 	}
 	for key, want := range map[string]int64{a: 2, b: 1} {
-		if n := evalInts(t, c, Source("inspect", 0), key, strconv.Itoa(now))[0]; n != want {
+		if n := evalInts(t, c, Source("inspect"), key, strconv.Itoa(now))[0]; n != want {
 			t.Errorf("%s holds %d events, want %d", key, n, want)
 		}
 	}

@@ -93,7 +93,7 @@ func TestInspectCalendarAndSlots(t *testing.T) {
 	}
 	t.Logf("inspect output:\n%s", out.String())
 	for _, want := range []string{
-		"(layout 4,",
+		"(layout 5,",
 		"calendar counters (their events are not the entries'):\nperiod " + month + ": 5 events\n",
 		"entries are slots of 1s",
 		"limit 100/1m0s~1s: 5 events in the window, 95 remaining",
@@ -142,7 +142,7 @@ func TestInspectCalendarZone(t *testing.T) {
 		t.Fatalf("inspect: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
-		"0 entries, 0 events (layout 4,",
+		"0 entries, 0 events (layout 5,",
 		"period 2026-11-30T00:00:00+01:00 .. 2026-12-01T00:00:00+01:00: 4 events\n",
 	} {
 		if !strings.Contains(out.String(), want) {

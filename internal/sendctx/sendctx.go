@@ -19,7 +19,8 @@
 // greeting (HELLO) waits for its reply up to the dial timeout, whatever the context, and so
 // do the calls that wait for that dial. A server that takes connections and does not answer
 // (paused, stopped, overloaded) would hold a caller there past its deadline. Promptly runs a
-// call on a goroutine of its own and returns when the caller's context ends.
+// call on a goroutine of its own and returns when the caller's context ends: the one runner
+// of the module's calls that must return so.
 package sendctx
 
 import (
@@ -80,28 +81,49 @@ func Send[T any](ctx context.Context, send func(context.Context) T, errOf func(T
 }
 
 // Promptly runs call and returns its reply, or failed(ctx.Err()) as soon as ctx ends, if that
-// comes first: call then goes on, on a goroutine of its own, and its reply is dropped (a
-// writing call may still be applied, once). call must own what it reads: nothing of the
-// caller's may change under it once Promptly returns. A context that cannot end (Done is nil)
-// runs call on the caller's goroutine.
-func Promptly[T any](ctx context.Context, call func() T, failed func(error) T) T {
+// comes first: it is the one runner of every call that returns when its caller's context
+// ends. call then goes on, on a goroutine of its own, and its reply is the caller's only if
+// handed over before ctx ended (taken): a writing call whose caller left may still be applied,
+// once. after, when not nil, runs on call's goroutine once the reply is handed over or left,
+// with taken: what a call whose caller left must still do (release a lease nobody took, say)
+// is after's. call must own what it reads: nothing of the caller's may change under it once
+// Promptly returns. A panic in call is its reply failed(the panic). A context that cannot end
+// (Done is nil) runs call, and after, on the caller's goroutine.
+func Promptly[T any](ctx context.Context, call func() T, failed func(error) T, after func(reply T, taken bool)) (reply T, taken bool) {
 	if ctx.Done() == nil {
-		return call()
+		reply = call()
+		if after != nil {
+			after(reply, true)
+		}
+		return reply, true
 	}
-	reply := make(chan T, 1)
+	// Unbuffered: a reply handed over is the caller's, one not handed over is nobody's.
+	handed := make(chan T)
 	go func() {
-		defer func() {
-			if p := recover(); p != nil {
-				reply <- failed(fmt.Errorf("strictrate: the call failed: panic: %v", p))
-			}
+		var r T
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					r = failed(fmt.Errorf("strictrate: the call failed: panic: %v", p))
+				}
+			}()
+			r = call()
 		}()
-		reply <- call()
+		took := false
+		select {
+		case handed <- r:
+			took = true
+		case <-ctx.Done():
+		}
+		if after != nil {
+			after(r, took)
+		}
 	}()
 	select {
-	case r := <-reply:
-		return r
+	case r := <-handed:
+		return r, true
 	case <-ctx.Done():
-		return failed(ctx.Err())
+		return failed(ctx.Err()), false
 	}
 }
 
@@ -110,9 +132,10 @@ func Promptly[T any](ctx context.Context, call func() T, failed func(error) T) T
 // when ctx ends, whatever the connection is doing (Promptly). build is called for each send: a
 // command is sent once.
 func Do(ctx context.Context, client valkey.Client, build func(valkey.Builder) valkey.Completed) valkey.ValkeyResult {
-	return Promptly(ctx, func() valkey.ValkeyResult {
+	reply, _ := Promptly(ctx, func() valkey.ValkeyResult {
 		return Send(ctx, func(ctx context.Context) valkey.ValkeyResult {
 			return client.Do(ctx, build(client.B()))
 		}, valkey.ValkeyResult.Error)
-	}, valkey.NewErrorResult)
+	}, valkey.NewErrorResult, nil)
+	return reply
 }

@@ -106,25 +106,40 @@ func TestSendRetriesOnlyUnsentCalls(t *testing.T) {
 
 func TestPromptlyReturnsWhenTheContextEnds(t *testing.T) {
 	failed := func(err error) error { return err }
-	if got := Promptly(context.Background(), func() error { return nil }, failed); got != nil {
-		t.Fatalf("a call on a context that cannot end: %v", got)
+	if got, taken := Promptly(context.Background(), func() error { return nil }, failed, nil); got != nil || !taken {
+		t.Fatalf("a call on a context that cannot end: %v, taken %v", got, taken)
 	}
 	live, cancelLive := context.WithCancel(context.Background())
 	defer cancelLive()
 	want := errors.New("the call's own")
-	if got := Promptly(live, func() error { return want }, failed); got != want {
-		t.Fatalf("a call that came back: %v, want its reply", got)
+	if got, taken := Promptly(live, func() error { return want }, failed, nil); got != want || !taken {
+		t.Fatalf("a call that came back: %v, taken %v; want its reply", got, taken)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	release := make(chan struct{})
 	returned := make(chan error, 1)
-	go func() { returned <- Promptly(ctx, func() error { <-release; return nil }, failed) }()
+	afterwards := make(chan bool, 1)
+	go func() {
+		got, _ := Promptly(ctx, func() error { <-release; return want }, failed, func(r error, taken bool) {
+			if r != want {
+				t.Errorf("after got %v, want the call's reply", r)
+			}
+			afterwards <- taken
+		})
+		returned <- got
+	}()
 	cancel()
 	if got := <-returned; !errors.Is(got, context.Canceled) {
 		t.Fatalf("a call held while its context ended: %v, want the context's error", got)
 	}
 	close(release)
-	if got := Promptly(live, func() error { panic("boom") }, failed); got == nil {
+	if taken := <-afterwards; taken {
+		t.Fatal("after of a call whose caller left: taken, want not")
+	}
+	if got, _ := Promptly(live, func() error { panic("boom") }, failed, nil); got == nil {
 		t.Fatal("a call that panicked came back without an error")
+	}
+	if _, _ = Promptly(live, func() error { return nil }, failed, func(_ error, taken bool) { afterwards <- taken }); !<-afterwards {
+		t.Fatal("after of a call whose caller took its reply: not taken, want taken")
 	}
 }

@@ -94,7 +94,7 @@ func (b *bench) start(ctx context.Context, work string) (err error) {
 			return err
 		}
 	}
-	specs := []processSpec{{name: nameStrictrate, bin: bin, extraEnv: cfg.strictrateEnv()}}
+	specs := []processSpec{{name: nameStrictrate, bin: bin, extraEnv: cfg.StrictrateEnv}}
 	if cfg.Reference != "" {
 		specs = append(specs, processSpec{name: nameReference, bin: cfg.Reference, extraEnv: cfg.ReferenceEnv})
 		b.setup.ReferenceVersion = moduleVersion(cfg.Reference, "github.com/envoyproxy/ratelimit")

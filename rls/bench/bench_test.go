@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +14,8 @@ import (
 )
 
 // TestRunStrictrateAlone runs the command's core with tiny durations against strictrate-rls
-// alone, writing layout 5: the throughput table must hold figures for one and three
+// alone, with one variable added by -strictrate-env (STRICTRATE_BATCHING=true, the service's
+// default): the report must name it, the throughput table must hold figures for one and three
 // descriptors, and the exactness scenarios that need no minute boundary must show what an
 // exact limiter admits.
 func TestRunStrictrateAlone(t *testing.T) {
@@ -25,7 +25,8 @@ func TestRunStrictrateAlone(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bench.md")
 	cfg := config{
 		Duration: 400 * time.Millisecond, Rounds: 2, Warmup: 100 * time.Millisecond,
-		Concurrency: 8, Conns: 2, Keys: 100, Exactness: true, Boundary: false, Out: out, WriteLayout: 5,
+		Concurrency: 8, Conns: 2, Keys: 100, Exactness: true, Boundary: false, Out: out,
+		StrictrateEnv: []string{"STRICTRATE_BATCHING=true"},
 	}
 	var stdout, progress strings.Builder
 	if err := run(ctx, cfg, &stdout, &progress); err != nil {
@@ -40,8 +41,8 @@ func TestRunStrictrateAlone(t *testing.T) {
 		t.Errorf("-out file differs from stdout")
 	}
 
-	if !strings.Contains(md, "strictrate-rls with STRICTRATE_WRITE_LAYOUT=5") {
-		t.Errorf("the report does not say that strictrate-rls wrote layout 5:\n%s", md)
+	if !strings.Contains(md, "strictrate-rls with STRICTRATE_BATCHING=true") {
+		t.Errorf("the report does not say that strictrate-rls ran with STRICTRATE_BATCHING=true:\n%s", md)
 	}
 
 	row := regexp.MustCompile(`(?m)^\| strictrate-rls \| ([13]) \| ([\d,]+) \| ([\d.]+) ms \| ([\d.]+) ms \| — \|.*\| (\d+) \| (\d+) \| (\d+) \|$`)
@@ -120,24 +121,5 @@ func TestCounters(t *testing.T) {
 	})
 	if s.Decisions != 10 || s.PerSecond != 4 || s.P50 != 5 || s.P99 != 8 || s.Used != (counters{2, -1, 2, 2}) {
 		t.Errorf("summarize: got %+v", s)
-	}
-}
-
-// TestStrictrateEnv checks that -write-layout is passed to strictrate-rls as
-// STRICTRATE_WRITE_LAYOUT, before -strictrate-env so that an explicit variable wins, and
-// that 0 passes nothing.
-func TestStrictrateEnv(t *testing.T) {
-	for _, tc := range []struct {
-		cfg  config
-		want []string
-	}{
-		{config{}, nil},
-		{config{WriteLayout: 5}, []string{"STRICTRATE_WRITE_LAYOUT=5"}},
-		{config{WriteLayout: 5, StrictrateEnv: []string{"STRICTRATE_WRITE_LAYOUT=3"}},
-			[]string{"STRICTRATE_WRITE_LAYOUT=5", "STRICTRATE_WRITE_LAYOUT=3"}},
-	} {
-		if got := tc.cfg.strictrateEnv(); !slices.Equal(got, tc.want) {
-			t.Errorf("%+v: %q, want %q", tc.cfg, got, tc.want)
-		}
 	}
 }

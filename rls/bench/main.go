@@ -6,7 +6,6 @@
 //	cd rls && go run ./bench                                # strictrate-rls alone
 //	cd rls && go run ./bench -reference /path/to/service_cmd # side by side
 //	cd rls && go run ./bench -reference ... -out bench.md   # also write the Markdown to a file
-//	cd rls && go run ./bench -reference ... -write-layout 5 # strictrate-rls writing layout 5
 //
 // It provisions a Valkey server as the tests do (valkey-server on PATH, else Docker; -addr or
 // VALKEY_ADDR to use one that runs), writes one configuration directory in the reference's
@@ -25,7 +24,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -42,9 +40,6 @@ type config struct {
 	// reference ("NAME=value"), after the bench's.
 	StrictrateEnv []string
 	ReferenceEnv  []string
-	// WriteLayout is the layout strictrate-rls writes (STRICTRATE_WRITE_LAYOUT: 2, 3 or 5); 0
-	// leaves the variable unset, to the service's default.
-	WriteLayout int
 	// Addr is a Valkey server to use as it is; empty provisions one.
 	Addr string
 	// Duration is the measured time of each server in each throughput scenario, split into
@@ -82,7 +77,6 @@ func main() {
 	fs.StringVar(&cfg.Reference, "reference", "", "the reference server's binary (envoyproxy/ratelimit's service_cmd); empty: strictrate-rls alone")
 	fs.StringVar(&cfg.Strictrate, "strictrate", "", "a strictrate-rls binary (default: build ./cmd/strictrate-rls)")
 	fs.Var((*envList)(&cfg.StrictrateEnv), "strictrate-env", "NAME=value added to strictrate-rls's environment (repeatable), e.g. STRICTRATE_BATCHING=false")
-	fs.IntVar(&cfg.WriteLayout, "write-layout", 0, "the layout version strictrate-rls writes (STRICTRATE_WRITE_LAYOUT): 2, 3 or 5; 0: its default")
 	fs.Var((*envList)(&cfg.ReferenceEnv), "reference-env", "NAME=value added to the reference's environment (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	fs.StringVar(&cfg.Addr, "addr", "", "Valkey address host:port to use as it is (default: $VALKEY_ADDR, else a throwaway server)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time of each server in each throughput scenario")
@@ -124,15 +118,6 @@ func run(ctx context.Context, cfg config, out, progress io.Writer) error {
 		fmt.Fprintf(progress, "wrote %s\n", cfg.Out)
 	}
 	return nil
-}
-
-// strictrateEnv is what the command line adds to strictrate-rls's environment: -write-layout,
-// then every -strictrate-env (a later one wins).
-func (c config) strictrateEnv() []string {
-	if c.WriteLayout == 0 {
-		return c.StrictrateEnv
-	}
-	return append([]string{"STRICTRATE_WRITE_LAYOUT=" + strconv.Itoa(c.WriteLayout)}, c.StrictrateEnv...)
 }
 
 // validate refuses a command line that cannot run.

@@ -118,8 +118,8 @@ func (r *report) exactnessMarkdown(b *strings.Builder) {
 // extraEnv says which variables the command line added to the servers' environment.
 func extraEnv(c config) string {
 	var parts []string
-	if env := c.strictrateEnv(); len(env) > 0 {
-		parts = append(parts, "strictrate-rls with "+strings.Join(env, " "))
+	if len(c.StrictrateEnv) > 0 {
+		parts = append(parts, "strictrate-rls with "+strings.Join(c.StrictrateEnv, " "))
 	}
 	if len(c.ReferenceEnv) > 0 {
 		parts = append(parts, "the reference with "+strings.Join(c.ReferenceEnv, " "))

@@ -17,7 +17,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -176,11 +175,6 @@ type Settings struct {
 	// Batching (STRICTRATE_BATCHING, true): concurrent decisions share one call to Valkey
 	// (engine.WithBatching).
 	Batching bool
-	// WriteLayout (STRICTRATE_WRITE_LAYOUT, 5, the engine's default) is the layout version of
-	// the logs the engine writes (engine.WithWriteLayout): 2, 3 or 5. 5 makes a decision on a
-	// busy key (a log of more than 32 entries) cost Valkey about what one on an idle key does.
-	// Every process that shares the keys must read the layout first (docs/operating.md).
-	WriteLayout int
 	// ReplicaAck and ReplicaAckTimeout (STRICTRATE_REPLICA_ACK, 0, and
 	// STRICTRATE_REPLICA_ACK_TIMEOUT, 0: until the request's deadline): each decision waits
 	// until that many replicas hold it (engine.WithReplicaAck).
@@ -440,10 +434,11 @@ func (s *Settings) readTracing(r *reader) {
 func (s *Settings) readOwn(r *reader) {
 	s.FailOpen = r.boolean("STRICTRATE_FAIL_OPEN", false)
 	s.Batching = r.boolean("STRICTRATE_BATCHING", true)
-	s.WriteLayout = r.integer("STRICTRATE_WRITE_LAYOUT", defaultWriteLayout)
-	if !slices.Contains(writeLayouts, s.WriteLayout) {
-		r.invalid("STRICTRATE_WRITE_LAYOUT=%d is not a layout this release writes: 2, 3 or 5", s.WriteLayout)
-		s.WriteLayout = defaultWriteLayout
+	// STRICTRATE_WRITE_LAYOUT chose the layout of the logs an earlier release wrote. This one
+	// writes one layout; a deployment that still sets the variable (to anything, even the empty
+	// string) expects a choice it no longer has, and is told so before Valkey is dialled.
+	if _, ok := r.get("STRICTRATE_WRITE_LAYOUT"); ok {
+		r.invalid("STRICTRATE_WRITE_LAYOUT is no longer a setting: this release writes one layout; unset it")
 	}
 	s.ReplicaAck = r.atLeast("STRICTRATE_REPLICA_ACK", 0, 0)
 	s.ReplicaAckTimeout = r.duration("STRICTRATE_REPLICA_ACK_TIMEOUT", 0)
@@ -462,14 +457,6 @@ func (s *Settings) readOwn(r *reader) {
 	}
 	s.DrainTimeout = r.duration("STRICTRATE_DRAIN_TIMEOUT", 10*time.Second)
 }
-
-// defaultWriteLayout and writeLayouts are the engine's default layout and the layouts
-// engine.WithWriteLayout takes, so that a bad STRICTRATE_WRITE_LAYOUT is refused with the
-// other settings' problems, before Valkey is dialled. The command's tests tie both to the
-// engine (TestWriteLayout).
-const defaultWriteLayout = 5
-
-var writeLayouts = []int{2, 3, 5}
 
 // ConfigDir is the directory of the configuration files:
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.

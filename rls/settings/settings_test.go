@@ -44,7 +44,7 @@ func TestDefaults(t *testing.T) {
 		RedisSocketType: "unix", RedisType: RedisSingle, RedisURL: "/var/run/nutcracker/ratelimit.sock", RedisTimeout: 10 * time.Second,
 		RedisStartupInitialInterval: time.Second, RedisStartupMaxInterval: 30 * time.Second, RedisStartupMaxElapsedTime: 30 * time.Second,
 		TracingServiceName: "RateLimit", TracingSamplingRate: 1, TracingExporterProtocol: "http",
-		Batching: true, WriteLayout: 5, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
+		Batching: true, SlotsPerWindow: 3600, RequestTimeout: time.Second, DrainTimeout: 10 * time.Second,
 	}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", s, want)
@@ -264,9 +264,6 @@ func TestInvalid(t *testing.T) {
 		{"STRICTRATE_REPLICA_ACK_TIMEOUT", "soon"},
 		{"STRICTRATE_REQUEST_TIMEOUT", "0s"},
 		{"STRICTRATE_SLOTS_PER_WINDOW", "-5"},
-		{"STRICTRATE_WRITE_LAYOUT", "4"},
-		{"STRICTRATE_WRITE_LAYOUT", "1"}, // read, never written
-		{"STRICTRATE_WRITE_LAYOUT", "v5"},
 	} {
 		_, _, err := FromEnv(env(kv...))
 		if !errors.Is(err, ErrInvalid) {
@@ -276,6 +273,22 @@ func TestInvalid(t *testing.T) {
 		if !strings.Contains(err.Error(), kv[0]) && !strings.Contains(err.Error(), kv[len(kv)-2]) {
 			t.Errorf("%q: %q names neither variable", kv, err)
 		}
+	}
+}
+
+// TestWriteLayoutIsNoLongerASetting: STRICTRATE_WRITE_LAYOUT chose the layout an earlier
+// release wrote; this one writes one, so the variable set to anything (an earlier default, a
+// layout that was never written, the empty string) stops the start, saying to unset it.
+func TestWriteLayoutIsNoLongerASetting(t *testing.T) {
+	const want = "STRICTRATE_WRITE_LAYOUT is no longer a setting: this release writes one layout; unset it"
+	for _, value := range []string{"5", "3", "2", "4", "v5", ""} {
+		_, _, err := FromEnv(env("STRICTRATE_WRITE_LAYOUT", value))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("STRICTRATE_WRITE_LAYOUT=%q: error %v, want ErrInvalid saying %q", value, err, want)
+		}
+	}
+	if _, _, err := FromEnv(env()); err != nil {
+		t.Errorf("STRICTRATE_WRITE_LAYOUT unset: %v", err)
 	}
 }
 
@@ -362,7 +375,7 @@ func TestReadsValues(t *testing.T) {
 		"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "0x1000000",
 		"LOCAL_CACHE_SIZE_IN_BYTES", "1048576", "NEAR_LIMIT_RATIO", "0.9", "SHADOW_MODE", "t",
 		"LIMIT_RESPONSE_HEADERS_ENABLED", "true", "STRICTRATE_LEGACY_HEADERS", "true", "LIMIT_RESET_HEADER", "X-RateLimit-Reset",
-		"STRICTRATE_FAIL_OPEN", "true", "STRICTRATE_BATCHING", "false", "STRICTRATE_WRITE_LAYOUT", "5",
+		"STRICTRATE_FAIL_OPEN", "true", "STRICTRATE_BATCHING", "false",
 		"STRICTRATE_REPLICA_ACK", "1", "STRICTRATE_REPLICA_ACK_TIMEOUT", "50ms",
 		"STRICTRATE_DURABLE_ACK_LOCAL", "1", "STRICTRATE_DURABLE_ACK_REPLICAS", "1", "STRICTRATE_DURABLE_ACK_TIMEOUT", "100ms",
 		"STRICTRATE_CALENDAR", "true", "STRICTRATE_CALENDAR_ZONE", "Europe/Paris",
@@ -384,7 +397,7 @@ func TestReadsValues(t *testing.T) {
 		!s.LegacyHeaders || s.HeaderRateLimitReset != "X-RateLimit-Reset" || s.HeaderRateLimitLimit != "RateLimit-Limit" {
 		t.Errorf("limits: %+v", s)
 	}
-	if !s.FailOpen || s.Batching || s.WriteLayout != 5 || s.ReplicaAck != 1 || s.ReplicaAckTimeout != 50*time.Millisecond ||
+	if !s.FailOpen || s.Batching || s.ReplicaAck != 1 || s.ReplicaAckTimeout != 50*time.Millisecond ||
 		!s.DurableAckLocal || s.DurableAckReplicas != 1 || s.DurableAckTimeout != 100*time.Millisecond ||
 		s.Calendar == nil || s.Calendar.String() != "Europe/Paris" || s.SlotsPerWindow != 0 ||
 		s.RequestTimeout != 250*time.Millisecond || s.DrainTimeout != 30*time.Second {

@@ -200,7 +200,6 @@ func credentialsRefused(err error) bool {
 func engineOptions(s settings.Settings, logger *slog.Logger, meters metric.MeterProvider) []engine.Option {
 	opts := []engine.Option{
 		engine.WithBatching(s.Batching),
-		engine.WithWriteLayout(s.WriteLayout),
 		engine.WithFailOpen(s.FailOpen),
 		engine.WithLogger(logger),
 		engine.WithMeterProvider(meters),

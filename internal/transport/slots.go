@@ -1,4 +1,4 @@
-package engine
+package transport
 
 import (
 	"context"
@@ -17,15 +17,15 @@ import (
 )
 
 // In a cluster, a batch goes to the primary that serves its keys' slots, as one call of the
-// batch script that reaches keys of several of that node's slots (batch.go). valkey-go keeps
-// the slot map it routes by to itself, so the engine keeps its own: a slotMap, loaded with
-// CLUSTER SLOTS the first time a decision asks for it, and again when a batch finds a key
-// the node does not serve (a slot that moved, a failover): at most once per
-// slotMapReloadEvery, never twice at once, and never dropped (one asked for meanwhile follows
-// the one in flight). Until the first load lands a decision is routed as before, by its
-// slot, through the engine's client; a stale map costs a retry (each decision that the node
-// refused goes again on its own through the engine's client, which follows MOVED and ASK),
-// never a wrong decision.
+// batch script that reaches keys of several of that node's slots (commit.go). valkey-go keeps
+// the slot map it routes by to itself, so the transport keeps its own: a slotMap, loaded with
+// CLUSTER SLOTS the first time a request asks for it, and again when a call finds a key the
+// node does not serve (a slot that moved, a failover): at most once per slotMapReloadEvery,
+// never twice at once, and never dropped (one asked for meanwhile follows the one in flight).
+// Until the first load lands a request is routed by its slot, through the engine's client; a
+// stale map costs a retry (each request that the node did not take goes again on its own
+// through the engine's client, which follows MOVED and ASK: the retry rule, retry.go), never
+// a wrong decision.
 const (
 	// numSlots is the number of hash slots of a Valkey Cluster.
 	numSlots = 16384
@@ -42,7 +42,7 @@ const (
 )
 
 // slotMap is a cluster's map from hash slot to the address of the primary that serves it, and
-// clients to each node, shared by a committer's goroutines. Its zero value is not usable: see
+// clients to each node, shared by every kind's committers. Its zero value is not usable: see
 // newSlotMap.
 type slotMap struct {
 	client valkey.Client // the engine's cluster client
@@ -70,6 +70,7 @@ type nodeClients struct {
 	clients map[string]valkey.Client
 }
 
+// newSlotMap is the slot map of the cluster client, loaded when first asked.
 func newSlotMap(client valkey.Client) *slotMap { return &slotMap{client: client} }
 
 // primary returns the address of the primary that serves slot, as last loaded; false when no
@@ -86,7 +87,7 @@ func (m *slotMap) primary(slot uint16) (string, bool) {
 	return "", false
 }
 
-// reload asks for a load of the map, and returns at once: decisions go on by the map they
+// reload asks for a load of the map, and returns at once: requests go on by the map they
 // have meanwhile. Loads run on a goroutine of their own, one at a time, each at least
 // slotMapReloadEvery after the one before; a reload asked for while one is in flight or too
 // soon is not lost, but coalesced into the next load (dirty). A load that fails keeps the map
