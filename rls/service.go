@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
@@ -199,9 +201,13 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	code := pb.RateLimitResponse_OK
 	tightest := -1
 	var tightestRemaining uint64 = math.MaxUint64
+	var quotaOver []int // the descriptors over their limit in quota mode, answered OK
 	for i, p := range plans {
-		st, hits := s.status(p, reqs, results, allowed)
+		st, hits, overQuota := s.status(p, reqs, results, allowed)
 		resp.Statuses[i] = st
+		if overQuota {
+			quotaOver = append(quotaOver, i)
+		}
 		if p.present {
 			s.metrics.count(hits, s.opts.nearLimitRatio)
 		}
@@ -225,6 +231,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	if code == pb.RateLimitResponse_OVER_LIMIT && s.opts.shadow {
 		code = pb.RateLimitResponse_OK
 		s.metrics.globalShadow.Inc()
+	}
+	if s.opts.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, plans, resp.Statuses, quotaOver)
 	}
 	resp.OverallCode = code
 	return resp, nil
@@ -334,33 +343,46 @@ func addHits(a, b uint64) uint64 {
 // (descriptor.limit, an override). An override whose unit the service does not know (Envoy's
 // UNKNOWN, or a number that names no unit) is ignored, and the configured rule applies: the
 // reference has no answer for it (it panics), and the descriptor stays limited at least as
-// the operator configured it, without making the request an error.
+// the operator configured it, without making the request an error. The override's
+// unit_multiplier (Envoy's newer API; 0 or none is 1) makes its window that many units long;
+// one that makes it longer than the engine's longest window (engine.MaxWindow) is ignored
+// alike.
 func match(cfg *config.Config, domain string, entries []config.Entry, o *rlv3.RateLimitDescriptor_RateLimitOverride) (config.Match, bool) {
 	if o != nil {
-		if u := overrideUnit(o.GetUnit()); u != config.UnitUnknown {
-			return cfg.Override(domain, entries, o.GetRequestsPerUnit(), u), true
+		u, n := overrideUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()
+		if u != config.UnitUnknown && time.Duration(n) <= engine.MaxWindow/u.Duration() {
+			m := cfg.Override(domain, entries, o.GetRequestsPerUnit(), u)
+			if m.Limit != nil && n > 1 {
+				m.Limit.UnitMultiplier = n // the override's own Limit, shared with nothing
+			}
+			return m, true
 		}
 	}
 	return cfg.Match(domain, entries), false
 }
 
 // counterOf is the key of a limited descriptor's counter. A configured rule counts under its
-// counter's entries (counterKey). So does a request's override of the same unit as the
-// limited rule configured for the same entries: the two count the same events, each against
-// its own limit, as the reference's share its key (the entries and the unit's window). An
-// override of another unit, or of entries no limited rule counts under, has a counter of its
-// own: the entries' key followed by the unit's name (which a key of entries never ends in), so
-// that it never splits a rule's counter, nor puts two windows on one key.
+// counter's entries (counterKey). So does a request's override of the same window (unit and
+// unit_multiplier) as the limited rule configured for the same entries: the two count the
+// same events, each against its own limit, as the reference's share its key (the entries and
+// the unit's window). An override of another window, or of entries no limited rule counts
+// under, has a counter of its own: the entries' key followed by the unit's name, preceded by
+// the multiplier when above 1 ("hour", "30second"; a key of entries ends in '_', never in
+// either), so that it never splits a rule's counter, nor puts two windows on one key.
 func (s *Service) counterOf(cfg *config.Config, domain string, p *descriptorPlan) string {
 	key := counterKey(s.opts.keyPrefix, domain, p.match.Counter)
 	if !p.override {
 		return key
 	}
+	o := p.match.Limit
 	rule := cfg.Match(domain, p.match.Counter)
-	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == p.match.Limit.Unit && slices.Equal(rule.Counter, p.match.Counter) {
+	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == o.Unit && r.Units() == o.Units() && slices.Equal(rule.Counter, p.match.Counter) {
 		return key
 	}
-	return key + p.match.Limit.Unit.String()
+	if o.Units() > 1 {
+		return key + strconv.FormatUint(uint64(o.Units()), 10) + o.Unit.String()
+	}
+	return key + o.Unit.String()
 }
 
 // hitsOf is descriptor i's hits: its own hits_addend when set (0 checks without counting),
@@ -376,19 +398,20 @@ func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
 	return max(1, uint64(req.GetHitsAddend()))
 }
 
-// limitOf is a rule's limit in the engine: a sliding window of the unit's length (slotted
-// when the rule is larger than the slots asked), or a calendar period under WithCalendar. A
+// limitOf is a rule's limit in the engine: a sliding window of its units' length (its
+// unit's, times its unit_multiplier; slotted when the rule is larger than the slots asked),
+// or, for a rule of one day, week, month or year, a calendar period under WithCalendar. A
 // configured rule is at most engine.MaxEvents (config.MaxRequestsPerUnit); a request's
 // override may ask more, and is decided against engine.MaxEvents: it can deny early, after
 // that many hits in one unit, never admit more than it asks.
 func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
-	if s.opts.calendar != nil {
+	if s.opts.calendar != nil && r.Units() == 1 {
 		if p := r.Unit.CalendarPeriod(); p != 0 {
 			return engine.Calendar(max, p, s.opts.calendar)
 		}
 	}
-	l := engine.Limit{Max: max, Window: r.Unit.Duration()}
+	l := engine.Limit{Max: max, Window: r.Window()}
 	if s.opts.slots > 0 && max > s.opts.slots {
 		l.Resolution = (l.Window / time.Duration(s.opts.slots)).Truncate(time.Microsecond)
 		if l.Resolution <= 0 {
@@ -418,25 +441,25 @@ func protoUnit(u config.Unit) pb.RateLimitResponse_RateLimit_Unit {
 }
 
 // status makes a descriptor's status from the decision of its key, and its counts for the
-// metrics.
-func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engine.Result, allowed bool) (*pb.RateLimitResponse_DescriptorStatus, ruleHits) {
+// metrics; overQuota says it is over its limit in quota mode, and answered OK.
+func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engine.Result, allowed bool) (st *pb.RateLimitResponse_DescriptorStatus, h ruleHits, overQuota bool) {
 	r := p.match.Limit
 	switch {
 	case r == nil:
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}, false
 	case r.Unlimited:
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, ruleHits{}, false
 	case !p.present: // replaced by another descriptor's rule
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}, false
 	}
-	st := &pb.RateLimitResponse_DescriptorStatus{
+	st = &pb.RateLimitResponse_DescriptorStatus{
 		Code:         pb.RateLimitResponse_OK,
-		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)},
+		CurrentLimit: protoLimit(r),
 	}
 	// The limit the descriptor is decided against: its requests_per_unit, at most
 	// engine.MaxEvents.
 	limit := uint64(p.limit.Max)
-	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
+	h = ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
 	// A key not asked (every limit on it is 0) admits only a check.
 	room, hasRoom, keyRecorded := uint64(0), !p.over, false
@@ -482,8 +505,20 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 		// The reference's quota mode answers an exceeded quota with its limit and no time
 		// to reset; a shadow rule in quota mode answers as a shadow rule, as there.
 		st.Code, st.DurationUntilReset = pb.RateLimitResponse_OK, nil
+		overQuota = true
 	}
-	return st, h
+	return st, h, overQuota
+}
+
+// protoLimit is a rule's current_limit as the reference answers it: its requests_per_unit,
+// unit and name, and, for a rule of several units, unit_multiplier (the field of Envoy's
+// newer API, which the reference never sets; left out for one unit, as there).
+func protoLimit(r *config.RateLimit) *pb.RateLimitResponse_RateLimit {
+	l := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)}
+	if n := r.Units(); n > 1 {
+		l.UnitMultiplier = wrapperspb.UInt32(n)
+	}
+	return l
 }
 
 // untilReset is when a descriptor's limit next gets quota back: when the oldest event in its

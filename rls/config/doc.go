@@ -10,8 +10,13 @@
 // accepted anywhere in a file (a key it does not know is refused), the same values are
 // refused for the same reasons, and matching walks the descriptor tree as it does (see
 // Config.Match). One refusal is this package's own: a requests_per_unit above
-// MaxRequestsPerUnit, which the engine cannot decide exactly. Every refusal is an *Error that wraps ErrInvalid and names the file, the
-// line where it is known, and the reason in the reference's words.
+// MaxRequestsPerUnit, which the engine cannot decide exactly. One key is too: a rule's
+// rate_limit may say unit_multiplier, the number of units in its window (unit: second,
+// unit_multiplier: 30 is a window of 30 seconds; the name of Envoy's newer API), an integer of
+// 1 or more (0 or none is 1). One that is not, one outside a rate_limit, and one above 1 on a
+// calendar unit under WithCalendar are refused, naming the rule. Every refusal is an *Error
+// that wraps ErrInvalid and names the file, the line where it is known, and the reason in the
+// reference's words.
 //
 // A file:
 //
@@ -25,4 +30,6 @@
 //	    value: /api/*                # a value ending in '*': a prefix
 //	    share_threshold: true        # every matching value shares one counter
 //	    rate_limit: {unit: second, requests_per_unit: 100, name: api}
+//	  - key: tenant
+//	    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 1000}  # per 30 s
 package config

@@ -118,6 +118,7 @@ type Settings struct {
 	NearLimitRatio                    float64 // NEAR_LIMIT_RATIO: 0.8
 	ShadowMode                        bool    // SHADOW_MODE: decide and count, always answer OK
 	QuotaMode                         bool    // QUOTA_MODE: every rule in quota mode (rls.WithQuotaMode)
+	ResponseDynamicMetadata           bool    // RESPONSE_DYNAMIC_METADATA: responses carry dynamic_metadata (rls.WithDynamicMetadata)
 	MergeDomainConfig                 bool    // MERGE_DOMAIN_CONFIG: files naming one domain are merged (config.WithMergeDomains)
 	HealthyWithAtLeastOneConfigLoaded bool    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
 	LimitResponseHeadersEnabled       bool    // LIMIT_RESPONSE_HEADERS_ENABLED
@@ -351,6 +352,7 @@ func (s *Settings) readLimits(r *reader) {
 	}
 	s.ShadowMode = r.boolean("SHADOW_MODE", false)
 	s.QuotaMode = r.boolean("QUOTA_MODE", false)
+	s.ResponseDynamicMetadata = r.boolean("RESPONSE_DYNAMIC_METADATA", false)
 	s.MergeDomainConfig = r.boolean("MERGE_DOMAIN_CONFIG", false)
 	s.HealthyWithAtLeastOneConfigLoaded = r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
 	// Both are what this service always does: a denied request is never counted, and
