@@ -1,0 +1,212 @@
+package engine_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/strictrate/strictrate/engine"
+	"github.com/strictrate/strictrate/internal/enginetest"
+)
+
+// A charge over the limit is recorded all the same, and every decision on the key then denies
+// until enough of the window's events, the charge's included, have left it: RetryAfter exact,
+// on every kind of limit. The charge's Entry refunds it.
+func TestChargeOverTheLimitDeniesUntilTheWindowDrains(t *testing.T) {
+	c := exampleServer.Client(t)
+	ctx := context.Background()
+	t0 := time.Unix(21991*86400, 0).UTC() // a day's start in UTC
+	busy := engine.PerMinute(100)
+	for _, tc := range []struct {
+		name   string
+		policy engine.Policy
+		before int           // events admitted at t0, one entry (busy: one event each ms)
+		charge int           // charged at t0+10s
+		wait   time.Duration // then, until one event is admitted again
+		after  int           // Remaining once admitted then
+	}{
+		// 4 + 8 = 12 of 10: 3 events must leave, the 4 of t0, at t0+60s.
+		{name: "sliding", policy: engine.Policy{engine.PerMinute(10)}, before: 4, charge: 8, wait: 50 * time.Second, after: 1},
+		{name: "policy", policy: engine.Policy{engine.PerSecond(5), engine.PerMinute(10)}, before: 4, charge: 8, wait: 50 * time.Second, after: 1},
+		{name: "resolution", policy: engine.Policy{{Max: 10, Window: time.Minute, Resolution: time.Second}}, before: 4, charge: 8, wait: 50 * time.Second, after: 1},
+		// More than Max alone: the charge itself must leave, a window after it.
+		{name: "charge above max", policy: engine.Policy{engine.PerMinute(10)}, before: 4, charge: 25, wait: time.Minute, after: 9},
+		// The day's counter holds 12 of 10 until the day ends.
+		{name: "calendar", policy: engine.Policy{engine.Calendar(10, engine.Day, time.UTC)}, before: 4, charge: 8, wait: 24*time.Hour - 10*time.Second, after: 9},
+		// 40 entries, then 70: 11 must leave, the 11th entry at t0+10ms leaves at t0+60.01s.
+		{name: "busy key", policy: engine.Policy{busy}, before: 40, charge: 70, wait: 50*time.Second + 10*time.Millisecond, after: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, clock := enginetest.Clocked(t, c)
+			key := enginetest.NewKey(t)
+			clock.Set(t0)
+			if tc.name == "busy key" {
+				for i := range tc.before {
+					clock.Set(t0.Add(time.Duration(i) * time.Millisecond))
+					enginetest.Want(t, "busy admission", enginetest.MustAllowPolicy(t, e, key, tc.policy, 1).Allowed, true)
+				}
+			} else {
+				enginetest.Want(t, "first admission", enginetest.MustAllowPolicy(t, e, key, tc.policy, tc.before).Allowed, true)
+			}
+			now := t0.Add(10 * time.Second)
+			clock.Set(now)
+			r, err := e.ChargePolicy(ctx, key, tc.policy, tc.charge)
+			if err != nil {
+				t.Fatal(err)
+			}
+			enginetest.Want(t, "charge fit", r.Allowed, false)
+			enginetest.Want(t, "charge remaining", r.Remaining, 0)
+			enginetest.Want(t, "charge retry after", r.RetryAfter, tc.wait)
+			enginetest.Want(t, "charge recorded an entry", r.Entry.IsZero(), false)
+			enginetest.Want(t, "charge entry cost", r.Entry.Cost, tc.charge)
+
+			d := enginetest.MustAllowPolicy(t, e, key, tc.policy, 1)
+			enginetest.Want(t, "allowed right after the charge", d.Allowed, false)
+			enginetest.Want(t, "its retry after", d.RetryAfter, tc.wait)
+			clock.Set(now.Add(tc.wait - time.Microsecond))
+			enginetest.Want(t, "allowed a microsecond early", enginetest.MustAllowPolicy(t, e, key, tc.policy, 1).Allowed, false)
+			clock.Set(now.Add(tc.wait))
+			d = enginetest.MustAllowPolicy(t, e, key, tc.policy, 1)
+			enginetest.Want(t, "allowed once drained", d.Allowed, true)
+			enginetest.Want(t, "remaining once drained", d.Remaining, tc.after)
+		})
+	}
+}
+
+// A charge that fits is an admission; one that does not is refunded by its Entry, and both
+// are refused when invalid before anything is written.
+func TestChargeFitsRefundsAndValidates(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	ctx := context.Background()
+	clock.Set(time.Unix(1_900_000_000, 0))
+	key, l := enginetest.NewKey(t), engine.PerHour(10)
+
+	r, err := e.Charge(ctx, key, l, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "fitting charge allowed", r.Allowed, true)
+	enginetest.Want(t, "fitting charge remaining", r.Remaining, 4)
+	enginetest.Want(t, "fitting charge retry after", r.RetryAfter, time.Duration(0))
+	over, err := e.Charge(ctx, key, l, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "over charge allowed", over.Allowed, false)
+	enginetest.Want(t, "log events with both", enginetest.StoredEvents(t, c, key), int64(12))
+	enginetest.Want(t, "peek over", enginetest.MustPeek(t, e, key, l).Allowed, false)
+	if err := e.Refund(ctx, key, over); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "after refunding the over charge: remaining", enginetest.MustPeek(t, e, key, l).Remaining, 4)
+
+	for _, bad := range []struct {
+		name string
+		call func(key string) error
+	}{
+		{"zero cost", func(key string) error { _, err := e.Charge(ctx, key, l, 0); return err }},
+		{"cost above MaxEvents", func(key string) error { _, err := e.Charge(ctx, key, l, engine.MaxEvents+1); return err }},
+		{"bad limit", func(key string) error {
+			_, err := e.Charge(ctx, key, engine.Limit{Max: 0, Window: time.Minute}, 1)
+			return err
+		}},
+		{"empty policy", func(key string) error { _, err := e.ChargePolicy(ctx, key, nil, 1); return err }},
+	} {
+		k := enginetest.NewKey(t)
+		if err := bad.call(k); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Fatalf("%s: error %v, want ErrInvalidArgument", bad.name, err)
+		}
+		enginetest.Want(t, bad.name+": key written", enginetest.StoredEvents(t, c, k), int64(0))
+	}
+	if _, err := e.Charge(ctx, "", l, 1); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
+
+// auditedEntry is one recorded entry of the charge audit: when, its seq among its
+// microsecond's entries (their order), its cost, and whether it was a charge or an admission.
+type auditedEntry struct {
+	at, seq int64
+	cost    int
+	charge  bool
+}
+
+// Admissions stay exact with charges mixed in, from several clients and many goroutines on the
+// server's clock: no admission was made while its window, charges included, held more than
+// Max less its cost; admitted events alone never exceed Max in a window; and no request was
+// denied while its window, every entry of its microsecond counted, had room for it.
+func TestChargesMixedInKeepAdmissionsExact(t *testing.T) {
+	es, _ := enginetest.Engines(t, exampleServer, 3)
+	key, l := enginetest.NewKey(t), engine.Limit{Max: 40, Window: 200 * time.Millisecond}
+	type decision struct {
+		entry   auditedEntry
+		allowed bool
+		entered bool // recorded an entry
+	}
+	ctx := context.Background()
+	ds := decideMany(t, es, 12, runFor{calls: 60, span: 4 * l.Window}, 40, func(rng *rand.Rand, e *engine.Engine) (decision, time.Time, error) {
+		if rng.IntN(10) == 0 {
+			n := 1 + rng.IntN(12)
+			r, err := e.Charge(ctx, key, l, n)
+			return decision{entry: auditedEntry{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n, charge: true}, allowed: r.Allowed, entered: true}, r.At, err
+		}
+		n := 1 + rng.IntN(3)
+		r, err := e.AllowN(ctx, key, l, n)
+		return decision{entry: auditedEntry{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n}, allowed: r.Allowed, entered: r.Allowed}, r.At, err
+	})
+	var entries []auditedEntry
+	for _, d := range ds {
+		if d.entered {
+			entries = append(entries, d.entry)
+		}
+	}
+	order := func(a, b auditedEntry) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq)) }
+	slices.SortFunc(entries, order)
+	w := l.Window.Microseconds()
+	// held sums the entries in (at - w, at] ordered at or before upto (all of at's when nil),
+	// and the admissions alone among them.
+	held := func(at int64, upto *auditedEntry) (all, admitted int) {
+		for _, x := range entries {
+			if x.at <= at-w || x.at > at || upto != nil && order(x, *upto) > 0 {
+				continue
+			}
+			all += x.cost
+			if !x.charge {
+				admitted += x.cost
+			}
+		}
+		return all, admitted
+	}
+	denied, charged, over := 0, 0, 0
+	for _, d := range ds {
+		switch {
+		case d.entry.charge:
+			charged++
+			all, _ := held(d.entry.at, &d.entry)
+			if d.allowed != (all <= l.Max) {
+				t.Fatalf("charge of %d at %d: allowed %v with %d in its window, charge included", d.entry.cost, d.entry.at, d.allowed, all)
+			}
+			if !d.allowed {
+				over++
+			}
+		case d.allowed:
+			all, admitted := held(d.entry.at, &d.entry)
+			if all > l.Max || admitted > l.Max {
+				t.Fatalf("admitted %d at %d with %d in its window (%d admitted), over Max %d", d.entry.cost, d.entry.at, all, admitted, l.Max)
+			}
+		default:
+			denied++
+			if all, _ := held(d.entry.at, nil); all+d.entry.cost <= l.Max {
+				t.Fatalf("cost %d denied at %d with %d in its window: a false denial", d.entry.cost, d.entry.at, all)
+			}
+		}
+	}
+	if denied == 0 || charged == 0 || over == 0 {
+		t.Fatalf("the run never bound: %d denials, %d charges (%d over): the audit checked nothing", denied, charged, over)
+	}
+}
