@@ -210,3 +210,94 @@ func TestChargesMixedInKeepAdmissionsExact(t *testing.T) {
 		t.Fatalf("the run never bound: %d denials, %d charges (%d over): the audit checked nothing", denied, charged, over)
 	}
 }
+
+// Under local quota a charge ends this process's reservation of the key first, giving back
+// what it did not use: the charge is decided on the events used, and local admissions stop
+// at once, the server deciding what is left.
+func TestChargeEndsLocalReservations(t *testing.T) {
+	c := exampleServer.Client(t)
+	e := enginetest.New(t, c, engine.WithLocalQuota(engine.LocalQuota{Hold: 5 * time.Second, MinDemand: 4}))
+	ctx := context.Background()
+	key, l := enginetest.NewKey(t), engine.PerMinute(20)
+	admitEach(t, e, key, l, 8)
+	r, err := e.Charge(ctx, key, l, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 used and 10 charged: the reservation's unused events were given back before.
+	enginetest.Want(t, "charge fit", r.Allowed, true)
+	enginetest.Want(t, "charge remaining", r.Remaining, 2)
+	admitted := 0
+	for range 40 {
+		d, err := e.Allow(ctx, key, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	enginetest.Want(t, "admitted after the charge", admitted, 2)
+	enginetest.Want(t, "log events", enginetest.StoredEvents(t, c, key), int64(20))
+}
+
+// Settle above the admitted cost raises the entry once, whatever the limit says, and a
+// retried or late raise changes nothing; a shared entry is refused before anything is sent.
+func TestSettleAboveTheCostRaisesOnce(t *testing.T) {
+	c := exampleServer.Client(t)
+	e, clock := enginetest.Clocked(t, c)
+	ctx := context.Background()
+	t0 := time.Unix(1_900_000_000, 0)
+	clock.Set(t0)
+	key, l := enginetest.NewKey(t), engine.PerMinute(10)
+
+	r := enginetest.MustAllowN(t, e, key, l, 4)
+	if err := e.Settle(ctx, key, r, 9); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "raised to 9: events", enginetest.StoredEvents(t, c, key), int64(9))
+	if err := e.Settle(ctx, key, r, 9); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Settle(ctx, key, r, 12); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "retried raises: events", enginetest.StoredEvents(t, c, key), int64(9))
+	if err := e.Refund(ctx, key, r); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "refund with the Result from before the raise: events", enginetest.StoredEvents(t, c, key), int64(9))
+
+	// Lowered first, never raised after.
+	low := enginetest.MustAllowN(t, e, key, l, 1)
+	if err := e.Settle(ctx, key, low, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Settle(ctx, key, low, 5); err != nil {
+		t.Fatal(err)
+	}
+	enginetest.Want(t, "refunded, then raised: events", enginetest.StoredEvents(t, c, key), int64(9))
+
+	// Above Max: the window denies until the raised entry leaves it.
+	clock.Set(t0.Add(time.Second))
+	one := enginetest.MustAllowN(t, e, key, l, 1)
+	if err := e.Settle(ctx, key, one, 30); err != nil {
+		t.Fatal(err)
+	}
+	d := enginetest.MustAllowN(t, e, key, l, 1)
+	enginetest.Want(t, "allowed over the raised entry", d.Allowed, false)
+	enginetest.Want(t, "its retry after", d.RetryAfter, l.Window)
+	clock.Set(t0.Add(time.Second + l.Window))
+	enginetest.Want(t, "allowed once it left", enginetest.MustAllowN(t, e, key, l, 1).Allowed, true)
+
+	shared := engine.Limit{Max: 10, Window: time.Minute, Resolution: time.Second}
+	skey := enginetest.NewKey(t)
+	s := enginetest.MustAllowN(t, e, skey, shared, 2)
+	if err := e.Settle(ctx, skey, s, 3); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("Settle above a shared entry: %v, want ErrInvalidArgument", err)
+	}
+	enginetest.Want(t, "shared entry untouched", enginetest.StoredEvents(t, c, skey), int64(2))
+	if err := e.Settle(ctx, key, one, engine.MaxEvents+1); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("Settle above MaxEvents: %v, want ErrInvalidArgument", err)
+	}
+}
