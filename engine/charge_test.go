@@ -1,16 +1,21 @@
 package engine_test
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
+	"github.com/strictrate/strictrate/internal/valkeytest"
 )
 
 // A charge over the limit is recorded all the same, and every decision on the key then denies
@@ -128,52 +133,64 @@ func TestChargeFitsRefundsAndValidates(t *testing.T) {
 	}
 }
 
-// auditedEntry is one recorded entry of the charge audit: when, its seq among its
-// microsecond's entries (their order), its cost, and whether it was a charge or an admission.
-type auditedEntry struct {
+// chargeDecision is one decision of the charge audit: the entry it recorded (or would have:
+// its time, its seq among its microsecond's entries, their order; its cost), whether it was a
+// charge, whether it was allowed (a charge: whether it fit), and whether it recorded.
+type chargeDecision struct {
 	at, seq int64
 	cost    int
 	charge  bool
+	allowed bool
+	entered bool
 }
 
-// Admissions stay exact with charges mixed in, from several clients and many goroutines on the
-// server's clock: no admission was made while its window, charges included, held more than
-// Max less its cost; admitted events alone never exceed Max in a window; and no request was
-// denied while its window, every entry of its microsecond counted, had room for it.
-func TestChargesMixedInKeepAdmissionsExact(t *testing.T) {
-	es, _ := enginetest.Engines(t, exampleServer, 3)
-	key, l := enginetest.NewKey(t), engine.Limit{Max: 40, Window: 200 * time.Millisecond}
-	type decision struct {
-		entry   auditedEntry
-		allowed bool
-		entered bool // recorded an entry
-	}
-	ctx := context.Background()
-	ds := decideMany(t, es, 12, runFor{calls: 60, span: 4 * l.Window}, 40, func(rng *rand.Rand, e *engine.Engine) (decision, time.Time, error) {
+// chargeLimit is the limit of the charge audits.
+var chargeLimit = engine.Limit{Max: 40, Window: 200 * time.Millisecond}
+
+// chargeChildEnv, when set, makes TestChargesMixedInAcrossProcesses a child: it decides on the
+// key its value names and prints every decision.
+const chargeChildEnv = "STRICTRATE_TEST_CHARGE_CHILD"
+
+// decideWithCharges runs allows and charges (one in ten) on key from 12 goroutines over es,
+// for at least 60 calls each and four windows of the server's clock.
+func decideWithCharges(t *testing.T, es []*engine.Engine, key string) []chargeDecision {
+	ctx, l := context.Background(), chargeLimit
+	return decideMany(t, es, 12, runFor{calls: 60, span: 4 * l.Window}, 40, func(rng *rand.Rand, e *engine.Engine) (chargeDecision, time.Time, error) {
 		if rng.IntN(10) == 0 {
 			n := 1 + rng.IntN(12)
 			r, err := e.Charge(ctx, key, l, n)
-			return decision{entry: auditedEntry{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n, charge: true}, allowed: r.Allowed, entered: true}, r.At, err
+			return chargeDecision{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n, charge: true, allowed: r.Allowed, entered: true}, r.At, err
 		}
 		n := 1 + rng.IntN(3)
 		r, err := e.AllowN(ctx, key, l, n)
-		return decision{entry: auditedEntry{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n}, allowed: r.Allowed, entered: r.Allowed}, r.At, err
+		return chargeDecision{at: r.At.UnixMicro(), seq: int64(r.Entry.Seq), cost: n, allowed: r.Allowed, entered: r.Allowed}, r.At, err
 	})
-	var entries []auditedEntry
+}
+
+// auditCharges checks decisions on one key under l, on the server's timestamps: no admission
+// was made while its window, charges included, held more than Max less its cost (the entries
+// ordered by time, then seq); admitted events alone never exceed Max in a window; a charge
+// fit exactly when its window, itself included, held at most Max; and no request was denied
+// while its window, every entry of its microsecond counted, had room for it. It fails t
+// unless the run bound: some denials, some charges over.
+func auditCharges(t *testing.T, ds []chargeDecision, l engine.Limit) {
+	t.Helper()
+	var entries []chargeDecision
 	for _, d := range ds {
 		if d.entered {
-			entries = append(entries, d.entry)
+			entries = append(entries, d)
 		}
 	}
-	order := func(a, b auditedEntry) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq)) }
+	order := func(a, b chargeDecision) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.seq, b.seq)) }
 	slices.SortFunc(entries, order)
 	w := l.Window.Microseconds()
 	// held sums the entries in (at - w, at] ordered at or before upto (all of at's when nil),
 	// and the admissions alone among them.
-	held := func(at int64, upto *auditedEntry) (all, admitted int) {
-		for _, x := range entries {
-			if x.at <= at-w || x.at > at || upto != nil && order(x, *upto) > 0 {
-				continue
+	held := func(at int64, upto *chargeDecision) (all, admitted int) {
+		lo, _ := slices.BinarySearchFunc(entries, at-w+1, func(e chargeDecision, t int64) int { return cmp.Compare(e.at, t) })
+		for _, x := range entries[lo:] {
+			if x.at > at || upto != nil && order(x, *upto) > 0 {
+				break
 			}
 			all += x.cost
 			if !x.charge {
@@ -182,33 +199,95 @@ func TestChargesMixedInKeepAdmissionsExact(t *testing.T) {
 		}
 		return all, admitted
 	}
-	denied, charged, over := 0, 0, 0
+	denied, over := 0, 0
 	for _, d := range ds {
 		switch {
-		case d.entry.charge:
-			charged++
-			all, _ := held(d.entry.at, &d.entry)
+		case d.charge:
+			all, _ := held(d.at, &d)
 			if d.allowed != (all <= l.Max) {
-				t.Fatalf("charge of %d at %d: allowed %v with %d in its window, charge included", d.entry.cost, d.entry.at, d.allowed, all)
+				t.Fatalf("charge of %d at %d: allowed %v with %d in its window, charge included", d.cost, d.at, d.allowed, all)
 			}
 			if !d.allowed {
 				over++
 			}
 		case d.allowed:
-			all, admitted := held(d.entry.at, &d.entry)
+			all, admitted := held(d.at, &d)
 			if all > l.Max || admitted > l.Max {
-				t.Fatalf("admitted %d at %d with %d in its window (%d admitted), over Max %d", d.entry.cost, d.entry.at, all, admitted, l.Max)
+				t.Fatalf("admitted %d at %d with %d in its window (%d admitted), over Max %d", d.cost, d.at, all, admitted, l.Max)
 			}
 		default:
 			denied++
-			if all, _ := held(d.entry.at, nil); all+d.entry.cost <= l.Max {
-				t.Fatalf("cost %d denied at %d with %d in its window: a false denial", d.entry.cost, d.entry.at, all)
+			if all, _ := held(d.at, nil); all+d.cost <= l.Max {
+				t.Fatalf("cost %d denied at %d with %d in its window: a false denial", d.cost, d.at, all)
 			}
 		}
 	}
-	if denied == 0 || charged == 0 || over == 0 {
-		t.Fatalf("the run never bound: %d denials, %d charges (%d over): the audit checked nothing", denied, charged, over)
+	if denied == 0 || over == 0 {
+		t.Fatalf("the run never bound: %d denials, %d charges over: the audit checked nothing", denied, over)
 	}
+}
+
+// Admissions stay exact with charges mixed in, from several clients and many goroutines on the
+// server's clock (auditCharges).
+func TestChargesMixedInKeepAdmissionsExact(t *testing.T) {
+	es, _ := enginetest.Engines(t, exampleServer, 3)
+	key := enginetest.NewKey(t)
+	auditCharges(t, decideWithCharges(t, es, key), chargeLimit)
+}
+
+// The same from three OS processes (this test binary run again) of two clients each, audited
+// together on the server's timestamps.
+func TestChargesMixedInAcrossProcesses(t *testing.T) {
+	if key := os.Getenv(chargeChildEnv); key != "" {
+		var es []*engine.Engine
+		for range 2 {
+			e, err := engine.New(exampleClient())
+			if err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+		}
+		out := bufio.NewWriter(os.Stdout)
+		for _, d := range decideWithCharges(t, es, key) {
+			fmt.Fprintf(out, "decision %d %d %d %t %t %t\n", d.at, d.seq, d.cost, d.charge, d.allowed, d.entered)
+		}
+		out.Flush()
+		return
+	}
+	valkeytest.SkipIfShort(t, "starts OS processes")
+	key := exampleKey("charges-procs")
+	var (
+		mu sync.Mutex
+		ds []chargeDecision
+		wg sync.WaitGroup
+	)
+	for p := 0; p < 3; p++ {
+		child := startChild(t, "TestChargesMixedInAcrossProcesses", chargeChildEnv+"="+key)
+		wg.Go(func() {
+			sc := bufio.NewScanner(child.Stdout)
+			var mine []chargeDecision
+			for sc.Scan() {
+				var d chargeDecision
+				if _, err := fmt.Sscanf(sc.Text(), "decision %d %d %d %t %t %t", &d.at, &d.seq, &d.cost, &d.charge, &d.allowed, &d.entered); err == nil {
+					mine = append(mine, d)
+				}
+			}
+			if err := child.Wait(); err != nil {
+				t.Errorf("child %d: %v", p, err)
+			}
+			mu.Lock()
+			ds = append(ds, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if len(ds) < 3*12*60 {
+		t.Fatalf("%d decisions from 3 processes, want at least %d", len(ds), 3*12*60)
+	}
+	auditCharges(t, ds, chargeLimit)
 }
 
 // Under local quota a charge ends this process's reservation of the key first, giving back
