@@ -59,6 +59,7 @@ type options struct {
 	healthyWithConfig bool
 	tracer            trace.Tracer
 	dynamicMetadata   bool
+	record            recordNames
 }
 
 func defaultOptions() options {
@@ -119,6 +120,25 @@ func WithQuotaMode(on bool) Option { return func(o *options) { o.quota = on } }
 // The first five are the pinned reference's; "metadata" is its later versions', which read
 // the rules' metadata as this service does. Off, the default, responses carry none.
 func WithDynamicMetadata(on bool) Option { return func(o *options) { o.dynamicMetadata = on } }
+
+// WithRecordOverLimit makes the rules named record usage reported after the fact, as
+// record_over_limit: true does for a rule of a file (the command's
+// STRICTRATE_RECORD_OVER_LIMIT): for configurations served over xDS, such as Envoy Gateway
+// generates, whose rules cannot carry the key. A descriptor of such a rule with hits is a
+// charge: its hits are recorded whatever remains of its limit, before the request's other
+// descriptors are decided, and answered OVER_LIMIT when they did not fit; every later request
+// on its key is then over the limit until enough of the window's hits have left it. A
+// descriptor of 0 hits checks as any other: OVER_LIMIT while its key holds more than its limit.
+//
+// Each name is a rule's stats name: its full key, as /rlconfig lists it and as its metrics are
+// named without the request's values that detailed_metric or value_to_metric add
+// ("domain.key_value.key"). A name ending in '*' is a prefix of such names
+// ("default/eg/http.*"), any other is exact; a request's limit override is named by its
+// entries alike, and is also a charge when the rule configured for its entries is. Several
+// calls add up; none by default. docs/rls.md, "After-the-fact reports", has the patterns.
+func WithRecordOverLimit(names ...string) Option {
+	return func(o *options) { o.record.add(names) }
+}
 
 // WithResponseHeaders chooses the header fields the responses carry (the reference's
 // LIMIT_RESPONSE_HEADERS_ENABLED turns them on); HeadersOff by default.

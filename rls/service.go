@@ -44,7 +44,11 @@ import (
 // all or nothing ([engine.Engine.AllowAll]): admitted only when every one's limit admits its
 // hits, and then recorded in every one; a denied request consumes nothing of any descriptor. A
 // descriptor that never denies (a shadow or quota rule, or any under WithShadowMode) is
-// recorded when its limit admits its hits, whatever the others decide.
+// recorded when its limit admits its hits, whatever the others decide. A descriptor of a rule
+// that records over its limit (record_over_limit, WithRecordOverLimit) with hits is a charge,
+// usage already spent: recorded first, whatever remains and whatever the others decide
+// ([engine.Engine.ChargePolicy]), and when it does not fit, the request is over the limit and
+// the others record nothing.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
@@ -111,6 +115,11 @@ type descriptorPlan struct {
 	metrics  *ruleCounters // the rule's counters
 	shadow   bool          // the rule's shadow_mode: over its limit, it answers OK
 	quota    bool          // quota mode (the rule's quota_mode, or WithQuotaMode): over its limit, it answers OK without a reset
+	record   bool          // the rule records hits over its limit (record_over_limit, WithRecordOverLimit)
+	// charge says the descriptor's key is charged: a descriptor of a record rule with hits
+	// counts on it, and the hits of every descriptor on the key are recorded whatever its
+	// limits say (engine.ChargePolicy), before the request's other keys are decided.
+	charge bool
 	// advisory descriptors never deny the request (a shadow or quota rule, or any rule under
 	// WithShadowMode): each is recorded when its limit admits its hits, whatever the others decide.
 	advisory bool
@@ -155,6 +164,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	return resp, err
 }
 
+// shouldRateLimit is a decision's path, top-down: plan matches each descriptor with its rule
+// and makes one engine request per key; decideKeys records the charges, then decides the
+// other keys all or nothing; status answers each descriptor and counts its hits; the headers
+// and the dynamic metadata speak for the answers.
 func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
@@ -166,7 +179,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	if cfg == nil {
 		return nil, status.Error(codes.FailedPrecondition, errNoConfig.Error())
 	}
-	plans, reqs := s.plan(cfg, req)
+	plans, reqs, charges := s.plan(cfg, req)
 
 	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(plans))}
 	var results []engine.Result
@@ -177,25 +190,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 	}
 	if len(reqs) > 0 {
-		if !allowed { // a descriptor can never admit this request: only look at the others
-			for i := range reqs {
-				reqs[i].N = 0
-			}
+		var err error
+		if results, allowed, err = s.decideKeys(ctx, req.Domain, reqs, charges, allowed); err != nil {
+			return nil, err
 		}
-		dctx, cancel := s.decisionContext(ctx)
-		ok, rs, err := s.engine.AllowAll(dctx, reqs)
-		cancel()
-		switch {
-		case err != nil && rs == nil:
-			return nil, s.engineError(ctx, err)
-		case err != nil:
-			// A denial whose refunds failed (keys on several cluster primaries): it is still
-			// a denial, and answering it with an error would let Envoy admit the request. The
-			// events that could not be given back stay counted until they leave their windows.
-			s.opts.logger.Warn("rate limit denial could not give back what it held", "domain", req.Domain, "err", err)
-		}
-		allowed = allowed && ok
-		results = rs
 	}
 
 	code := pb.RateLimitResponse_OK
@@ -240,7 +238,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 }
 
 // plan matches each descriptor with its rule, applies replaces, and makes the engine requests
-// of the limited ones: one per key, for the hits of every descriptor on it.
+// of the limited ones: one per key, for the hits of every descriptor on it. charges[i] says
+// reqs[i] is a charge (nil when none is): a descriptor of a rule that records over its limit,
+// with hits, counts on its key, and the key's hits are recorded whatever its limits say.
 //
 // Several descriptors of a request may count on one key (the same entries twice, or a rule and
 // a request's override of the same unit: see counterOf). Every limit on a key holds on every
@@ -248,8 +248,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // descriptor is over when the key's hits in this request are above its limit, and the engine
 // decides the key under the smallest limit of those that can deny (an advisory one's only when
 // every one is advisory), which admits the hits exactly when every one of them does. The order the
-// descriptors come in changes nothing.
-func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
+// descriptors come in changes nothing. A charged key is charged under that limit too: when the
+// charge does not fit it, every descriptor on the key is over, a looser limit's included (the
+// engine says whether the charge fit the limit it was decided under, not how far over it went).
+func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request, []bool) {
 	plans := make([]descriptorPlan, len(req.Descriptors))
 	replaced := map[string]bool{}
 	for i, d := range req.Descriptors {
@@ -279,7 +281,12 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		p.advisory = p.shadow || p.quota || s.opts.shadow
 		p.metrics = s.metrics.ruleOf(p.match)
 		p.limit = s.limitOf(r)
-		p.key = s.counterOf(cfg, req.Domain, p)
+		var configured config.Match // an override's: the rule configured for its entries
+		if p.override {
+			configured = cfg.Match(req.Domain, p.match.Counter)
+		}
+		p.key = s.counterOf(req.Domain, p, configured)
+		p.record = s.records(r) || configured.Limit != nil && s.records(configured.Limit)
 		k, ok := byKey[p.key]
 		if !ok {
 			k = len(keys)
@@ -289,36 +296,121 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		keys[k] = append(keys[k], i)
 	}
 	reqs := make([]engine.Request, 0, len(keys))
+	var charges []bool
 	for _, members := range keys {
 		var total uint64
 		lead := -1 // the descriptor whose limit the engine decides the key under
+		charge := false
 		for _, i := range members {
 			p := &plans[i]
 			total = addHits(total, p.hits)
+			charge = charge || p.record && p.hits > 0
 			if p.limit.Max > 0 && (lead < 0 || tighter(p, &plans[lead])) {
 				lead = i
 			}
 		}
 		for _, i := range members {
 			// Hits the limit can never admit (a limit of 0, or a request above
-			// engine.MaxEvents, which limits at that): over without asking.
+			// engine.MaxEvents, which limits at that): over without asking, or, charged, over
+			// whatever the charge answers.
 			plans[i].keyHits = total
 			plans[i].over = total > uint64(plans[i].limit.Max)
+			plans[i].charge = charge
 		}
-		if lead < 0 { // every limit on the key is 0: nothing to ask
+		if lead < 0 { // every limit on the key is 0: nothing to ask, nor to record
 			continue
 		}
 		l := &plans[lead]
 		n := 0
-		if !l.over {
+		switch {
+		case charge:
+			n = int(min(total, engine.MaxEvents)) // the most one entry holds; more is over any limit
+		case !l.over:
 			n = int(total) // at most l.limit.Max
 		}
 		for _, i := range members {
 			plans[i].req = len(reqs)
 		}
+		if charge && charges == nil {
+			charges = make([]bool, len(keys))
+		}
+		if charge {
+			charges[len(reqs)] = true
+		}
 		reqs = append(reqs, engine.Request{Key: l.key, Policy: engine.Policy{l.limit}, N: n, Advisory: l.advisory})
 	}
-	return plans, reqs
+	if charges != nil {
+		charges = charges[:len(reqs)]
+	}
+	return plans, reqs, charges
+}
+
+// records reports whether rule r records hits over its limit: its record_over_limit, or its
+// stats name among WithRecordOverLimit's.
+func (s *Service) records(r *config.RateLimit) bool {
+	return r.RecordOverLimit || s.opts.record.match(r.FullKey)
+}
+
+// decideKeys asks the engine for reqs, the engine requests of a request's limited keys (plan):
+// the charges first (charges[i]), each on its own, since what they record is usage already
+// spent, whatever the others decide; then the others together, all or nothing (AllowAll),
+// only looked at, never recorded, when allowed is already false or a charge that can deny did
+// not fit. It returns their results, in reqs' order, and whether the request is admitted.
+//
+// A charge recorded before a later call fails stays recorded: the usage was spent, and the
+// request is answered with the failure all the same.
+func (s *Service) decideKeys(ctx context.Context, domain string, reqs []engine.Request, charges []bool, allowed bool) ([]engine.Result, bool, error) {
+	dctx, cancel := s.decisionContext(ctx)
+	defer cancel()
+	var results []engine.Result
+	rest := reqs // the requests decided all or nothing
+	if charges != nil {
+		results = make([]engine.Result, len(reqs))
+		rest = make([]engine.Request, 0, len(reqs))
+		for i, q := range reqs {
+			if !charges[i] {
+				rest = append(rest, q)
+				continue
+			}
+			res, err := s.engine.ChargePolicy(dctx, q.Key, q.Policy, q.N)
+			if err != nil {
+				return nil, false, s.engineError(ctx, err)
+			}
+			results[i] = res
+			if !res.Allowed && !q.Advisory {
+				allowed = false
+			}
+		}
+		if len(rest) == 0 {
+			return results, allowed, nil
+		}
+	}
+	if !allowed { // a descriptor can never admit this request: only look at the others
+		for i := range rest {
+			rest[i].N = 0
+		}
+	}
+	ok, rs, err := s.engine.AllowAll(dctx, rest)
+	switch {
+	case err != nil && rs == nil:
+		return nil, false, s.engineError(ctx, err)
+	case err != nil:
+		// A denial whose refunds failed (keys on several cluster primaries): it is still
+		// a denial, and answering it with an error would let Envoy admit the request. The
+		// events that could not be given back stay counted until they leave their windows.
+		s.opts.logger.Warn("rate limit denial could not give back what it held", "domain", domain, "err", err)
+	}
+	if charges == nil {
+		return rs, allowed && ok, nil
+	}
+	j := 0
+	for i := range reqs {
+		if !charges[i] {
+			results[i] = rs[j]
+			j++
+		}
+	}
+	return results, allowed && ok, nil
 }
 
 // tighter reports whether p's limit, rather than lead's, is the one its key is decided under:
@@ -368,14 +460,14 @@ func match(cfg *config.Config, domain string, entries []config.Entry, o *rlv3.Ra
 // the unit's window). An override of another window, or of entries no limited rule counts
 // under, has a counter of its own: the entries' key followed by the unit's name, preceded by
 // the multiplier when above 1 ("hour", "30second"; a key of entries ends in '_', never in
-// either), so that it never splits a rule's counter, nor puts two windows on one key.
-func (s *Service) counterOf(cfg *config.Config, domain string, p *descriptorPlan) string {
+// either), so that it never splits a rule's counter, nor puts two windows on one key. rule is,
+// for an override, the configured rule's match for its entries.
+func (s *Service) counterOf(domain string, p *descriptorPlan, rule config.Match) string {
 	key := counterKey(s.opts.keyPrefix, domain, p.match.Counter)
 	if !p.override {
 		return key
 	}
 	o := p.match.Limit
-	rule := cfg.Match(domain, p.match.Counter)
 	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == o.Unit && r.Units() == o.Units() && slices.Equal(rule.Counter, p.match.Counter) {
 		return key
 	}
@@ -473,14 +565,24 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 		decided := q.Policy[0].Max
 		used := uint64(decided - min(max(res.Remaining, 0), decided))
 		room = limit - min(used, limit)
-		keyRecorded = allowed && res.Allowed && q.N > 0
-		hasRoom = !p.over && (keyRecorded || p.keyHits <= room && (res.Allowed || p.limit.Max > decided))
+		if p.charge { // recorded whatever the limits said: it fit, or every limit on the key is over
+			keyRecorded, hasRoom = true, res.Allowed && !p.over
+		} else {
+			keyRecorded = allowed && res.Allowed && q.N > 0
+			hasRoom = !p.over && (keyRecorded || p.keyHits <= room && (res.Allowed || p.limit.Max > decided))
+		}
 	}
 	recorded := keyRecorded && hasRoom && p.hits > 0
 	switch {
 	case res.BackendErr != nil && !p.over: // fail-open answered without a count
-		h.admitted, h.before, h.after = allowed && p.hits > 0, 0, p.hits
+		h.admitted, h.before, h.after = (allowed || p.charge) && p.hits > 0, 0, p.hits
 		st.LimitRemaining = uint32(min(limit, math.MaxUint32))
+	case p.charge && !hasRoom:
+		// Recorded over the limit. The engine does not say how many of the hits fit before
+		// it, so every one counts as over it, as the reference counts hits added to a count
+		// already over its limit.
+		h.before, h.after = limit, addHits(limit, p.hits)
+		st.Code, st.LimitRemaining = pb.RateLimitResponse_OVER_LIMIT, 0
 	case recorded:
 		h.admitted = true
 		h.after = limit - min(room, limit)

@@ -43,6 +43,12 @@ type RateLimit struct {
 	// QuotaMode rules never deny a request: over the limit, the descriptor answers OK (the
 	// reference's quota_mode; the service decides what it answers).
 	QuotaMode bool
+	// RecordOverLimit rules count usage reported after the fact (record_over_limit, this
+	// service's key, beside shadow_mode): a descriptor's hits are recorded whatever its limit
+	// says, and answered over the limit when they did not fit, as the reference counts every
+	// hit. The service decides what that means for a request (rls.WithRecordOverLimit names
+	// rules the configuration cannot mark, those of xDS).
+	RecordOverLimit bool
 	// DetailedMetric rules are metered under the request's own values (see Match.StatKey).
 	DetailedMetric bool
 	// Metadata is the descriptor's metadata (a key of the reference's newer versions, which
@@ -158,8 +164,8 @@ func build(roots []namedRoot, opts []Option) (*Config, error) {
 
 // load adds descriptors under n, checking each as the reference does and in its order: the
 // key, a duplicate, the rate limit's unit (then, checks of our own, its requests_per_unit
-// against MaxRequestsPerUnit and its unit_multiplier), its replaces, share_threshold, then the
-// children.
+// against MaxRequestsPerUnit and its unit_multiplier), its replaces, share_threshold, then
+// (our own) record_over_limit, then the children.
 func (n *node) load(file, parentKey string, ds []rawDescriptor, o *options) error {
 	for _, d := range ds {
 		if d.key == "" {
@@ -215,12 +221,16 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor, o *options) erro
 				QuotaMode:       d.quotaMode,
 				DetailedMetric:  d.detailedMetric,
 				Metadata:        d.metadata,
+				RecordOverLimit: d.recordOverLimit,
 			}
 		}
 		isWildcard := strings.Contains(ck, "*")
 		if d.shareThreshold && !isWildcard {
 			return invalid(file, d.line,
 				"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", ck)
+		}
+		if err := checkRecord(file, fullKey, d); err != nil {
+			return err
 		}
 		if isWildcard {
 			n.wildcards = append(n.wildcards, newWildcard(ck))
@@ -261,6 +271,22 @@ func checkMultiplier(file, fullKey string, rl *rawRateLimit, unit Unit, o *optio
 	case o.calendar && unit.CalendarPeriod() != 0:
 		return invalid(file, line, "unit_multiplier %d of '%s': under calendar periods (STRICTRATE_CALENDAR=true) a %s is one calendar %s, counted from its start to the next, and %d of them cannot be counted as one; remove unit_multiplier, or turn calendar periods off to make it a sliding window of %d %ss",
 			n, fullKey, unit, unit, n, n, unit)
+	}
+	return nil
+}
+
+// checkRecord refuses a record_over_limit: true that would record nothing: on a descriptor
+// without a rate_limit (the descriptors below it do not inherit it, and their reports would be
+// refused in silence) or on an unlimited one.
+func checkRecord(file, fullKey string, d rawDescriptor) error {
+	switch {
+	case !d.recordOverLimit:
+		return nil
+	case d.rateLimit == nil:
+		return invalid(file, d.recordLine, "record_over_limit of '%s' has no rate_limit beside it: it records the hits of its own descriptor's rule, and the descriptors below it do not inherit it; move it beside the rate_limit it is for",
+			fullKey)
+	case d.rateLimit.unlimited:
+		return invalid(file, d.recordLine, "record_over_limit of '%s' is beside unlimited: true, which counts nothing; remove one of them", fullKey)
 	}
 	return nil
 }
@@ -327,7 +353,8 @@ func (c *Config) HasDomain(domain string) bool {
 // per rule, "<full key>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode:
 // <bool>", the domains sorted and each domain's rules in the order they were loaded, a parent
 // before its children. A rule of several units (which the reference has not) shows them after
-// its unit: "unit=SECOND unit_multiplier=30 requests_per_unit=<n>".
+// its unit: "unit=SECOND unit_multiplier=30 requests_per_unit=<n>"; a rule with
+// record_over_limit (neither has the reference) ends in ", record_over_limit: true".
 func (c *Config) String() string {
 	var b strings.Builder
 	for _, d := range c.Domains() {
@@ -342,8 +369,12 @@ func (n *node) dump(b *strings.Builder) {
 		if l.Units() > 1 {
 			multiplier = fmt.Sprintf(" unit_multiplier=%d", l.Units())
 		}
-		fmt.Fprintf(b, "%s: unit=%s%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n",
-			l.FullKey, strings.ToUpper(l.Unit.String()), multiplier, l.RequestsPerUnit, l.ShadowMode, l.QuotaMode)
+		record := ""
+		if l.RecordOverLimit {
+			record = ", record_over_limit: true"
+		}
+		fmt.Fprintf(b, "%s: unit=%s%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t%s\n",
+			l.FullKey, strings.ToUpper(l.Unit.String()), multiplier, l.RequestsPerUnit, l.ShadowMode, l.QuotaMode, record)
 	}
 	for _, child := range n.order {
 		child.dump(b)

@@ -27,6 +27,11 @@ type rawDescriptor struct {
 	valueToMetric  bool
 	shareThreshold bool
 	metadata       *structpb.Struct
+
+	// record_over_limit, this service's key (the reference has none): the rule records hits
+	// over its limit (RateLimit.RecordOverLimit); recordLine is its line, for a refusal.
+	recordOverLimit bool
+	recordLine      int
 }
 
 type rawRateLimit struct {
@@ -52,13 +57,15 @@ type rawRateLimit struct {
 // depth of a file: it checks every key against one set, so a key in the wrong place ("unit"
 // beside "key", say) is accepted and ignored, as it is here. unit_multiplier is this
 // service's own, and belongs in a rate_limit: anywhere else it is refused, since a window
-// silently left one unit long would admit many times what the rule says.
+// silently left one unit long would admit many times what the rule says. record_over_limit is
+// this service's too, and belongs beside a descriptor's key, as shadow_mode: in a rate_limit
+// or beside the domain it is refused, since reports silently refused would go uncounted.
 var knownKeys = map[string]bool{
 	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
 	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
 	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
 	"value_to_metric": true, "share_threshold": true, "metadata": true,
-	"unit_multiplier": true,
+	"unit_multiplier": true, "record_over_limit": true,
 }
 
 // maxNodes bounds the nodes a file may expand to through aliases, so that a small file of
@@ -292,6 +299,8 @@ func (r *yamlReader) root(m *yaml.Node) (*rawRoot, error) {
 			}
 		case "unit_multiplier":
 			return nil, misplacedMultiplier(r.file, p.key.Line, "beside the domain")
+		case "record_over_limit":
+			return nil, misplacedRecord(r.file, p.key.Line, "beside the domain")
 		}
 	}
 	return root, nil
@@ -346,6 +355,9 @@ func (r *yamlReader) descriptor(m *yaml.Node) (rawDescriptor, error) {
 			d.shadowMode, err = r.boolean(p.value)
 		case "quota_mode":
 			d.quotaMode, err = r.boolean(p.value)
+		case "record_over_limit":
+			d.recordOverLimit, err = r.boolean(p.value)
+			d.recordLine = p.key.Line
 		case "detailed_metric":
 			d.detailedMetric, err = r.boolean(p.value)
 		case "value_to_metric":
@@ -398,6 +410,8 @@ func (r *yamlReader) rateLimit(n *yaml.Node) (*rawRateLimit, error) {
 			var ok bool
 			rl.multiplier, rl.multiplierText, ok, err = r.multiplier(p.value)
 			rl.badMultiplier = !ok
+		case "record_over_limit":
+			err = misplacedRecord(r.file, p.key.Line, "inside the rate_limit")
 		}
 		if err != nil {
 			return nil, err
@@ -409,6 +423,11 @@ func (r *yamlReader) rateLimit(n *yaml.Node) (*rawRateLimit, error) {
 // misplacedMultiplier refuses a unit_multiplier outside a rate_limit.
 func misplacedMultiplier(file string, line int, where string) *Error {
 	return invalid(file, line, "unit_multiplier is %s: it belongs in the rule's rate_limit, beside its unit", where)
+}
+
+// misplacedRecord refuses a record_over_limit anywhere but beside a descriptor's key.
+func misplacedRecord(file string, line int, where string) *Error {
+	return invalid(file, line, "record_over_limit is %s: it belongs beside the descriptor's key, as shadow_mode does", where)
 }
 
 // multiplier reads a unit_multiplier: an integer of 0 or more (null is 0); one above the

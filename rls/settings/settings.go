@@ -206,6 +206,12 @@ type Settings struct {
 	// DrainTimeout (STRICTRATE_DRAIN_TIMEOUT, 10s) is how long shutdown lets requests in
 	// flight finish.
 	DrainTimeout time.Duration
+	// RecordOverLimit (STRICTRATE_RECORD_OVER_LIMIT, none) names the rules that record usage
+	// reported after the fact, as record_over_limit: true does in a file: a comma-separated
+	// list of rules' stats names ("domain.key_value.key", as /rlconfig lists them), each
+	// exact or, ending in '*', a prefix (rls.WithRecordOverLimit). For configurations served
+	// over xDS, whose rules cannot carry the key.
+	RecordOverLimit []string
 }
 
 // FromEnv reads the settings through lookup (os.LookupEnv, in the command). It returns a
@@ -458,6 +464,7 @@ func (s *Settings) readOwn(r *reader) {
 		r.invalid("STRICTRATE_REQUEST_TIMEOUT=0: a decision must have a deadline")
 	}
 	s.DrainTimeout = r.duration("STRICTRATE_DRAIN_TIMEOUT", 10*time.Second)
+	s.RecordOverLimit = r.list("STRICTRATE_RECORD_OVER_LIMIT")
 }
 
 // ConfigDir is the directory of the configuration files:

@@ -513,3 +513,22 @@ func TestDocumentedVariables(t *testing.T) {
 		}
 	}
 }
+
+// STRICTRATE_RECORD_OVER_LIMIT is a comma-separated list of rules' stats names, each trimmed,
+// an empty item left out; unset or empty, none.
+func TestRecordOverLimitNames(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  []string
+	}{
+		{"", nil},
+		{" , ", nil},
+		{"ai.tokens", []string{"ai.tokens"}},
+		{"ai.tokens, default/eg/http.httproute/default/llm/*,", []string{"ai.tokens", "default/eg/http.httproute/default/llm/*"}},
+	} {
+		s := mustSettings(t, "STRICTRATE_RECORD_OVER_LIMIT", tc.value)
+		if !reflect.DeepEqual(s.RecordOverLimit, tc.want) {
+			t.Errorf("STRICTRATE_RECORD_OVER_LIMIT=%q: %q, want %q", tc.value, s.RecordOverLimit, tc.want)
+		}
+	}
+}

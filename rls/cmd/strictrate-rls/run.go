@@ -228,6 +228,7 @@ func serviceOptions(s settings.Settings, logger *slog.Logger, registry prometheu
 		rls.WithShadowMode(s.ShadowMode),
 		rls.WithQuotaMode(s.QuotaMode),
 		rls.WithDynamicMetadata(s.ResponseDynamicMetadata),
+		rls.WithRecordOverLimit(s.RecordOverLimit...),
 		rls.WithCalendar(s.Calendar),
 		rls.WithSlotsPerWindow(s.SlotsPerWindow),
 		rls.WithRequestTimeout(s.RequestTimeout),
