@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -256,31 +255,11 @@ func TestChargesMixedInAcrossProcesses(t *testing.T) {
 	}
 	valkeytest.SkipIfShort(t, "starts OS processes")
 	key := exampleKey("charges-procs")
-	var (
-		mu sync.Mutex
-		ds []chargeDecision
-		wg sync.WaitGroup
-	)
-	for p := 0; p < 3; p++ {
-		child := startChild(t, "TestChargesMixedInAcrossProcesses", chargeChildEnv+"="+key)
-		wg.Go(func() {
-			sc := bufio.NewScanner(child.Stdout)
-			var mine []chargeDecision
-			for sc.Scan() {
-				var d chargeDecision
-				if _, err := fmt.Sscanf(sc.Text(), "decision %d %d %d %t %t %t", &d.at, &d.seq, &d.cost, &d.charge, &d.allowed, &d.entered); err == nil {
-					mine = append(mine, d)
-				}
-			}
-			if err := child.Wait(); err != nil {
-				t.Errorf("child %d: %v", p, err)
-			}
-			mu.Lock()
-			ds = append(ds, mine...)
-			mu.Unlock()
+	ds := childDecisions(t, 3, "TestChargesMixedInAcrossProcesses", func(int) string { return chargeChildEnv + "=" + key },
+		func(line string) (d chargeDecision, ok bool) {
+			_, err := fmt.Sscanf(line, "decision %d %d %d %t %t %t", &d.at, &d.seq, &d.cost, &d.charge, &d.allowed, &d.entered)
+			return d, err == nil
 		})
-	}
-	wg.Wait()
 	if t.Failed() {
 		return
 	}
