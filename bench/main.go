@@ -13,6 +13,7 @@
 //	go run ./bench -scenario localquota # a hot key with and without local quota, and through a paused server
 //	go run ./bench -scenario busykeys # server µs per decision on logs of 5 to 100,000 live entries: admissions and denials
 //	go run ./bench -scenario busykeys -busy-sizes 5,1000 # the same, on these log sizes only
+//	go run ./bench -scenario tokens # a token budget spent through reserve, settle and charge, audited
 //	go run ./bench -json out.json   # also every figure, with units and settings, as JSON
 //	go run ./bench -charts docs/charts # the SVG charts of exactness, throughput and latency there
 //
@@ -65,7 +66,7 @@ type config struct {
 	ChartsDir string `json:"-"`
 }
 
-var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota", "localquota", "busykeys"}
+var scenarios = []string{"exactness", "throughput", "memory", "servercost", "leases", "durability", "ceiling", "floor", "cluster", "quota", "localquota", "busykeys", "tokens"}
 
 func main() {
 	var cfg config

@@ -176,6 +176,7 @@ func TestRunReportsEveryScenario(t *testing.T) {
 	checkFloor(t, r.Floor, out.String())
 	checkQuota(t, r, 20_000, out.String())
 	checkBusy(t, r.BusyKeys, []int{5, 33}, out.String())
+	checkTokens(t, r.Tokens, out.String())
 
 	if valkeytest.FindTool("valkey-benchmark", "redis-benchmark") != "" {
 		if len(r.Ceiling) != 3 {

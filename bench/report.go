@@ -69,6 +69,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 	writeQuota(w, r.QuotaMemory, r.QuotaCost)
 	writeLocalQuota(w, r.LocalQuota)
 	writeBusy(w, r.BusyKeys)
+	writeTokens(w, r.Tokens)
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\n### In-flight limits: leases (max %d per key, Acquire then Release)\n\n", r.Leases[0].Max)
 		table(w, []string{"case", "keys", "goroutines", "hold", "acquire+release pairs/s", "acquire attempts/s", "denied",

@@ -137,7 +137,9 @@ type Report struct {
 	LocalQuota []LocalQuotaRow `json:"local_quota,omitempty"`
 	// BusyKeys is the busykeys scenario's (busy.go), a row per log size.
 	BusyKeys []BusyRow `json:"busy_keys,omitempty"`
-	Notes    []string  `json:"notes,omitempty"`
+	// Tokens is the tokens scenario's (tokens.go).
+	Tokens *TokensRow `json:"tokens,omitempty"`
+	Notes  []string   `json:"notes,omitempty"`
 }
 
 func (b *bencher) runAll(ctx context.Context) (*Report, error) {
@@ -225,6 +227,13 @@ func (b *bencher) scenarioSteps(r *Report) []scenarioStep {
 		}},
 		{"busykeys", per(0, 30), func(ctx context.Context) (err error) {
 			r.BusyKeys, err = b.busyKeys(ctx)
+			return err
+		}},
+		{"tokens", per(1, 1), func(ctx context.Context) error {
+			row, err := b.tokens(ctx)
+			if err == nil {
+				r.Tokens = &row
+			}
 			return err
 		}},
 		{"leases", per(3, 1), func(ctx context.Context) (err error) {

@@ -52,6 +52,12 @@ func summarize(r *Report) []headline {
 		hs = append(hs, headline{what: "local quota, one hot key, a paused server included",
 			figure: fmt.Sprintf("%d over the limit in any window", over), target: "0 over", met: over == 0, exact: true})
 	}
+	if t := r.Tokens; t != nil {
+		hs = append(hs, headline{what: fmt.Sprintf("token budgets, reserve-settle-charge on %d tenants", t.Tenants),
+			figure: fmt.Sprintf("%d admitted over the budget, %d false denials, %d charges misjudged; %s tokens charged for %s used, %s of them found in the server's logs (%s entries), %d mismatched",
+				t.Over, t.FalseDenials, t.Misjudged, commas64(t.TokensCharged), commas64(t.TokensUsed), commas64(t.Tokens), commas(t.Entries), t.Mismatched),
+			target: "0 over, 0 false denials, charged = used, 0 mismatched", met: t.met(), exact: true})
+	}
 	for _, l := range r.Leases {
 		if l.Keys == 1 {
 			hs = append(hs, headline{what: "in-flight limits (leases), " + l.Case,

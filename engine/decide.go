@@ -112,6 +112,10 @@ type ask struct {
 	// hold, for a reservation (local quota), is how long it is held: neither local quota,
 	// shadow mode nor the metrics apply to it.
 	hold time.Duration
+	// charge says the request's events were used already (Charge): recorded whatever the
+	// limits say, never answered from the deny cache, and ending this process's reservations
+	// of the key first.
+	charge bool
 	// detached says the caller runs on a goroutine of its own already, which nobody waits on
 	// past its context (local quota's reservation): the call is sent on it.
 	detached bool
@@ -120,6 +124,8 @@ type ask struct {
 // name is a's operation as its errors name it.
 func (a *ask) name() string {
 	switch {
+	case a.charge:
+		return "charge"
 	case a.hold > 0:
 		return "reserve"
 	case a.peek && len(a.set.limits) > 1:
@@ -138,7 +144,9 @@ func (a *ask) name() string {
 func (e *Engine) take(ctx context.Context, a ask) (Result, error) {
 	started := time.Now()
 	var h *holder
-	if e.local != nil && !a.peek && a.hold == 0 && !a.at.set {
+	if e.local != nil && a.charge {
+		e.local.cut(a.key)
+	} else if e.local != nil && !a.peek && a.hold == 0 && !a.at.set {
 		var r Result
 		var ok bool
 		if r, ok, h = e.local.allow(ctx, a.key, a.set, a.n); ok {
@@ -150,6 +158,9 @@ func (e *Engine) take(ctx context.Context, a ask) (Result, error) {
 		set = set.withHold(a.hold)
 	}
 	req, err := newRequest(e.prefix+a.key, a.at, a.n, !a.peek, set)
+	if err == nil && a.charge {
+		req.set = req.set.forCharge()
+	}
 	var r Result
 	if err == nil {
 		r, err = e.decide(ctx, &a, req)
@@ -175,7 +186,7 @@ func (e *Engine) decide(ctx context.Context, a *ask, req request) (Result, error
 	if a.peek {
 		c = e.peeks
 	}
-	cached := e.denials != nil && !a.peek
+	cached := e.denials != nil && !a.peek && !a.charge
 	var sent time.Time
 	var epoch uint64
 	if cached {
@@ -210,6 +221,9 @@ func (e *Engine) finish(ctx context.Context, op operation, started time.Time, r 
 	case r.BackendErr != nil:
 		oc = outcomeFailOpen
 	case r.Allowed:
+	case op == opCharge:
+		// Recorded all the same: shadow mode has nothing to admit.
+		oc = outcomeDenied
 	case e.shadow:
 		r.Allowed, r.ShadowDenied = true, true
 		oc = outcomeShadowDenied

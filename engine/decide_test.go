@@ -860,6 +860,15 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	enginetest.Want(t, "denied", enginetest.MustAllowN(t, e, key, l, 1).FromCache, false) // allow/denied
 	enginetest.Want(t, "cached", enginetest.MustAllowN(t, e, key, l, 1).FromCache, true)  // allow/cache_denied
 	enginetest.MustPeek(t, e, key, l)                                                     // peek/denied
+	// charge/denied: recorded on the server though the deny cache holds the key's denial.
+	ch, err := e.Charge(ctx, key, l, 3)
+	if err != nil || ch.Allowed || ch.FromCache || ch.Entry.IsZero() {
+		t.Fatalf("charge on a key the deny cache denies: %+v, %v; want recorded by the server, denied", ch, err)
+	}
+	enginetest.Want(t, "events after the charge", enginetest.StoredEvents(t, c, key), int64(5))
+	if ch, err = e.Charge(ctx, enginetest.NewKey(t), l, 1); err != nil || !ch.Allowed { // charge/allowed
+		t.Fatalf("charge that fits: %+v, %v", ch, err)
+	}
 	enginetest.MustAllowPolicy(t, e, enginetest.NewKey(t), engine.Policy{engine.PerSecond(1), engine.PerMinute(5)}, 1)
 	r := enginetest.MustAllowN(t, shadow, key, l, 1) // allow/shadow_denied
 	enginetest.Want(t, "shadow: allowed", r.Allowed && r.ShadowDenied, true)
@@ -897,7 +906,7 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	wantCounts := map[string]int64{
 		"allow/allowed": 2, "allow/denied": 1, "allow/cache_denied": 1, "allow/shadow_denied": 1,
 		"allow/fail_open": 1, "allow/error": 1, "peek/denied": 1, "policy/allowed": 1,
-		"settle/allowed": 1, "refund/allowed": 1, "allow_all/allowed": 1,
+		"settle/allowed": 1, "refund/allowed": 1, "allow_all/allowed": 1, "charge/denied": 1, "charge/allowed": 1,
 	}
 	for _, name := range []string{"strictrate.decisions", "strictrate.decision.duration"} {
 		for attrs, n := range wantCounts {

@@ -10,7 +10,10 @@
 //
 // Reach for the rest when the need comes:
 //   - Refund and Settle give back what an admitted request did not use (a cost known only
-//     after the work, a request that failed before doing any).
+//     after the work, a request that failed before doing any); Settle above the admitted cost
+//     charges what it used beyond.
+//   - Charge records usage known only after the fact (the tokens a response used), whatever
+//     the limit says: later decisions deny until the window drains.
 //   - AllowAll decides requests on several keys together, all or nothing (Envoy's rate limit
 //     service sends those).
 //   - Wait and WaitN block until a request is admitted, as x/time/rate's Wait does.
@@ -207,7 +210,7 @@ func (e *Engine) newCommits(t *transport.Transport) {
 	all := loader.New("decide_all", scripts.Source("decide_all"))
 	e.groups = transport.NewCommit(t, transport.Kind[group, []partReply]{Acked: true, Routed: true, Single: all, Batch: all,
 		Encode: encodeGroups, Decode: decodeGroups, Size: groupSize, Called: e.metrics.called(opAllowAll)})
-	e.settles = transport.NewCommit(t, transport.Kind[settleReq, int64]{Single: loader.New("settle", scripts.Source("settle")),
+	e.settles = transport.NewCommit(t, transport.Kind[settleReq, int64]{Acked: true, Single: loader.New("settle", scripts.Source("settle")),
 		Encode: encodeSettle, Decode: decodeSettle})
 	e.acquires = transport.NewCommit(t, transport.Kind[leaseReq, leaseReply]{Acked: true,
 		Single: loader.New("lease_acquire", scripts.Source("lease_acquire")), Encode: encodeLease, Decode: decodeLease})

@@ -161,6 +161,43 @@ func TestEngineRunsUnchangedOnAClusterClient(t *testing.T) {
 		}
 	})
 
+	t.Run("charges on each primary", func(t *testing.T) {
+		// Allows and charges of 2 events mixed, batched together: every charge is recorded,
+		// and what was admitted or fit stops at Max, on the key's own primary.
+		for _, p := range c.Primaries {
+			key, l := keyOn(t, p), engine.PerHour(100)
+			var calls atomic.Int64
+			results := enginetest.RunConcurrently(t, es, 64, 500, func(e *engine.Engine) (engine.Result, error) {
+				if calls.Add(1)%5 == 0 {
+					return e.Charge(ctx, key, l, 2)
+				}
+				return e.Allow(ctx, key, l)
+			})
+			recorded, within, overCharges := 0, 0, 0
+			for _, r := range results {
+				switch {
+				case r.Entry.Cost == 2:
+					recorded += 2
+					if r.Allowed {
+						within += 2
+					} else {
+						overCharges++
+					}
+				case r.Allowed:
+					recorded++
+					within++
+				}
+			}
+			if within < l.Max-1 || within > l.Max || overCharges == 0 {
+				t.Fatalf("primary %s: %d events admitted or fit, %d charges over; want Max %d (or one less, a charge of 2 not fitting) and some over",
+					p.Addr, within, overCharges, l.Max)
+			}
+			if n := enginetest.StoredEvents(t, clients[0], key); n != int64(recorded) {
+				t.Fatalf("primary %s: log holds %d, want %d: every admission and every charge", p.Addr, n, recorded)
+			}
+		}
+	})
+
 	t.Run("leases exact on each primary", func(t *testing.T) {
 		for _, p := range c.Primaries {
 			key, max := leaseKeyOn(t, p), 3

@@ -7,6 +7,7 @@
 package engine_test
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -894,6 +895,38 @@ func startChild(t *testing.T, test string, env ...string) *child {
 	t.Helper()
 	p, stdout := valkeytest.Rerun(t, test, append(env, valkeytest.EnvAddr+"="+exampleServer.Addr)...)
 	return &child{Process: p, Stdout: stdout}
+}
+
+// childDecisions runs processes children of test (startChild, child i with the environment
+// env(i)) at once, parses each line of their output with parse (false: not a decision), and
+// returns every child's decisions once all have exited; a child that failed fails t.
+func childDecisions[D any](t *testing.T, processes int, test string, env func(i int) string, parse func(line string) (D, bool)) []D {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		all []D
+		wg  sync.WaitGroup
+	)
+	for p := range processes {
+		child := startChild(t, test, env(p))
+		wg.Go(func() {
+			sc := bufio.NewScanner(child.Stdout)
+			var mine []D
+			for sc.Scan() {
+				if d, ok := parse(sc.Text()); ok {
+					mine = append(mine, d)
+				}
+			}
+			if err := child.Wait(); err != nil {
+				t.Errorf("child %d: %v", p, err)
+			}
+			mu.Lock()
+			all = append(all, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return all
 }
 
 // Wait waits for the child to exit, once its Stdout is read to the end, and returns how it

@@ -850,31 +850,14 @@ func TestQuotasAcrossProcessesNeverOverAdmit(t *testing.T) {
 	valkeytest.SkipIfShort(t, "starts OS processes")
 	slotted, calendarKey := exampleKey("quota-procs-slotted"), exampleKey("quota-procs-calendar")
 	cal := quotaCalendar()
-	var mu sync.Mutex
-	var decisions []quotaDecision
-	var wg sync.WaitGroup
-	for p := 0; p < 3; p++ {
-		child := startChild(t, "TestQuotasAcrossProcessesNeverOverAdmit", quotaChildEnv+"="+slotted+" "+calendarKey+" "+fmt.Sprint(p))
-		wg.Go(func() {
-			sc := bufio.NewScanner(child.Stdout)
-			var mine []quotaDecision
-			for sc.Scan() {
-				var d quotaDecision
-				var verdict string
-				if _, err := fmt.Sscanf(sc.Text(), "decision %s %s %d %d", &d.key, &verdict, &d.at, &d.n); err == nil {
-					d.allowed = verdict == "admitted"
-					mine = append(mine, d)
-				}
-			}
-			if err := child.Wait(); err != nil {
-				t.Errorf("child %d: %v", p, err)
-			}
-			mu.Lock()
-			decisions = append(decisions, mine...)
-			mu.Unlock()
+	decisions := childDecisions(t, 3, "TestQuotasAcrossProcessesNeverOverAdmit",
+		func(p int) string { return quotaChildEnv + "=" + slotted + " " + calendarKey + " " + fmt.Sprint(p) },
+		func(line string) (d quotaDecision, ok bool) {
+			var verdict string
+			_, err := fmt.Sscanf(line, "decision %s %s %d %d", &d.key, &verdict, &d.at, &d.n)
+			d.allowed = verdict == "admitted"
+			return d, err == nil
 		})
-	}
-	wg.Wait()
 	if t.Failed() {
 		return
 	}

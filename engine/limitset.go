@@ -27,6 +27,9 @@ type limitSet struct {
 	res       int64 // the resolution entries are recorded at, in µs; 0: exact
 	hold      int64 // for a reservation, how long after the decision its entry is recorded, in µs
 	calendars int   // how many of limits are calendar limits (the last ones)
+	charge    bool  // a charge's set (forCharge): recorded whatever the limits say
+	// charged is this set's charge set, made once (forCharge).
+	charged atomic.Pointer[limitSet]
 	// current is, for a set with calendar limits, the set with the boundaries around the
 	// latest time asked (at), and the span of times it serves.
 	current atomic.Pointer[datedSet]
@@ -79,6 +82,21 @@ func (s *limitSet) withHold(hold time.Duration) *limitSet {
 	h := &limitSet{limits: s.limits, windows: s.windows, maxCost: s.maxCost, res: s.res, hold: ceilMicros(hold)}
 	h.setValues(append([]int64{-3, h.hold}, s.pairs...))
 	return h
+}
+
+// forCharge is s for a charge (Charge, ChargePolicy): its events are recorded whatever the
+// limits say (decide.lua's -4), made once per set. A set with calendar limits takes its
+// boundaries first (at), then this.
+func (s *limitSet) forCharge() *limitSet {
+	if c := s.charged.Load(); c != nil {
+		return c
+	}
+	c := &limitSet{limits: s.limits, windows: s.windows, maxCost: s.maxCost, res: s.res, calendars: s.calendars, charge: true}
+	c.setValues(append([]int64{-4, 0}, s.pairs...))
+	if !s.charged.CompareAndSwap(nil, c) {
+		return s.charged.Load()
+	}
+	return c
 }
 
 // setValues formats values as the scripts read them.
@@ -142,7 +160,7 @@ func (s *limitSet) longest() int64 {
 
 // result is the Result of d, a decision the wire read (and checked: decision.check) for a
 // request on the full key key against s, which recorded cost events when admitted (0: a
-// peek, or a request its group did not record).
+// peek, or a request its group did not record); a charge recorded them denied too.
 func (s *limitSet) result(d decision, key string, cost int) Result {
 	limits := s.limits
 	r := Result{
@@ -158,7 +176,7 @@ func (s *limitSet) result(d decision, key string, cost int) Result {
 		start, end := limits[d.tightest-1].PeriodAt(r.At)
 		r.Window = end.Sub(start)
 	}
-	if r.Allowed && cost > 0 {
+	if (r.Allowed || s.charge) && cost > 0 {
 		r.Entry = EntryID{Key: key, At: r.At, Seq: int(d.seq), Cost: cost}
 		if s.shared() {
 			r.Entry.Shared, r.Entry.Decided = true, r.At

@@ -114,6 +114,9 @@ type holder struct {
 	room        int          // Remaining as the last decision on the key reported it; -1 unknown
 	pending     bool         // a reservation's call is in flight
 	cur         *reservation // the current reservation: nil for none yet
+	// cutAt is when a charge on the key last ended its reservations (cut): a reservation
+	// sent before it is given back whole when it comes back, never admitted from.
+	cutAt time.Time
 }
 
 // reservation is a holder's reservation, kept apart from the holder: most holders never take
@@ -353,7 +356,7 @@ func (lq *localQuotas) install(ctx context.Context, h *holder, got reserved, k, 
 		return Result{}, false
 	}
 	now, until := time.Now(), sent.Add(h.hold)
-	if !now.Before(until) {
+	if !now.Before(until) || !h.cutAt.IsZero() && !sent.After(h.cutAt) {
 		h.mu.Unlock()
 		lq.giveBack(&settlement{key: h.key, entry: sharedEntry(got.res, k)})
 		return Result{}, false
@@ -550,5 +553,31 @@ func (lq *localQuotas) forget(key string) {
 		}
 		h.mu.Unlock()
 		lq.drop(h)
+	}
+}
+
+// cut ends every reservation of key this engine holds and gives back what each did not use,
+// before a charge on key is sent: the charge's events are then decided on a log that holds
+// only what was used, and this process admits nothing more from a reservation taken before
+// them (one still on its way is given back whole when it comes). Other processes' reservations
+// on key run on until their hold ends, as their admissions were decided before the charge.
+func (lq *localQuotas) cut(key string) {
+	var ended []*settlement
+	lq.mu.Lock()
+	for _, h := range lq.holders {
+		if h.key != key {
+			continue
+		}
+		h.mu.Lock()
+		h.cutAt = time.Now()
+		if s := h.retire(); s != nil {
+			delete(lq.byEntry, s.entryKey())
+			ended = append(ended, s)
+		}
+		h.mu.Unlock()
+	}
+	lq.mu.Unlock()
+	for _, s := range ended {
+		lq.giveBack(s)
 	}
 }

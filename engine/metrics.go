@@ -54,11 +54,12 @@ const (
 	opAcquire
 	opExtend
 	opRelease
+	opCharge
 	numOperations
 )
 
 // operationNames are the operations as strictrate.operation names them.
-var operationNames = [numOperations]string{"allow", "policy", "allow_all", "peek", "refund", "settle", "acquire", "extend", "release"}
+var operationNames = [numOperations]string{"allow", "policy", "allow_all", "peek", "refund", "settle", "acquire", "extend", "release", "charge"}
 
 // metricOutcome is how a call ended, as the metrics count it.
 type metricOutcome int

@@ -37,8 +37,8 @@ type Result struct {
 	// RetryAfter, ResetAfter and QuotaAfter are then 0, and At is the caller's clock.
 	BackendErr error
 	// Entry identifies the log entry an admitted request wrote, for Refund and Settle. It is
-	// the zero EntryID when nothing was recorded: a denial, a Peek, a fail-open admission or a
-	// shadow admission.
+	// the zero EntryID when nothing was recorded: a denial (but a Charge's, which records its
+	// events all the same), a Peek, a fail-open admission or a shadow admission.
 	Entry EntryID
 	// ShadowDenied is set under WithShadow(true) when the limit denied the request and shadow
 	// mode admitted it anyway: Allowed is true, the other fields are the denial's (Remaining,

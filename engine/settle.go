@@ -23,13 +23,21 @@ func (e *Engine) Refund(ctx context.Context, key string, r Result) error {
 	return e.settle(ctx, opRefund, key, r, 0)
 }
 
-// Settle lowers an admitted request's cost to actual, the events it ended up using, and gives
-// the difference back at once to every window of the key: reserve the most a request can
-// use, then settle it to what it used. 0 <= actual <= r.Entry.Cost, else ErrInvalidArgument.
+// Settle sets an admitted request's cost to actual, the events it ended up using: reserve what
+// a request will likely use, then settle it to what it used. Below r.Entry.Cost, the
+// difference is given back at once to every window of the key. Above it, the entry is raised
+// to actual, whatever the limits say, as Charge records usage: the request used more than it
+// was admitted with, and every later decision counts it (the window may then hold more than
+// Max, and denies until it drains). 0 <= actual <= MaxEvents, else ErrInvalidArgument.
 //
-// Settle only lowers: settling again to a higher cost than the entry holds changes nothing, so
-// a retried Settle is harmless. Otherwise it is Refund, which is Settle to 0, with the same
-// atomicity, idempotence and no-ops.
+// A retried Settle is harmless. Lowering never raises again: settling again to a higher cost
+// than the entry holds, up to r.Entry.Cost, changes nothing. Raising happens once, and only
+// while the entry still holds r.Entry.Cost: a retried raise, or a raise after a Settle or a
+// Refund, changes nothing; and once raised, the entry is no longer lowered by r (its cost is
+// no longer the one r was admitted with). A shared request (below) cannot be raised: that is
+// ErrInvalidArgument before anything is sent, and Charge records the excess instead.
+// Otherwise it is Refund, which is Settle to 0, with the same atomicity, idempotence and
+// no-ops.
 //
 // A shared request (r.Entry.Shared: a limit with a Resolution, whose slot's entry holds other
 // requests' events too, or a Calendar limit, whose period's counter does) cannot be told
@@ -65,8 +73,11 @@ func (e *Engine) settle(ctx context.Context, op operation, key string, r Result,
 			quoteKey(id.Key), quoteKey(full))
 	case id.Seq < 0 || id.Seq == 0 && !id.Shared || id.Cost < 1 || id.Cost > MaxEvents:
 		return fmt.Errorf("%w: entry %+v is not one this engine made", ErrInvalidArgument, id)
-	case actual < 0 || actual > id.Cost:
-		return fmt.Errorf("%w: settle to %d events, outside 0 to the entry's cost %d", ErrInvalidArgument, actual, id.Cost)
+	case actual < 0 || actual > MaxEvents:
+		return fmt.Errorf("%w: settle to %d events, outside 0 to %d", ErrInvalidArgument, actual, MaxEvents)
+	case actual > id.Cost && id.Shared:
+		return fmt.Errorf("%w: settle to %d events, above the shared entry's cost %d (a Resolution slot, a Calendar "+
+			"counter or a local reservation cannot tell its requests apart): Charge the excess", ErrInvalidArgument, actual, id.Cost)
 	}
 	at, err := clockReading{t: id.At, set: true}.micros()
 	if err != nil {
@@ -110,8 +121,8 @@ func (e *Engine) giveBack(ctx context.Context, what string, id EntryID, actual i
 	if err := o.Failure(ctx, func() string { return what }); err != nil {
 		return err
 	}
-	if back := o.Reply; back < 0 || back > int64(id.Cost-actual) {
-		return fmt.Errorf("%s: script reply: %d events given back, outside 0 to %d", what, back, id.Cost-actual)
+	if back, low, high := o.Reply, min(int64(id.Cost-actual), 0), max(int64(id.Cost-actual), 0); back < low || back > high {
+		return fmt.Errorf("%s: script reply: %d events given back, outside %d to %d", what, back, low, high)
 	}
 	return nil
 }

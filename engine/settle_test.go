@@ -134,7 +134,8 @@ func TestRefundNamesItsEntry(t *testing.T) {
 	enginetest.Want(t, "remaining after it", enginetest.MustPeek(t, e, key, l).Remaining, 0)
 }
 
-// Refund and Settle refuse, before sending anything, what names no entry or an impossible cost.
+// Refund and Settle refuse, before sending anything, what names no entry or an impossible cost
+// (a shared entry cannot be raised).
 func TestSettleRefusesBadArgumentsBeforeSending(t *testing.T) {
 	c := exampleServer.Client(t)
 	e, _ := enginetest.Clocked(t, c)
@@ -144,12 +145,17 @@ func TestSettleRefusesBadArgumentsBeforeSending(t *testing.T) {
 	denied := enginetest.MustAllowN(t, e, key, l, 1)
 	peeked := enginetest.MustPeek(t, e, key, l)
 	for name, call := range map[string]func() error{
-		"empty key":          func() error { return e.Refund(ctx, "", admitted) },
-		"zero Result":        func() error { return e.Refund(ctx, key, engine.Result{}) },
-		"denied Result":      func() error { return e.Refund(ctx, key, denied) },
-		"peeked Result":      func() error { return e.Refund(ctx, key, peeked) },
-		"actual negative":    func() error { return e.Settle(ctx, key, admitted, -1) },
-		"actual above cost":  func() error { return e.Settle(ctx, key, admitted, 3) },
+		"empty key":              func() error { return e.Refund(ctx, "", admitted) },
+		"zero Result":            func() error { return e.Refund(ctx, key, engine.Result{}) },
+		"denied Result":          func() error { return e.Refund(ctx, key, denied) },
+		"peeked Result":          func() error { return e.Refund(ctx, key, peeked) },
+		"actual negative":        func() error { return e.Settle(ctx, key, admitted, -1) },
+		"actual above MaxEvents": func() error { return e.Settle(ctx, key, admitted, engine.MaxEvents+1) },
+		"shared entry raised": func() error {
+			r := admitted
+			r.Entry.Shared, r.Entry.Decided = true, r.At
+			return e.Settle(ctx, key, r, 3)
+		},
 		"pipelined Result":   func() error { return e.Refund(ctx, key, pipelinedResult(t, c)) },
 		"entry of cost zero": func() error { r := admitted; r.Entry.Cost = 0; return e.Refund(ctx, key, r) },
 	} {

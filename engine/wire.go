@@ -114,7 +114,7 @@ func encodeDecisions(reqs []request, keys, args []string) ([]string, []string) {
 // a single script's string, the server's now (0 when unread) then one decision; or a batch
 // script's array (readBatch), the server's now, then per request its decision or an error
 // reply. A decision is a count c and c values, with trailing defaults left out, checked
-// against its request's limits; one that admitted is Recorded.
+// against its request's limits; one that admitted is Recorded, and so is every charge.
 func decodeDecisions(reply valkey.ValkeyResult, reqs []request, outs []transport.Outcome[decision]) {
 	if reply.Error() != nil {
 		return // the call's error, which the transport hands each request
@@ -138,7 +138,7 @@ func decodeDecisions(reply valkey.ValkeyResult, reqs []request, outs []transport
 				o.Invalid = fmt.Errorf("script reply value %d: %w", 2+i, err)
 				return
 			}
-			o.Recorded = o.Reply.retryAfter == 0
+			o.Recorded = o.Reply.retryAfter == 0 || reqs[i].set.charge
 		})
 		return
 	}
@@ -152,7 +152,7 @@ func decodeDecisions(reply valkey.ValkeyResult, reqs []request, outs []transport
 		o.Invalid = err
 		return
 	}
-	o.Recorded = o.Reply.retryAfter == 0
+	o.Recorded = o.Reply.retryAfter == 0 || reqs[0].set.charge
 }
 
 // readBatch reads a batch script's reply into outs (lib_reply.lua, decide_all.lua): an array

@@ -140,7 +140,8 @@ func encodeSettle(reqs []settleReq, keys, args []string) ([]string, []string) {
 	return append(keys, reqs[0].key), append(args, reqs[0].args...)
 }
 
-// decodeSettle reads settle.lua's reply, the events it gave back: nothing to acknowledge.
+// decodeSettle reads settle.lua's reply, the events it gave back: nothing to acknowledge,
+// except a raise (a negative reply), which recorded events.
 func decodeSettle(reply valkey.ValkeyResult, _ []settleReq, outs []transport.Outcome[int64]) {
 	if reply.Error() != nil {
 		return
@@ -151,6 +152,7 @@ func decodeSettle(reply valkey.ValkeyResult, _ []settleReq, outs []transport.Out
 		return
 	}
 	outs[0].Reply = back
+	outs[0].Recorded = back < 0
 }
 
 // leaseReq is a call of a lease script (lease_acquire.lua, lease_extend.lua,

@@ -18,6 +18,9 @@
 //     the error. A caller's cancelled or expired context is codes.Canceled or
 //     codes.DeadlineExceeded under either policy: fail-open is for a server that could not
 //     decide, so a client that sets a short deadline never reaches the handler on it.
+//   - WithRefundOn and WithResetOn act on the code an admitted call's handler ended it with:
+//     give its event back, or clear its key's log (count only failed logins). The call is
+//     counted when admitted, so parallel ones never pass the limit.
 //   - Every decided call, and every call a fail-open engine let through, gets the header
 //     metadata "ratelimit-policy" and, after a decision, "ratelimit": the values httplimit
 //     sends, written by package fields (WithFieldsVersion chooses the draft revision). A client
@@ -76,6 +79,11 @@ type config struct {
 	addr       []clientaddr.Option
 	version    fields.Version
 	onFailOpen func(ctx context.Context, method string, err error)
+
+	// Outcomes (outcome.go): nil functions give nothing back.
+	refundOn       func(codes.Code) bool
+	resetOn        func(codes.Code) bool
+	onOutcomeError func(ctx context.Context, method string, err error) // nil: logged through slog.Default
 }
 
 // WithKeyFunc keys calls by what f returns for the call's context (which carries its incoming
@@ -205,15 +213,20 @@ func New(e *engine.Engine, p engine.Policy, opts ...Option) *Limiter {
 // grpc.ChainUnaryInterceptor (or grpc.UnaryInterceptor).
 func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := l.decide(ctx, info.FullMethod)
-		if md != nil {
+		d, err := l.decide(ctx, info.FullMethod)
+		if d.md != nil {
 			// Before the handler nothing was sent, so this cannot fail; the handler may add more.
-			_ = grpc.SetHeader(ctx, md)
+			_ = grpc.SetHeader(ctx, d.md)
 		}
 		if err != nil {
 			return nil, err
 		}
-		return handler(ctx, req)
+		if !l.cfg.settles(d.res) {
+			return handler(ctx, req)
+		}
+		resp, err := handler(ctx, req)
+		l.applyOutcome(ctx, info.FullMethod, d, err)
+		return resp, err
 	}
 }
 
@@ -221,46 +234,59 @@ func (l *Limiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // opens: pass it to grpc.ChainStreamInterceptor (or grpc.StreamInterceptor).
 func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, err := l.decide(ss.Context(), info.FullMethod)
-		if md != nil {
-			_ = ss.SetHeader(md)
+		d, err := l.decide(ss.Context(), info.FullMethod)
+		if d.md != nil {
+			_ = ss.SetHeader(d.md)
 		}
 		if err != nil {
 			return err
 		}
-		return handler(srv, ss)
+		if !l.cfg.settles(d.res) {
+			return handler(srv, ss)
+		}
+		err = handler(srv, ss)
+		l.applyOutcome(ss.Context(), info.FullMethod, d, err)
+		return err
 	}
 }
 
-// decide takes the call's decision: the header metadata to send (nil when there was no
-// decision), and the status error to end the call with (nil to let it through).
-func (l *Limiter) decide(ctx context.Context, method string) (metadata.MD, error) {
+// decision is a call's decision, as the interceptors act on it.
+type decision struct {
+	md  metadata.MD   // the header metadata to send; nil when there was no decision
+	key string        // the engine key decided on, the prefix included
+	res engine.Result // the engine's decision
+}
+
+// decide takes the call's decision, and returns with it the status error to end the call with
+// (nil to let it through).
+func (l *Limiter) decide(ctx context.Context, method string) (decision, error) {
 	key, subject, err := l.key(ctx, method)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return decision{}, status.Error(codes.InvalidArgument, err.Error())
 	}
-	res, err := l.engine.AllowPolicy(ctx, l.keyPrefix+key, l.policy, 1)
+	d := decision{key: l.keyPrefix + key}
+	d.res, err = l.engine.AllowPolicy(ctx, d.key, l.policy, 1)
 	if err != nil {
-		return nil, status.Error(failureCode(err), fmt.Sprintf("grpclimit: %s: %v", method, err))
+		return decision{}, status.Error(failureCode(err), fmt.Sprintf("grpclimit: %s: %v", method, err))
 	}
-	md := make(metadata.MD, 2)
-	for _, f := range l.fields.Policy(res.At) {
-		md[l.meta[f.Name]] = []string{f.Value}
+	d.md = make(metadata.MD, 2)
+	for _, f := range l.fields.Policy(d.res.At) {
+		d.md[l.meta[f.Name]] = []string{f.Value}
 	}
-	if res.BackendErr != nil {
+	if d.res.BackendErr != nil {
 		if l.cfg.onFailOpen != nil {
-			l.cfg.onFailOpen(ctx, method, res.BackendErr)
+			l.cfg.onFailOpen(ctx, method, d.res.BackendErr)
 		}
-		return md, nil
+		return d, nil
 	}
 	var buf [2]fields.Field
-	for _, f := range l.fields.AppendDecision(buf[:0], res) {
-		md[l.meta[f.Name]] = []string{f.Value}
+	for _, f := range l.fields.AppendDecision(buf[:0], d.res) {
+		d.md[l.meta[f.Name]] = []string{f.Value}
 	}
-	if !res.Allowed {
-		return md, l.denied(subject, res)
+	if !d.res.Allowed {
+		return d, l.denied(subject, d.res)
 	}
-	return md, nil
+	return d, nil
 }
 
 // failureCode is the status of a call the engine could not decide: the caller's own end, or

@@ -2,11 +2,14 @@ package httplimit_test
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -99,4 +102,79 @@ func ExampleNewConcurrent() {
 	// meanwhile: 429 Retry-After: 30 RateLimit: "concurrency";r=0;t=30
 	// RateLimit-Policy: "concurrency";q=1;qu="concurrent-requests"
 	// 200 RateLimit: "concurrency";r=0
+}
+
+// Counting failed logins: 5 per 15 minutes for each account and for each client address. Both
+// limits count an attempt before the password is checked, so parallel guesses never pass 5;
+// the address gets back what was not a failed login, and a successful login clears its
+// account's failures (docs/http-grpc.md, "Counting failed logins").
+func ExampleWithRefundOn() {
+	// Valkey at $VALKEY_ADDR, else on this host's default port.
+	client, err := valkey.NewClient(valkey.ClientOption{
+		InitAddress: []string{cmp.Or(os.Getenv("VALKEY_ADDR"), "127.0.0.1:6379")},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer client.Close()
+	e, err := engine.New(client)
+	if err != nil {
+		panic(err)
+	}
+	prefix := "example:" + uuid.NewString() + ":"
+
+	fiveIn15m := engine.Limit{Max: 5, Window: 15 * time.Minute}
+	// Per address (the default key): a success, or the account limit's 429, is given back.
+	perAddress := httplimit.Limit(e, fiveIn15m, httplimit.WithKeyPrefix(prefix+"login-address:"),
+		httplimit.WithRefundOn(func(status int) bool { return status < 400 || status == http.StatusTooManyRequests }))
+	// Per account: a successful login forgets the account's failures.
+	perAccount := httplimit.Limit(e, fiveIn15m, httplimit.WithKeyPrefix(prefix+"login-account:"),
+		httplimit.WithKeyFunc(func(r *http.Request) (string, error) {
+			if account := r.PostFormValue("account"); account != "" {
+				return strings.ToLower(account), nil
+			}
+			return "", errors.New("no account in the form")
+		}),
+		httplimit.WithResetOn(func(status int) bool { return status == http.StatusOK }))
+	login := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.PostFormValue("password") != "right" { // check the account's password here
+			http.Error(w, "wrong account or password", http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, "welcome\n")
+	})
+	h := perAddress(perAccount(login))
+
+	attempt := func(from, account, password string) {
+		form := url.Values{"account": {account}, "password": {password}}
+		req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.RemoteAddr = from + ":40000"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(from, account, password, rec.Code)
+	}
+	for range 4 {
+		attempt("192.0.2.1", "alice", "wrong")
+	}
+	attempt("192.0.2.1", "alice", "right") // alice's count is cleared; the address's stays at 4
+	attempt("192.0.2.1", "bob", "wrong")   // the address's 5th failure
+	attempt("192.0.2.1", "carol", "right") // the address is full: refused before its password is checked
+	for i := 1; i <= 6; i++ {              // one account guessed from 6 addresses: the 6th is refused
+		attempt(fmt.Sprintf("198.51.100.%d", i), "dave", "wrong")
+	}
+	// Output:
+	// 192.0.2.1 alice wrong 401
+	// 192.0.2.1 alice wrong 401
+	// 192.0.2.1 alice wrong 401
+	// 192.0.2.1 alice wrong 401
+	// 192.0.2.1 alice right 200
+	// 192.0.2.1 bob wrong 401
+	// 192.0.2.1 carol right 429
+	// 198.51.100.1 dave wrong 401
+	// 198.51.100.2 dave wrong 401
+	// 198.51.100.3 dave wrong 401
+	// 198.51.100.4 dave wrong 401
+	// 198.51.100.5 dave wrong 401
+	// 198.51.100.6 dave wrong 429
 }

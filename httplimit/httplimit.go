@@ -22,6 +22,9 @@
 //     either policy: fail-open never passes it on.
 //   - Under engine.WithShadow(true) it never answers 429: a request the limit denies reaches the
 //     handler with the real decision's fields (r=0) and no Retry-After.
+//   - WithRefundOn and WithResetOn act on the status an admitted request's handler answered
+//     with: give its event back, or clear its key's log (count only failed logins). The request
+//     is counted when admitted, so parallel ones never pass the limit.
 //   - NewConcurrent bounds requests in flight instead of how often they arrive; both kinds can
 //     wrap one handler.
 //
@@ -83,6 +86,11 @@ type config struct {
 	onFailOpen func(*http.Request, error)
 	legacy     bool
 	resolver   *clientaddr.Resolver // made from addr by newConfig
+
+	// Outcomes (outcome.go): nil functions give nothing back.
+	refundOn       func(status int) bool
+	resetOn        func(status int) bool
+	onOutcomeError func(*http.Request, error) // nil: logged through slog.Default
 }
 
 // newConfig is the configuration opts make, from the defaults, with its address resolver.
@@ -285,6 +293,10 @@ func (l *limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	}
 	if !res.Allowed {
 		l.cfg.deny(w, r, res)
+		return
+	}
+	if l.cfg.settles(res) {
+		l.serveCounted(w, r, next, l.keyPrefix+key, res)
 		return
 	}
 	next.ServeHTTP(w, r)

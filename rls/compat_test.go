@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/internal/enginetest"
@@ -46,8 +48,9 @@ import (
 //	test/config/config_test.go                         config      117   117
 //	                                                   command      14    14
 //	test/provider/xds_grpc_sotw_provider_test.go       config        5     5
-//	test/service/ratelimit_test.go                     service      20    13     7 (4, 14, 16, 19)
+//	test/service/ratelimit_test.go                     service      23    17     6 (4, 14, 19)
 //	                                                   command      40    40
+//	src/service/ratelimit_test.go                      service       4     4
 //	test/redis/fixed_cache_impl_test.go                service      16    15     1 (2)
 //	test/redis/driver_impl_test.go                     command       3     3
 //	test/server/server_impl_test.go                    command       5     5
@@ -56,7 +59,7 @@ import (
 //	test/integration/integration_test.go               service     193   178    15 (3, 7)
 //	                                                   command       8     8
 //	issue 32's cases (quota_mode, SHADOW_MODE, /json)  command       9     9
-//	total                                                          440   417    23
+//	total                                                          447   425    22
 //
 // None answers otherwise.
 //
@@ -243,19 +246,122 @@ descriptors:
 		})
 	})
 	t.Run("TestServiceQuotaModeWithMetadata", func(t *testing.T) {
-		// RESPONSE_DYNAMIC_METADATA is not supported (difference 16): the statuses are the
-		// reference's, and the response carries no dynamic metadata.
+		// QUOTA_MODE and RESPONSE_DYNAMIC_METADATA: the exceeded quota descriptor answers OK,
+		// and the dynamic metadata names it, in the reference's shape.
 		r := newRefService(t, yamlFiles(`domain: quota-domain
 descriptors:
   - {key: regular, value: limit, rate_limit: {unit: minute, requests_per_unit: 10}}
   - {key: quota, value: limit, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 5}}
-`), []rls.Option{rls.WithQuotaMode(true)})
+`), []rls.Option{rls.WithQuotaMode(true), rls.WithDynamicMetadata(true)})
 		regular, quota := descriptor("regular", "limit"), descriptor("quota", "limit")
 		runRef(t, r.client, r.reg, []refStep{
 			{ref: "TestServiceQuotaModeWithMetadata: setting up", req: refRequest("quota-domain", 0, withHits(regular, 4), withHits(quota, 5))},
-			{ref: "TestServiceQuotaModeWithMetadata", req: refRequest("quota-domain", 0, regular, quota), want: "OK: OK 10/MINUTE rem=5 reset; OK 5/MINUTE rem=0", diff: 16},
+		})
+		const ref = "TestServiceQuotaModeWithMetadata"
+		resp := ask(t, r.client, "quota-domain", 0, regular, quota)
+		if got, want := compattest.Answer(resp), "OK: OK 10/MINUTE rem=5 reset; OK 5/MINUTE rem=0"; got != want {
+			t.Errorf("%s: %s, want %s", ref, got, want)
+		}
+		wantMetadata(t, ref, resp, map[string]any{
+			"domain":              "quota-domain",
+			"descriptors":         []any{map[string]any{"entries": []any{"regular=limit"}}, map[string]any{"entries": []any{"quota=limit"}}},
+			"quotaModeViolations": []any{1},
+			"quotaModeEnabled":    true,
 		})
 	})
+}
+
+// TestReferenceDynamicMetadata ports the reference's cases of RESPONSE_DYNAMIC_METADATA: the
+// pinned version's src/service/ratelimit_test.go, TestRatelimitToMetadata (whose mocked rules
+// and quota violations are brought about here by rules and requests), and its later
+// versions' test/service/ratelimit_test.go (TestMetadataReturnedForPassedDescriptors,
+// TestMetadataReturnedForAllPassedDescriptors, TestOverlappingMetadataReturnsTheFirstValue),
+// of which the metadata is compared (their statuses are the later quota mode's, difference
+// 13).
+func TestReferenceDynamicMetadata(t *testing.T) {
+	const pinnedConfig = `domain: quota-domain
+descriptors:
+  - {key: quota_key, value: quota_val, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+`
+	const mixedConfig = `domain: mixed-domain
+descriptors:
+  - {key: regular_key, value: regular_val, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: quota_key, value: quota_val, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: another_quota, value: another_val, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+`
+	const addendConfig = `domain: addend-domain
+descriptors:
+  - {key: test_key, value: test_val, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 4}}
+`
+	entries := func(kv string) map[string]any { return map[string]any{"entries": []any{kv}} }
+	const ref = "TestRatelimitToMetadata: "
+	t.Run("TestRatelimitToMetadata", func(t *testing.T) {
+		r := newRefService(t, yamlFiles(pinnedConfig, mixedConfig, addendConfig), []rls.Option{rls.WithDynamicMetadata(true)})
+		resp := ask(t, r.client, "fake-domain", 0, descriptor("key1", "val1"))
+		wantMetadata(t, ref+"Single descriptor with single entry, no quota violations", resp, map[string]any{
+			"descriptors": []any{entries("key1=val1")}, "domain": "fake-domain", "quotaModeEnabled": false,
+		})
+
+		ask(t, r.client, "quota-domain", 0, descriptor("quota_key", "quota_val")) // using it up
+		resp = ask(t, r.client, "quota-domain", 0, descriptor("quota_key", "quota_val"))
+		wantMetadata(t, ref+"Single descriptor with quota mode violation", resp, map[string]any{
+			"descriptors": []any{entries("quota_key=quota_val")}, "domain": "quota-domain",
+			"quotaModeEnabled": true, "quotaModeViolations": []any{0},
+		})
+
+		ask(t, r.client, "mixed-domain", 0, descriptor("quota_key", "quota_val"), descriptor("another_quota", "another_val"))
+		resp = ask(t, r.client, "mixed-domain", 0, descriptor("regular_key", "regular_val"), descriptor("quota_key", "quota_val"), descriptor("another_quota", "another_val"))
+		wantMetadata(t, ref+"Multiple descriptors with mixed quota violations", resp, map[string]any{
+			"descriptors": []any{entries("regular_key=regular_val"), entries("quota_key=quota_val"), entries("another_quota=another_val")},
+			"domain":      "mixed-domain", "quotaModeEnabled": true, "quotaModeViolations": []any{1, 2},
+		})
+
+		resp = ask(t, r.client, "addend-domain", 5, descriptor("test_key", "test_val"))
+		wantMetadata(t, ref+"Request with hits addend", resp, map[string]any{
+			"descriptors": []any{entries("test_key=test_val")}, "domain": "addend-domain", "hitsAddend": 5,
+			"quotaModeEnabled": true, "quotaModeViolations": []any{0},
+		})
+	})
+
+	// The later versions' cases: QUOTA_MODE, a regular rule of 10 and a quota rule of 5 a
+	// minute, each with metadata.
+	later := func(meta1, meta2 string) []config.File {
+		return yamlFiles(`domain: quota-domain
+descriptors:
+  - {key: regular, value: limit, rate_limit: {unit: minute, requests_per_unit: 10}, metadata: ` + meta1 + `}
+  - {key: quota, value: limit, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 5}, metadata: ` + meta2 + `}
+`)
+	}
+	opts := []rls.Option{rls.WithQuotaMode(true), rls.WithDynamicMetadata(true)}
+	regular, quota := descriptor("regular", "limit"), descriptor("quota", "limit")
+	for _, c := range []struct {
+		ref          string
+		meta1, meta2 string
+		quotaUsed    bool // the quota rule is over its limit
+		want         map[string]any
+	}{
+		{"TestMetadataReturnedForPassedDescriptors", "{name: service_1}", "{name: service_2}", true,
+			map[string]any{"name": "service_1"}},
+		{"TestMetadataReturnedForAllPassedDescriptors", "{name: service_1}", "{some_other_name: service_2}", false,
+			map[string]any{"name": "service_1", "some_other_name": "service_2"}},
+		{"TestOverlappingMetadataReturnsTheFirstValue", "{name: service_1}", "{name: service_2}", false,
+			map[string]any{"name": "service_1"}},
+	} {
+		t.Run(c.ref, func(t *testing.T) {
+			r := newRefService(t, later(c.meta1, c.meta2), opts)
+			if c.quotaUsed {
+				ask(t, r.client, "quota-domain", 0, withHits(quota, 5))
+			}
+			resp := ask(t, r.client, "quota-domain", 0, regular, quota)
+			want, err := structpb.NewStruct(c.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.GetDynamicMetadata().GetFields()["metadata"].GetStructValue(); !proto.Equal(got, want) {
+				t.Errorf("%s: metadata %v, want %v", c.ref, got, want)
+			}
+		})
+	}
 }
 
 // TestReferenceServiceErrors: a request without a domain or descriptors, one before any

@@ -7,7 +7,9 @@
 // counts against every descriptor it carried, a Service keeps a sliding window log per
 // descriptor (package engine) and decides a request's descriptors all or nothing: never more
 // than a rule's requests_per_unit in any trailing unit, and a denied request consumes
-// nothing. docs/rls.md lists every difference.
+// nothing, but on the rules that record usage reported after the fact (record_over_limit,
+// WithRecordOverLimit: the tokens a response used, reported once it is done). docs/rls.md
+// lists every difference.
 //
 // Most users run the command, rls/cmd/strictrate-rls, configured by the reference's
 // environment variables (package settings); package config reads the reference's YAML files

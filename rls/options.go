@@ -58,6 +58,8 @@ type options struct {
 	ping              func(context.Context) error
 	healthyWithConfig bool
 	tracer            trace.Tracer
+	dynamicMetadata   bool
+	record            recordNames
 }
 
 func defaultOptions() options {
@@ -96,6 +98,48 @@ func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } 
 // descriptor is recorded when its limit admits its hits, whatever the others decide.
 func WithQuotaMode(on bool) Option { return func(o *options) { o.quota = on } }
 
+// WithDynamicMetadata makes every response carry dynamic_metadata (the reference's
+// RESPONSE_DYNAMIC_METADATA), a google.protobuf.Struct that Envoy's rate limit filter puts in
+// the request's dynamic metadata (under envoy.filters.http.ratelimit), as the reference
+// writes it:
+//
+//   - "domain": the request's domain;
+//   - "descriptors": one struct per descriptor of the request, in order: "entries", a list of
+//     "key=value" strings; "limit", the descriptor's own limit (an override) as its proto
+//     text, when it has one; "hitsAddend", the descriptor's own hits_addend, when set;
+//   - "hitsAddend": the request's hits_addend, when not 0;
+//   - "quotaModeViolations": the indices of the descriptors over their limit in quota mode
+//     (the rule's quota_mode, or WithQuotaMode), whose status is OK; absent when none is;
+//   - "quotaModeEnabled": whether a limited descriptor's rule has quota_mode: true (the
+//     rule's own key; WithQuotaMode alone does not set it, as in the reference);
+//   - "metadata": the metadata of the rules (their metadata key) of the limited descriptors
+//     whose status is OK and that are not over their limit, merged in the request's order:
+//     a key already there keeps its first value, two maps under one key are merged alike;
+//     absent when none has any.
+//
+// The first five are the pinned reference's; "metadata" is its later versions', which read
+// the rules' metadata as this service does. Off, the default, responses carry none.
+func WithDynamicMetadata(on bool) Option { return func(o *options) { o.dynamicMetadata = on } }
+
+// WithRecordOverLimit makes the rules named record usage reported after the fact, as
+// record_over_limit: true does for a rule of a file (the command's
+// STRICTRATE_RECORD_OVER_LIMIT): for configurations served over xDS, such as Envoy Gateway
+// generates, whose rules cannot carry the key. A descriptor of such a rule with hits is a
+// charge: its hits are recorded whatever remains of its limit, before the request's other
+// descriptors are decided, and answered OVER_LIMIT when they did not fit; every later request
+// on its key is then over the limit until enough of the window's hits have left it. A
+// descriptor of 0 hits checks as any other: OVER_LIMIT while its key holds more than its limit.
+//
+// Each name is a rule's stats name: its full key, as /rlconfig lists it and as its metrics are
+// named without the request's values that detailed_metric or value_to_metric add
+// ("domain.key_value.key"). A name ending in '*' is a prefix of such names
+// ("default/eg/http.*"), any other is exact; a request's limit override is named by its
+// entries alike, and is also a charge when the rule configured for its entries is. Several
+// calls add up; none by default. docs/rls.md, "After-the-fact reports", has the patterns.
+func WithRecordOverLimit(names ...string) Option {
+	return func(o *options) { o.record.add(names) }
+}
+
 // WithResponseHeaders chooses the header fields the responses carry (the reference's
 // LIMIT_RESPONSE_HEADERS_ENABLED turns them on); HeadersOff by default.
 func WithResponseHeaders(h Headers) Option { return func(o *options) { o.headers = h } }
@@ -121,7 +165,9 @@ func WithLegacyHeaderNames(limit, remaining, reset string) Option {
 // midnight, a week from Monday, a month from the 1st, a year from January 1st), each counting
 // the events since the start of the current period, instead of sliding windows of the
 // reference's lengths (a day of 86400 s, a month of 30 days, a year of 365). nil keeps
-// sliding windows, the default.
+// sliding windows, the default. A calendar period is counted one at a time: a rule of several
+// (a unit_multiplier above 1 on day, week, month or year) stays a sliding window of that many
+// units' length. The command refuses such a rule instead, at load (config.WithCalendar).
 func WithCalendar(loc *time.Location) Option { return func(o *options) { o.calendar = loc } }
 
 // WithSlotsPerWindow bounds a sliding rule's memory: a rule whose requests_per_unit is larger

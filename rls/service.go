@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/strictrate/strictrate/engine"
 	"github.com/strictrate/strictrate/fields"
@@ -42,7 +44,11 @@ import (
 // all or nothing ([engine.Engine.AllowAll]): admitted only when every one's limit admits its
 // hits, and then recorded in every one; a denied request consumes nothing of any descriptor. A
 // descriptor that never denies (a shadow or quota rule, or any under WithShadowMode) is
-// recorded when its limit admits its hits, whatever the others decide.
+// recorded when its limit admits its hits, whatever the others decide. A descriptor of a rule
+// that records over its limit (record_over_limit, WithRecordOverLimit) with hits is a charge,
+// usage already spent: recorded first, whatever remains and whatever the others decide
+// ([engine.Engine.ChargePolicy]), and when it does not fit, the request is over the limit and
+// the others record nothing.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
@@ -109,6 +115,11 @@ type descriptorPlan struct {
 	metrics  *ruleCounters // the rule's counters
 	shadow   bool          // the rule's shadow_mode: over its limit, it answers OK
 	quota    bool          // quota mode (the rule's quota_mode, or WithQuotaMode): over its limit, it answers OK without a reset
+	record   bool          // the rule records hits over its limit (record_over_limit, WithRecordOverLimit)
+	// charge says the descriptor's key is charged: a descriptor of a record rule with hits
+	// counts on it, and the hits of every descriptor on the key are recorded whatever its
+	// limits say (engine.ChargePolicy), before the request's other keys are decided.
+	charge bool
 	// advisory descriptors never deny the request (a shadow or quota rule, or any rule under
 	// WithShadowMode): each is recorded when its limit admits its hits, whatever the others decide.
 	advisory bool
@@ -153,6 +164,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	return resp, err
 }
 
+// shouldRateLimit is a decision's path, top-down: plan matches each descriptor with its rule
+// and makes one engine request per key; decideKeys records the charges, then decides the
+// other keys all or nothing; status answers each descriptor and counts its hits; the headers
+// and the dynamic metadata speak for the answers.
 func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
@@ -164,7 +179,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	if cfg == nil {
 		return nil, status.Error(codes.FailedPrecondition, errNoConfig.Error())
 	}
-	plans, reqs := s.plan(cfg, req)
+	plans, reqs, charges := s.plan(cfg, req)
 
 	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(plans))}
 	var results []engine.Result
@@ -175,33 +190,22 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		}
 	}
 	if len(reqs) > 0 {
-		if !allowed { // a descriptor can never admit this request: only look at the others
-			for i := range reqs {
-				reqs[i].N = 0
-			}
+		var err error
+		if results, allowed, err = s.decideKeys(ctx, req.Domain, reqs, charges, allowed); err != nil {
+			return nil, err
 		}
-		dctx, cancel := s.decisionContext(ctx)
-		ok, rs, err := s.engine.AllowAll(dctx, reqs)
-		cancel()
-		switch {
-		case err != nil && rs == nil:
-			return nil, s.engineError(ctx, err)
-		case err != nil:
-			// A denial whose refunds failed (keys on several cluster primaries): it is still
-			// a denial, and answering it with an error would let Envoy admit the request. The
-			// events that could not be given back stay counted until they leave their windows.
-			s.opts.logger.Warn("rate limit denial could not give back what it held", "domain", req.Domain, "err", err)
-		}
-		allowed = allowed && ok
-		results = rs
 	}
 
 	code := pb.RateLimitResponse_OK
 	tightest := -1
 	var tightestRemaining uint64 = math.MaxUint64
+	var quotaOver []int // the descriptors over their limit in quota mode, answered OK
 	for i, p := range plans {
-		st, hits := s.status(p, reqs, results, allowed)
+		st, hits, overQuota := s.status(p, reqs, results, allowed)
 		resp.Statuses[i] = st
+		if overQuota {
+			quotaOver = append(quotaOver, i)
+		}
 		if p.present {
 			s.metrics.count(hits, s.opts.nearLimitRatio)
 		}
@@ -226,12 +230,17 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		code = pb.RateLimitResponse_OK
 		s.metrics.globalShadow.Inc()
 	}
+	if s.opts.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, plans, resp.Statuses, quotaOver)
+	}
 	resp.OverallCode = code
 	return resp, nil
 }
 
 // plan matches each descriptor with its rule, applies replaces, and makes the engine requests
-// of the limited ones: one per key, for the hits of every descriptor on it.
+// of the limited ones: one per key, for the hits of every descriptor on it. charges[i] says
+// reqs[i] is a charge (nil when none is): a descriptor of a rule that records over its limit,
+// with hits, counts on its key, and the key's hits are recorded whatever its limits say.
 //
 // Several descriptors of a request may count on one key (the same entries twice, or a rule and
 // a request's override of the same unit: see counterOf). Every limit on a key holds on every
@@ -239,8 +248,10 @@ func (s *Service) shouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 // descriptor is over when the key's hits in this request are above its limit, and the engine
 // decides the key under the smallest limit of those that can deny (an advisory one's only when
 // every one is advisory), which admits the hits exactly when every one of them does. The order the
-// descriptors come in changes nothing.
-func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request) {
+// descriptors come in changes nothing. A charged key is charged under that limit too: when the
+// charge does not fit it, every descriptor on the key is over, a looser limit's included (the
+// engine says whether the charge fit the limit it was decided under, not how far over it went).
+func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descriptorPlan, []engine.Request, []bool) {
 	plans := make([]descriptorPlan, len(req.Descriptors))
 	replaced := map[string]bool{}
 	for i, d := range req.Descriptors {
@@ -270,7 +281,12 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		p.advisory = p.shadow || p.quota || s.opts.shadow
 		p.metrics = s.metrics.ruleOf(p.match)
 		p.limit = s.limitOf(r)
-		p.key = s.counterOf(cfg, req.Domain, p)
+		var configured config.Match // an override's: the rule configured for its entries
+		if p.override {
+			configured = cfg.Match(req.Domain, p.match.Counter)
+		}
+		p.key = s.counterOf(req.Domain, p, configured)
+		p.record = s.records(r) || configured.Limit != nil && s.records(configured.Limit)
 		k, ok := byKey[p.key]
 		if !ok {
 			k = len(keys)
@@ -280,36 +296,121 @@ func (s *Service) plan(cfg *config.Config, req *pb.RateLimitRequest) ([]descript
 		keys[k] = append(keys[k], i)
 	}
 	reqs := make([]engine.Request, 0, len(keys))
+	var charges []bool
 	for _, members := range keys {
 		var total uint64
 		lead := -1 // the descriptor whose limit the engine decides the key under
+		charge := false
 		for _, i := range members {
 			p := &plans[i]
 			total = addHits(total, p.hits)
+			charge = charge || p.record && p.hits > 0
 			if p.limit.Max > 0 && (lead < 0 || tighter(p, &plans[lead])) {
 				lead = i
 			}
 		}
 		for _, i := range members {
 			// Hits the limit can never admit (a limit of 0, or a request above
-			// engine.MaxEvents, which limits at that): over without asking.
+			// engine.MaxEvents, which limits at that): over without asking, or, charged, over
+			// whatever the charge answers.
 			plans[i].keyHits = total
 			plans[i].over = total > uint64(plans[i].limit.Max)
+			plans[i].charge = charge
 		}
-		if lead < 0 { // every limit on the key is 0: nothing to ask
+		if lead < 0 { // every limit on the key is 0: nothing to ask, nor to record
 			continue
 		}
 		l := &plans[lead]
 		n := 0
-		if !l.over {
+		switch {
+		case charge:
+			n = int(min(total, engine.MaxEvents)) // the most one entry holds; more is over any limit
+		case !l.over:
 			n = int(total) // at most l.limit.Max
 		}
 		for _, i := range members {
 			plans[i].req = len(reqs)
 		}
+		if charge && charges == nil {
+			charges = make([]bool, len(keys))
+		}
+		if charge {
+			charges[len(reqs)] = true
+		}
 		reqs = append(reqs, engine.Request{Key: l.key, Policy: engine.Policy{l.limit}, N: n, Advisory: l.advisory})
 	}
-	return plans, reqs
+	if charges != nil {
+		charges = charges[:len(reqs)]
+	}
+	return plans, reqs, charges
+}
+
+// records reports whether rule r records hits over its limit: its record_over_limit, or its
+// stats name among WithRecordOverLimit's.
+func (s *Service) records(r *config.RateLimit) bool {
+	return r.RecordOverLimit || s.opts.record.match(r.FullKey)
+}
+
+// decideKeys asks the engine for reqs, the engine requests of a request's limited keys (plan):
+// the charges first (charges[i]), each on its own, since what they record is usage already
+// spent, whatever the others decide; then the others together, all or nothing (AllowAll),
+// only looked at, never recorded, when allowed is already false or a charge that can deny did
+// not fit. It returns their results, in reqs' order, and whether the request is admitted.
+//
+// A charge recorded before a later call fails stays recorded: the usage was spent, and the
+// request is answered with the failure all the same.
+func (s *Service) decideKeys(ctx context.Context, domain string, reqs []engine.Request, charges []bool, allowed bool) ([]engine.Result, bool, error) {
+	dctx, cancel := s.decisionContext(ctx)
+	defer cancel()
+	var results []engine.Result
+	rest := reqs // the requests decided all or nothing
+	if charges != nil {
+		results = make([]engine.Result, len(reqs))
+		rest = make([]engine.Request, 0, len(reqs))
+		for i, q := range reqs {
+			if !charges[i] {
+				rest = append(rest, q)
+				continue
+			}
+			res, err := s.engine.ChargePolicy(dctx, q.Key, q.Policy, q.N)
+			if err != nil {
+				return nil, false, s.engineError(ctx, err)
+			}
+			results[i] = res
+			if !res.Allowed && !q.Advisory {
+				allowed = false
+			}
+		}
+		if len(rest) == 0 {
+			return results, allowed, nil
+		}
+	}
+	if !allowed { // a descriptor can never admit this request: only look at the others
+		for i := range rest {
+			rest[i].N = 0
+		}
+	}
+	ok, rs, err := s.engine.AllowAll(dctx, rest)
+	switch {
+	case err != nil && rs == nil:
+		return nil, false, s.engineError(ctx, err)
+	case err != nil:
+		// A denial whose refunds failed (keys on several cluster primaries): it is still
+		// a denial, and answering it with an error would let Envoy admit the request. The
+		// events that could not be given back stay counted until they leave their windows.
+		s.opts.logger.Warn("rate limit denial could not give back what it held", "domain", domain, "err", err)
+	}
+	if charges == nil {
+		return rs, allowed && ok, nil
+	}
+	j := 0
+	for i := range reqs {
+		if !charges[i] {
+			results[i] = rs[j]
+			j++
+		}
+	}
+	return results, allowed && ok, nil
 }
 
 // tighter reports whether p's limit, rather than lead's, is the one its key is decided under:
@@ -334,33 +435,46 @@ func addHits(a, b uint64) uint64 {
 // (descriptor.limit, an override). An override whose unit the service does not know (Envoy's
 // UNKNOWN, or a number that names no unit) is ignored, and the configured rule applies: the
 // reference has no answer for it (it panics), and the descriptor stays limited at least as
-// the operator configured it, without making the request an error.
+// the operator configured it, without making the request an error. The override's
+// unit_multiplier (Envoy's newer API; 0 or none is 1) makes its window that many units long;
+// one that makes it longer than the engine's longest window (engine.MaxWindow) is ignored
+// alike.
 func match(cfg *config.Config, domain string, entries []config.Entry, o *rlv3.RateLimitDescriptor_RateLimitOverride) (config.Match, bool) {
 	if o != nil {
-		if u := overrideUnit(o.GetUnit()); u != config.UnitUnknown {
-			return cfg.Override(domain, entries, o.GetRequestsPerUnit(), u), true
+		u, n := overrideUnit(o.GetUnit()), o.GetUnitMultiplier().GetValue()
+		if u != config.UnitUnknown && time.Duration(n) <= engine.MaxWindow/u.Duration() {
+			m := cfg.Override(domain, entries, o.GetRequestsPerUnit(), u)
+			if m.Limit != nil && n > 1 {
+				m.Limit.UnitMultiplier = n // the override's own Limit, shared with nothing
+			}
+			return m, true
 		}
 	}
 	return cfg.Match(domain, entries), false
 }
 
 // counterOf is the key of a limited descriptor's counter. A configured rule counts under its
-// counter's entries (counterKey). So does a request's override of the same unit as the
-// limited rule configured for the same entries: the two count the same events, each against
-// its own limit, as the reference's share its key (the entries and the unit's window). An
-// override of another unit, or of entries no limited rule counts under, has a counter of its
-// own: the entries' key followed by the unit's name (which a key of entries never ends in), so
-// that it never splits a rule's counter, nor puts two windows on one key.
-func (s *Service) counterOf(cfg *config.Config, domain string, p *descriptorPlan) string {
+// counter's entries (counterKey). So does a request's override of the same window (unit and
+// unit_multiplier) as the limited rule configured for the same entries: the two count the
+// same events, each against its own limit, as the reference's share its key (the entries and
+// the unit's window). An override of another window, or of entries no limited rule counts
+// under, has a counter of its own: the entries' key followed by the unit's name, preceded by
+// the multiplier when above 1 ("hour", "30second"; a key of entries ends in '_', never in
+// either), so that it never splits a rule's counter, nor puts two windows on one key. rule is,
+// for an override, the configured rule's match for its entries.
+func (s *Service) counterOf(domain string, p *descriptorPlan, rule config.Match) string {
 	key := counterKey(s.opts.keyPrefix, domain, p.match.Counter)
 	if !p.override {
 		return key
 	}
-	rule := cfg.Match(domain, p.match.Counter)
-	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == p.match.Limit.Unit && slices.Equal(rule.Counter, p.match.Counter) {
+	o := p.match.Limit
+	if r := rule.Limit; r != nil && !r.Unlimited && r.Unit == o.Unit && r.Units() == o.Units() && slices.Equal(rule.Counter, p.match.Counter) {
 		return key
 	}
-	return key + p.match.Limit.Unit.String()
+	if o.Units() > 1 {
+		return key + strconv.FormatUint(uint64(o.Units()), 10) + o.Unit.String()
+	}
+	return key + o.Unit.String()
 }
 
 // hitsOf is descriptor i's hits: its own hits_addend when set (0 checks without counting),
@@ -376,19 +490,20 @@ func hitsOf(req *pb.RateLimitRequest, i int) uint64 {
 	return max(1, uint64(req.GetHitsAddend()))
 }
 
-// limitOf is a rule's limit in the engine: a sliding window of the unit's length (slotted
-// when the rule is larger than the slots asked), or a calendar period under WithCalendar. A
+// limitOf is a rule's limit in the engine: a sliding window of its units' length (its
+// unit's, times its unit_multiplier; slotted when the rule is larger than the slots asked),
+// or, for a rule of one day, week, month or year, a calendar period under WithCalendar. A
 // configured rule is at most engine.MaxEvents (config.MaxRequestsPerUnit); a request's
 // override may ask more, and is decided against engine.MaxEvents: it can deny early, after
 // that many hits in one unit, never admit more than it asks.
 func (s *Service) limitOf(r *config.RateLimit) engine.Limit {
 	max := int(min(uint64(r.RequestsPerUnit), engine.MaxEvents))
-	if s.opts.calendar != nil {
+	if s.opts.calendar != nil && r.Units() == 1 {
 		if p := r.Unit.CalendarPeriod(); p != 0 {
 			return engine.Calendar(max, p, s.opts.calendar)
 		}
 	}
-	l := engine.Limit{Max: max, Window: r.Unit.Duration()}
+	l := engine.Limit{Max: max, Window: r.Window()}
 	if s.opts.slots > 0 && max > s.opts.slots {
 		l.Resolution = (l.Window / time.Duration(s.opts.slots)).Truncate(time.Microsecond)
 		if l.Resolution <= 0 {
@@ -418,25 +533,25 @@ func protoUnit(u config.Unit) pb.RateLimitResponse_RateLimit_Unit {
 }
 
 // status makes a descriptor's status from the decision of its key, and its counts for the
-// metrics.
-func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engine.Result, allowed bool) (*pb.RateLimitResponse_DescriptorStatus, ruleHits) {
+// metrics; overQuota says it is over its limit in quota mode, and answered OK.
+func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engine.Result, allowed bool) (st *pb.RateLimitResponse_DescriptorStatus, h ruleHits, overQuota bool) {
 	r := p.match.Limit
 	switch {
 	case r == nil:
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}, false
 	case r.Unlimited:
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, ruleHits{}, false
 	case !p.present: // replaced by another descriptor's rule
-		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}
+		return &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}, ruleHits{}, false
 	}
-	st := &pb.RateLimitResponse_DescriptorStatus{
+	st = &pb.RateLimitResponse_DescriptorStatus{
 		Code:         pb.RateLimitResponse_OK,
-		CurrentLimit: &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)},
+		CurrentLimit: protoLimit(r),
 	}
 	// The limit the descriptor is decided against: its requests_per_unit, at most
 	// engine.MaxEvents.
 	limit := uint64(p.limit.Max)
-	h := ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
+	h = ruleHits{counters: p.metrics, hits: p.hits, limit: limit, shadow: p.shadow}
 	var res engine.Result
 	// A key not asked (every limit on it is 0) admits only a check.
 	room, hasRoom, keyRecorded := uint64(0), !p.over, false
@@ -450,14 +565,24 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 		decided := q.Policy[0].Max
 		used := uint64(decided - min(max(res.Remaining, 0), decided))
 		room = limit - min(used, limit)
-		keyRecorded = allowed && res.Allowed && q.N > 0
-		hasRoom = !p.over && (keyRecorded || p.keyHits <= room && (res.Allowed || p.limit.Max > decided))
+		if p.charge { // recorded whatever the limits said: it fit, or every limit on the key is over
+			keyRecorded, hasRoom = true, res.Allowed && !p.over
+		} else {
+			keyRecorded = allowed && res.Allowed && q.N > 0
+			hasRoom = !p.over && (keyRecorded || p.keyHits <= room && (res.Allowed || p.limit.Max > decided))
+		}
 	}
 	recorded := keyRecorded && hasRoom && p.hits > 0
 	switch {
 	case res.BackendErr != nil && !p.over: // fail-open answered without a count
-		h.admitted, h.before, h.after = allowed && p.hits > 0, 0, p.hits
+		h.admitted, h.before, h.after = (allowed || p.charge) && p.hits > 0, 0, p.hits
 		st.LimitRemaining = uint32(min(limit, math.MaxUint32))
+	case p.charge && !hasRoom:
+		// Recorded over the limit. The engine does not say how many of the hits fit before
+		// it, so every one counts as over it, as the reference counts hits added to a count
+		// already over its limit.
+		h.before, h.after = limit, addHits(limit, p.hits)
+		st.Code, st.LimitRemaining = pb.RateLimitResponse_OVER_LIMIT, 0
 	case recorded:
 		h.admitted = true
 		h.after = limit - min(room, limit)
@@ -482,8 +607,20 @@ func (s *Service) status(p descriptorPlan, reqs []engine.Request, results []engi
 		// The reference's quota mode answers an exceeded quota with its limit and no time
 		// to reset; a shadow rule in quota mode answers as a shadow rule, as there.
 		st.Code, st.DurationUntilReset = pb.RateLimitResponse_OK, nil
+		overQuota = true
 	}
-	return st, h
+	return st, h, overQuota
+}
+
+// protoLimit is a rule's current_limit as the reference answers it: its requests_per_unit,
+// unit and name, and, for a rule of several units, unit_multiplier (the field of Envoy's
+// newer API, which the reference never sets; left out for one unit, as there).
+func protoLimit(r *config.RateLimit) *pb.RateLimitResponse_RateLimit {
+	l := &pb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: protoUnit(r.Unit)}
+	if n := r.Units(); n > 1 {
+		l.UnitMultiplier = wrapperspb.UInt32(n)
+	}
+	return l
 }
 
 // untilReset is when a descriptor's limit next gets quota back: when the oldest event in its

@@ -11,10 +11,14 @@
 -- ARGV[1]  the request, as integers of 8 bytes each, big-endian two's complement:
 --            now    in integer microseconds, or SERVER_CLOCK (2^60) to read the server's
 --                   clock (TIME)
---            n      the request's cost in events, all or nothing (1 <= n <= every max)
+--            n      the request's cost in events, all or nothing (1 <= n <= every max;
+--                   a charge's may be more)
 --            then the limits: per sliding limit, windows strictly ascending, its window in
 --            integer microseconds (>= 1000) and its max, the events admitted in any
---            trailing window (>= 1); before them, optionally, -3 and a hold in microseconds
+--            trailing window (>= 1); before them, optionally, -4 and 0 (a charge: the n
+--            events are recorded whatever the limits say, lib_general.lua's decide; the
+--            reply then carries the entry's seq even when it denies, and a denial's
+--            retry_after is the wait until one event has room), optionally -3 and a hold in microseconds
 --            (a reservation: the entry is recorded at now + hold, lib_general.lua's decide), and
 --            optionally -1 and the resolution in microseconds (entries are recorded at the
 --            end of their slot: lib_general.lua's decide); after them, per calendar limit, -2, its max, then four times in

@@ -41,7 +41,7 @@ local function decide_request(key, now, n, limits, server_clock, h)
   if reset_at > now then
     reset_after = reset_at - now
   end
-  if retry_after > 0 then
+  if retry_after > 0 and not limits.charge then
     if (log.horizon_grew or log.created) and reset_after > 0 then
       -- A longer window now counts on the key: its entries must outlive the expiry a
       -- shorter one set. Or the key was made anew (its counters kept, its entries gone).
@@ -60,5 +60,5 @@ local function decide_request(key, now, n, limits, server_clock, h)
       error(err)
     end
   end
-  return remaining, 0, quota_after, reset_after, tightest, seq
+  return remaining, retry_after, quota_after, reset_after, tightest, seq
 end

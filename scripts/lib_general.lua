@@ -24,9 +24,20 @@
 -- hold (then rounded up to its slot): every admission made from it happens in [now, now +
 -- hold], so its entry counts at least as long as each of them would, by the same argument.
 -- Calendar limits count their period's counter (lib_log.lua).
+--
+-- A charge (limits carry -4: the engine's Charge) records its n events whatever the limits
+-- say: events already used. When they fit, it is an admission. When they do not, the entry
+-- goes in all the same, remaining is 0, and the wait returned is the one until a request of
+-- one event has room again, the charge's events counted: the charge's own entry, when what
+-- must leave is more than the window held before it.
 function g.decide(log, now, n, limits, write)
-  local sliding, res, cals, hold = g.view(limits)
+  local sliding, res, cals, hold, charge = g.view(limits)
   local last = #sliding / 2
+  local t = now + hold
+  if res > 0 and t % res ~= 0 then
+    t = t - t % res + res
+  end
+  local charge_wait, over = 0, false -- a charge's wait for one event, and whether it did not fit
   -- The log keeps every entry the longest window ever counted on the key still counts
   -- (its horizon), so that no limit on the key ever trims what another one counts.
   local reach = log.horizon
@@ -54,10 +65,21 @@ function g.decide(log, now, n, limits, write)
       remaining, tightest = max - count, i
       tfirst, tcount, twindow = first, count, window
     end
-    if count + n > max then
+    if count + n > max and charge then
+      over = true
+    elseif count + n > max then
       local wait = g.covering(log, first, count + n - max, count) + window - now
       if wait > retry_after then
         retry_after = wait
+      end
+    end
+    if charge and count + n + 1 > max then
+      local k, wait = count + n + 1 - max, t + window - now
+      if k <= count then
+        wait = g.covering(log, first, k, count) + window - now
+      end
+      if wait > charge_wait then
+        charge_wait = wait
       end
     end
   end
@@ -78,8 +100,13 @@ function g.decide(log, now, n, limits, write)
     if remaining == nil or cal[1] - held < remaining then
       remaining, tightest, tcount, tends = cal[1] - held, last + j, held, stop
     end
-    if held + n > cal[1] and stop - now > retry_after then
+    if held + n > cal[1] and charge then
+      over = true
+    elseif held + n > cal[1] and stop - now > retry_after then
       retry_after = stop - now
+    end
+    if charge and held + n + 1 > cal[1] and stop - now > charge_wait then
+      charge_wait = stop - now
     end
   end
   -- The first event in the tightest window: from its first entry on, skipping refunded ones.
@@ -91,7 +118,12 @@ function g.decide(log, now, n, limits, write)
   elseif tcount > 0 then
     quota_after = g.covering(log, tfirst, 1, tcount) + twindow - now
   end
-  if retry_after > 0 or not write then
+  if over then
+    retry_after = charge_wait
+  else
+    over = retry_after > 0
+  end
+  if over and not charge or not write then
     if remaining < 0 then
       remaining = 0
     end
@@ -114,10 +146,6 @@ function g.decide(log, now, n, limits, write)
     end
   end
   g.count_in(log, now, n)
-  local t = now + hold
-  if res > 0 and t % res ~= 0 then
-    t = t - t % res + res
-  end
   if log.exists then
     -- The expiry the key needs once the entry is in, set before it goes in: a server that
     -- refuses it refuses before anything is recorded.
@@ -137,19 +165,27 @@ function g.decide(log, now, n, limits, write)
       seq = g.insert(log, t, n)
     end
   end
-  return remaining - n, tightest, 0, count, seq, quota_after
+  remaining = remaining - n
+  if remaining < 0 then
+    remaining = 0
+  end
+  return remaining, tightest, retry_after, count, seq, quota_after
 end
 
 -- view splits a request's flat limits (decide.lua documents them) once: sliding, the
 -- (window, max) pairs, windows ascending; res, the resolution entries are recorded at (0:
 -- exact); cals, the calendar limits, each {max, b0, b1, b2, b3}; hold, how long after now
--- the entry is recorded (a reservation; 0 for an admission).
+-- the entry is recorded (a reservation; 0 for an admission); charge, whether the request is
+-- a charge (-4 and a 0), recorded whatever the limits say.
 function g.view(limits)
   if limits.sliding == nil then
     local sliding, cals, res, hold, i = {}, {}, 0, 0, 1
+    local charge = false
     while i <= #limits do
       local v = limits[i]
-      if v == -1 then
+      if v == -4 then
+        charge, i = true, i + 2
+      elseif v == -1 then
         res, i = limits[i + 1], i + 2
       elseif v == -3 then
         hold, i = limits[i + 1], i + 2
@@ -163,6 +199,7 @@ function g.view(limits)
       end
     end
     limits.sliding, limits.res, limits.cals, limits.hold = sliding, res, cals, hold
+    limits.charge = charge
   end
-  return limits.sliding, limits.res, limits.cals, limits.hold
+  return limits.sliding, limits.res, limits.cals, limits.hold, limits.charge
 end

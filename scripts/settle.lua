@@ -1,4 +1,5 @@
--- settle.lua: lowers the cost of one admitted request's entry, or refunds it (to 0).
+-- settle.lua: lowers the cost of one admitted request's entry, or refunds it (to 0); or
+-- raises an entry of its own above its admitted cost, once.
 --
 -- The entry is found by its identity, the time and seq decide.lua replied with. An entry of
 -- its own (an exact limit's) becomes the lesser of its cost and actual, and every window it is
@@ -16,11 +17,15 @@
 -- ARGV[2]  the entry's seq (>= 1; 0 for a shared request with no entry)
 -- ARGV[3]  the cost the entry was admitted with (>= 1): an entry of its own at that identity
 --          holding more is not this request's, and is left alone
--- ARGV[4]  actual: the cost the request ends with (0 <= actual <= ARGV[3])
+-- ARGV[4]  actual: the cost the request ends with (0 <= actual; above ARGV[3] only for an
+--          entry of its own, which is raised to actual when it still holds ARGV[3]: the
+--          events it used beyond what it was admitted with are charged, whatever the limits
+--          say, and a retried raise finds the entry raised and changes nothing)
 -- ARGV[5]  "shared" when the request's entry is shared (or it has none), else absent or ""
 -- ARGV[6]  the request's decision time in integer microseconds (absent: ARGV[1])
 --
--- Reply: the events given back, an integer (0 when nothing changed); BADLAYOUT as in
+-- Reply: the events given back, an integer (0 when nothing changed; minus the events added,
+-- for a raise); BADLAYOUT as in
 -- decide.lua.
 
 -- include: lib_log.lua
@@ -50,10 +55,28 @@ if at ~= nil then
     if left < 0 then
       left = 0
     end
-  elseif cost > admitted then
+  elseif actual > admitted then
+    if cost ~= admitted then
+      -- Raised only from the cost it was admitted with: a retried raise, or one after a
+      -- Settle or a Refund, changes nothing.
+      left = cost
+    end
+  elseif cost > admitted or actual > cost then
+    -- Another request's (it holds more), or lowered already: left as it is.
     left = cost
   end
-  if left < cost then
+  if left > cost then
+    local up = left - cost
+    g.set_cost(log, at, left)
+    log.total = log.total + up
+    for _, c in ipairs(log.cursors) do
+      if at < c.idx then
+        c.partial = c.partial + up
+      end
+    end
+    log.dirty = true
+    back = -up
+  elseif left < cost then
     g.set_cost(log, at, left)
     back = cost - left
     log.total = log.total - back

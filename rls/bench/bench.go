@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"debug/buildinfo"
 	"embed"
@@ -33,7 +34,9 @@ const runtimeSubdirectory = "ratelimit"
 // throughput rules are high enough that nearly every request is admitted at the rates the
 // bench reaches (a user's share of 20,000 requests/s over 10,000 users is 2/s), so that both
 // servers do the whole work of an admission. The service's Go benchmark
-// (BenchmarkShouldRateLimit) reads the same bench.yaml.
+// (BenchmarkShouldRateLimit) reads the same bench.yaml. The reference has no
+// record_over_limit (exact.yaml's tokens rule), and refuses a file that says it: it is given
+// the files without that line, and counts every hit, denied ones included, anyway.
 //
 //go:embed config/*.yaml
 var configFiles embed.FS
@@ -83,10 +86,6 @@ func (b *bench) start(ctx context.Context, work string) (err error) {
 	b.setup = setup{Valkey: valkeytest.ServerVersion(ctx, b.info), ValkeySource: b.vk.Source, GoVersion: runtime.Version(),
 		NumCPU: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Started: time.Now().UTC()}
 
-	root := filepath.Join(work, "runtime")
-	if err := writeConfig(filepath.Join(root, runtimeSubdirectory, "config")); err != nil {
-		return err
-	}
 	bin := cfg.Strictrate
 	if bin == "" {
 		fmt.Fprintln(progress, "building strictrate-rls")
@@ -100,6 +99,10 @@ func (b *bench) start(ctx context.Context, work string) (err error) {
 		b.setup.ReferenceVersion = moduleVersion(cfg.Reference, "github.com/envoyproxy/ratelimit")
 	}
 	for _, spec := range specs {
+		root := filepath.Join(work, "runtime-"+spec.name)
+		if err := writeConfig(filepath.Join(root, runtimeSubdirectory, "config"), spec.name == nameReference); err != nil {
+			return err
+		}
 		spec.valkey, spec.configDir, spec.logDir, spec.conns = b.vk.Addr, root, work, cfg.Conns
 		spec.prefix = "rlsbench_" + b.run + "_" + spec.name + "_"
 		fmt.Fprintf(progress, "starting %s\n", spec.name)
@@ -170,7 +173,7 @@ func (b *bench) runAll(ctx context.Context) (*report, error) {
 		}
 	}
 	if b.cfg.Exactness {
-		exact, err := runExactness(ctx, b.servers, b.run, b.cfg.Boundary, b.progress)
+		exact, err := runExactness(ctx, b.servers, b.info, b.run, b.cfg.Boundary, b.progress)
 		if err != nil {
 			return nil, err
 		}
@@ -233,8 +236,9 @@ func (b *bench) profile(ctx context.Context, s *server, measured time.Duration, 
 	return f.Close()
 }
 
-// writeConfig writes configFiles into dir.
-func writeConfig(dir string) error {
+// writeConfig writes configFiles into dir; for the reference, without the lines of this
+// service's record_over_limit key, which it does not know.
+func writeConfig(dir string, reference bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("bench: config dir: %w", err)
 	}
@@ -244,6 +248,9 @@ func writeConfig(dir string) error {
 	}
 	for _, name := range files {
 		text, err := configFiles.ReadFile(name)
+		if reference {
+			text = withoutKey(text, "record_over_limit")
+		}
 		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, filepath.Base(name)), text, 0o644)
 		}
@@ -252,6 +259,18 @@ func writeConfig(dir string) error {
 		}
 	}
 	return nil
+}
+
+// withoutKey is a YAML file without the lines that give key, each of which must hold that
+// key alone.
+func withoutKey(text []byte, key string) []byte {
+	var out []byte
+	for _, line := range bytes.SplitAfter(text, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(line), []byte(key+":")) {
+			out = append(out, line...)
+		}
+	}
+	return out
 }
 
 // moduleVersion is the version of module mod that the Go binary bin was built from (its

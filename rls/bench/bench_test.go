@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/strictrate/strictrate/internal/valkeytest"
+	rlsconfig "github.com/strictrate/strictrate/rls/config"
 )
 
 // TestRunStrictrateAlone runs the command's core with tiny durations against strictrate-rls
@@ -70,6 +71,12 @@ func TestRunStrictrateAlone(t *testing.T) {
 		"| a used-up 1/min descriptor beside a 3/min one: 3 requests carrying both, admitted | 0 of 3 | 0 of 3 |",
 		"| then 3 requests on the 3/min one alone: admitted | 3 of 3 | 3 of 3 |",
 		"| hits_addend 4, 4, 1 against 5/min | OK, OVER_LIMIT, OK | OK, OVER_LIMIT, OK |",
+		// 6 checks of a 1,000-token budget, each admitted one reporting 300: the checks at 0,
+		// 300, 600 and 900 are admitted, the fourth report (1,200) is recorded over the
+		// budget, and the last two checks are denied.
+		"| token budget of 1,000/hour (record_over_limit): 6 requests, each checked (hits_addend 0) and, when admitted, " +
+			"reported at 300 tokens after its response: admitted, tokens reported, tokens counted, admitted past the budget " +
+			"| 4, 1,200, 1,200, 0 | 4, 1,200, 1,200, 0 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("exactness: want the row\n%s\nin:\n%s", want, md)
@@ -121,5 +128,34 @@ func TestCounters(t *testing.T) {
 	})
 	if s.Decisions != 10 || s.PerSecond != 4 || s.P50 != 5 || s.P99 != 8 || s.Used != (counters{2, -1, 2, 2}) {
 		t.Errorf("summarize: got %+v", s)
+	}
+}
+
+// The reference is given the configuration without record_over_limit, a key it refuses: the
+// files still parse, the tokens rule is there, and nothing else changed.
+func TestReferenceConfig(t *testing.T) {
+	for _, reference := range []bool{false, true} {
+		dir := t.TempDir()
+		if err := writeConfig(dir, reference); err != nil {
+			t.Fatal(err)
+		}
+		text, err := os.ReadFile(filepath.Join(dir, "exact.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(text), "record_over_limit"); got == reference {
+			t.Errorf("reference %t: the file says record_over_limit: %t", reference, got)
+		}
+		c, err := rlsconfig.LoadDir(dir, false)
+		if err != nil {
+			t.Fatalf("reference %t: %v", reference, err)
+		}
+		m := c.Match(exactDomain, []rlsconfig.Entry{{Key: "tokens", Value: "u"}})
+		if m.Limit == nil || m.Limit.RequestsPerUnit != tokenBudget || m.Limit.RecordOverLimit == reference {
+			t.Errorf("reference %t: the tokens rule is %+v", reference, m.Limit)
+		}
+		if got, want := strings.Count(c.String(), "\n"), 8; got != want {
+			t.Errorf("reference %t: %d rules, want %d:\n%s", reference, got, want, c)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/valkey-io/valkey-go"
 )
 
 // The boundary scenario's timing: its first requests start this long before a minute
@@ -39,12 +40,16 @@ type exactResult struct {
 
 	// hits_addend 4, then 4, then 1, against 5 a minute: the answers.
 	Addend []pb.RateLimitResponse_Code
+
+	// The token budget scenario (runTokenBudget).
+	Tokens tokenResult
 }
 
-// runExactness runs the exactness scenarios on each server, on keys of run's own. With
-// boundary, it first waits for the wall clock to near a minute boundary (up to a minute),
-// and all servers meet the same boundary; the other scenarios follow within that minute.
-func runExactness(ctx context.Context, servers []*server, run string, boundary bool, progress io.Writer) ([]exactResult, error) {
+// runExactness runs the exactness scenarios on each server, on keys of run's own, reading what
+// the servers' keys hold through vk. With boundary, it first waits for the wall clock to near
+// a minute boundary (up to a minute), and all servers meet the same boundary; the other
+// scenarios follow within that minute.
+func runExactness(ctx context.Context, servers []*server, vk valkey.Client, run string, boundary bool, progress io.Writer) ([]exactResult, error) {
 	results := make([]exactResult, len(servers))
 	for i, s := range servers {
 		results[i].Server = s.name
@@ -83,6 +88,11 @@ func runExactness(ctx context.Context, servers []*server, run string, boundary b
 			}
 			r.Addend = append(r.Addend, code)
 		}
+		tokens, err := runTokenBudget(ctx, s, vk, run)
+		if err != nil {
+			return nil, err
+		}
+		r.Tokens = tokens
 	}
 	return results, nil
 }

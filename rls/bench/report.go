@@ -106,6 +106,10 @@ func (r *report) exactnessMarkdown(b *strings.Builder) {
 		func(e exactResult) string { return fmt.Sprintf("%d of 3", e.ThreeLeft) })
 	row("hits_addend 4, 4, 1 against 5/min", codes(pb.RateLimitResponse_OK, pb.RateLimitResponse_OVER_LIMIT, pb.RateLimitResponse_OK),
 		func(e exactResult) string { return codes(e.Addend...) })
+	row(fmt.Sprintf("token budget of %s/hour (record_over_limit): %d requests, each checked (hits_addend 0) and, when admitted, "+
+		"reported at %d tokens after its response: admitted, tokens reported, tokens counted, admitted past the budget",
+		thousands(tokenBudget), tokenRequests, tokenCost),
+		tokenCells(exactTokens()), func(e exactResult) string { return tokenCells(e.Tokens) })
 	if e := r.exactness[0]; e.BoundaryRan {
 		fmt.Fprintf(b, "\nThe boundary scenario took %s from its first request to its last.", e.Span.Round(time.Millisecond))
 		if e.Late {
@@ -113,6 +117,26 @@ func (r *report) exactnessMarkdown(b *strings.Builder) {
 		}
 		fmt.Fprintln(b)
 	}
+}
+
+// exactTokens is what an exact limiter that records every report does in the token budget
+// scenario: it admits the checks until the reports are over the budget, and none after.
+func exactTokens() tokenResult {
+	var r tokenResult
+	for range tokenRequests {
+		if r.Reported > tokenBudget {
+			continue
+		}
+		r.Admitted++
+		r.Reported += tokenCost
+	}
+	r.Counted = r.Reported
+	return r
+}
+
+// tokenCells is a token budget result as the table shows it: "4, 1,200, 1,200, 0".
+func tokenCells(r tokenResult) string {
+	return fmt.Sprintf("%d, %s, %s, %d", r.Admitted, thousands(float64(r.Reported)), thousands(float64(r.Counted)), r.PastBudget)
 }
 
 // extraEnv says which variables the command line added to the servers' environment.

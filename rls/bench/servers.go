@@ -35,6 +35,7 @@ const stopTimeout = 10 * time.Second
 // connections that drive it.
 type server struct {
 	name      string
+	prefix    string // its CACHE_KEY_PREFIX
 	proc      *valkeytest.Process
 	logPath   string
 	grpcAddr  string
@@ -101,6 +102,7 @@ func startServer(ctx context.Context, spec processSpec) (*server, error) {
 	}
 	s := &server{
 		name:      spec.name,
+		prefix:    spec.prefix,
 		logPath:   filepath.Join(spec.logDir, spec.name+".log"),
 		grpcAddr:  net.JoinHostPort("127.0.0.1", ports[0]),
 		httpAddr:  net.JoinHostPort("127.0.0.1", ports[1]),

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/strictrate/strictrate/engine"
 )
 
 // MaxRequestsPerUnit is the largest requests_per_unit a rule may have: the most events the
@@ -23,6 +26,11 @@ type RateLimit struct {
 	FullKey         string
 	RequestsPerUnit uint32
 	Unit            Unit
+	// UnitMultiplier is the number of units in the rule's window when it is more than one
+	// (rate_limit.unit_multiplier, this service's key: unit second and unit_multiplier 30 is
+	// a window of 30 seconds); 0 for a window of one unit (no unit_multiplier, or 0, or 1).
+	// Units and Window read it.
+	UnitMultiplier uint32
 	// Unlimited rules are never counted and always allow; their Replaces still apply.
 	Unlimited bool
 	// Name is the rule's name (rate_limit.name), which other rules' Replaces refer to.
@@ -35,12 +43,27 @@ type RateLimit struct {
 	// QuotaMode rules never deny a request: over the limit, the descriptor answers OK (the
 	// reference's quota_mode; the service decides what it answers).
 	QuotaMode bool
+	// RecordOverLimit rules count usage reported after the fact (record_over_limit, this
+	// service's key, beside shadow_mode): a descriptor's hits are recorded whatever its limit
+	// says, and answered over the limit when they did not fit, as the reference counts every
+	// hit. The service decides what that means for a request (rls.WithRecordOverLimit names
+	// rules the configuration cannot mark, those of xDS).
+	RecordOverLimit bool
 	// DetailedMetric rules are metered under the request's own values (see Match.StatKey).
 	DetailedMetric bool
 	// Metadata is the descriptor's metadata (a key of the reference's newer versions, which
 	// return it to Envoy in the response's dynamic metadata): nil when it has none. Shared
 	// with every Match of the rule: never modify it.
 	Metadata *structpb.Struct
+}
+
+// Units is the number of units in the rule's window: its UnitMultiplier, or 1 when that is 0.
+func (r *RateLimit) Units() uint32 { return max(1, r.UnitMultiplier) }
+
+// Window is the length of the rule's window, Units times its unit's Duration (a month of 30
+// days, a year of 365); 0 for a rule whose unit is unknown (an unlimited one).
+func (r *RateLimit) Window() time.Duration {
+	return time.Duration(r.Units()) * r.Unit.Duration()
 }
 
 // Entry is one entry of a request's descriptor, as Envoy sends it.
@@ -71,12 +94,21 @@ type Option func(*options)
 
 type options struct {
 	mergeDomains bool
+	calendar     bool
 }
 
 // WithMergeDomains lets several files (or xDS resources) configure the same domain, their
 // descriptors merged (the reference's MERGE_DOMAIN_CONFIG). A descriptor defined twice at the
 // top of the domain is still refused. Without it, a domain named twice is refused.
 func WithMergeDomains(on bool) Option { return func(o *options) { o.mergeDomains = on } }
+
+// WithCalendar says the rules are decided with the units day, week, month and year as
+// calendar periods (the service's rls.WithCalendar, STRICTRATE_CALENDAR=true). A calendar
+// period is counted one at a time, from its start to the next (the engine has no period of
+// several months, say), so a rule of several of them (a unit_multiplier above 1 on day,
+// week, month or year) is refused, naming the rule; without it, such a rule is a sliding
+// window of that many units' length.
+func WithCalendar(on bool) Option { return func(o *options) { o.calendar = on } }
 
 // File is one configuration file: its name (for messages) and its content.
 type File struct {
@@ -122,7 +154,7 @@ func build(roots []namedRoot, opts []Option) (*Config, error) {
 		if !ok {
 			d = newNode("")
 		}
-		if err := d.load(r.name, r.root.domain+".", r.root.descriptors); err != nil {
+		if err := d.load(r.name, r.root.domain+".", r.root.descriptors, &o); err != nil {
 			return nil, err
 		}
 		c.domains[r.root.domain] = d
@@ -131,9 +163,10 @@ func build(roots []namedRoot, opts []Option) (*Config, error) {
 }
 
 // load adds descriptors under n, checking each as the reference does and in its order: the
-// key, a duplicate, the rate limit's unit (then, a check of our own, its requests_per_unit
-// against MaxRequestsPerUnit), its replaces, share_threshold, then the children.
-func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
+// key, a duplicate, the rate limit's unit (then, checks of our own, its requests_per_unit
+// against MaxRequestsPerUnit and its unit_multiplier), its replaces, share_threshold, then
+// (our own) record_over_limit, then the children.
+func (n *node) load(file, parentKey string, ds []rawDescriptor, o *options) error {
 	for _, d := range ds {
 		if d.key == "" {
 			return invalid(file, d.line, "descriptor has empty key")
@@ -165,6 +198,9 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 				return invalid(file, line, "requests_per_unit %d of '%s' is more than %d, the most a rule can limit exactly; lower it, or use unlimited: true for no limit",
 					rl.requestsPerUnit, fullKey, MaxRequestsPerUnit)
 			}
+			if err := checkMultiplier(file, fullKey, rl, unit, o); err != nil {
+				return err
+			}
 			for _, r := range rl.replaces {
 				if r == "" {
 					return invalid(file, rl.line, "should not have an empty replaces entry")
@@ -177,6 +213,7 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 				FullKey:         fullKey,
 				RequestsPerUnit: rl.requestsPerUnit,
 				Unit:            unit,
+				UnitMultiplier:  multiplierOf(rl),
 				Unlimited:       rl.unlimited,
 				Name:            rl.name,
 				Replaces:        slices.Clone(rl.replaces),
@@ -184,6 +221,7 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 				QuotaMode:       d.quotaMode,
 				DetailedMetric:  d.detailedMetric,
 				Metadata:        d.metadata,
+				RecordOverLimit: d.recordOverLimit,
 			}
 		}
 		isWildcard := strings.Contains(ck, "*")
@@ -191,16 +229,74 @@ func (n *node) load(file, parentKey string, ds []rawDescriptor) error {
 			return invalid(file, d.line,
 				"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", ck)
 		}
+		if err := checkRecord(file, fullKey, d); err != nil {
+			return err
+		}
 		if isWildcard {
 			n.wildcards = append(n.wildcards, newWildcard(ck))
 		}
-		if err := child.load(file, fullKey+".", d.descriptors); err != nil {
+		if err := child.load(file, fullKey+".", d.descriptors, o); err != nil {
 			return err
 		}
 		n.children[ck] = child
 		n.order = append(n.order, child)
 	}
 	return nil
+}
+
+// checkMultiplier refuses a rule's unit_multiplier that cannot make its window: one that is
+// not an integer of 0 or more, one beside unlimited (which has no unit), one that makes a
+// window longer than the engine's engine.MaxWindow, and, under WithCalendar, one above 1 on
+// a calendar unit.
+func checkMultiplier(file, fullKey string, rl *rawRateLimit, unit Unit, o *options) error {
+	if !rl.multiplierSet {
+		return nil
+	}
+	line := rl.multiplierLine
+	if line == 0 {
+		line = rl.line
+	}
+	n := multiplierOf(rl)
+	switch {
+	case rl.badMultiplier:
+		return invalid(file, line, "unit_multiplier %s of '%s' is not a whole number of units: write an integer of 1 or more (0, or none, is one unit)",
+			rl.multiplierText, fullKey)
+	case rl.unlimited && rl.multiplierText != "": // null is none
+		return invalid(file, line, "should not specify unit_multiplier when unlimited ('%s')", fullKey)
+	case n <= 1:
+		return nil
+	case time.Duration(n) > engine.MaxWindow/unit.Duration():
+		return invalid(file, line, "unit_multiplier %s of '%s' makes a window of %s %ss, longer than the longest a rule can have (engine.MaxWindow, about 35 years)",
+			rl.multiplierText, fullKey, rl.multiplierText, unit)
+	case o.calendar && unit.CalendarPeriod() != 0:
+		return invalid(file, line, "unit_multiplier %d of '%s': under calendar periods (STRICTRATE_CALENDAR=true) a %s is one calendar %s, counted from its start to the next, and %d of them cannot be counted as one; remove unit_multiplier, or turn calendar periods off to make it a sliding window of %d %ss",
+			n, fullKey, unit, unit, n, n, unit)
+	}
+	return nil
+}
+
+// checkRecord refuses a record_over_limit: true that would record nothing: on a descriptor
+// without a rate_limit (the descriptors below it do not inherit it, and their reports would be
+// refused in silence) or on an unlimited one.
+func checkRecord(file, fullKey string, d rawDescriptor) error {
+	switch {
+	case !d.recordOverLimit:
+		return nil
+	case d.rateLimit == nil:
+		return invalid(file, d.recordLine, "record_over_limit of '%s' has no rate_limit beside it: it records the hits of its own descriptor's rule, and the descriptors below it do not inherit it; move it beside the rate_limit it is for",
+			fullKey)
+	case d.rateLimit.unlimited:
+		return invalid(file, d.recordLine, "record_over_limit of '%s' is beside unlimited: true, which counts nothing; remove one of them", fullKey)
+	}
+	return nil
+}
+
+// multiplierOf is a rule's UnitMultiplier: its unit_multiplier when above 1, else 0.
+func multiplierOf(rl *rawRateLimit) uint32 {
+	if rl.multiplier <= 1 {
+		return 0
+	}
+	return rl.multiplier
 }
 
 // Domains are the configured domains, sorted.
@@ -256,7 +352,9 @@ func (c *Config) HasDomain(domain string) bool {
 // String is the configuration as the reference's debug endpoint (/rlconfig) shows it: one line
 // per rule, "<full key>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode:
 // <bool>", the domains sorted and each domain's rules in the order they were loaded, a parent
-// before its children.
+// before its children. A rule of several units (which the reference has not) shows them after
+// its unit: "unit=SECOND unit_multiplier=30 requests_per_unit=<n>"; a rule with
+// record_over_limit (neither has the reference) ends in ", record_over_limit: true".
 func (c *Config) String() string {
 	var b strings.Builder
 	for _, d := range c.Domains() {
@@ -267,8 +365,16 @@ func (c *Config) String() string {
 
 func (n *node) dump(b *strings.Builder) {
 	if l := n.limit; l != nil {
-		fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n",
-			l.FullKey, strings.ToUpper(l.Unit.String()), l.RequestsPerUnit, l.ShadowMode, l.QuotaMode)
+		multiplier := ""
+		if l.Units() > 1 {
+			multiplier = fmt.Sprintf(" unit_multiplier=%d", l.Units())
+		}
+		record := ""
+		if l.RecordOverLimit {
+			record = ", record_over_limit: true"
+		}
+		fmt.Fprintf(b, "%s: unit=%s%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t%s\n",
+			l.FullKey, strings.ToUpper(l.Unit.String()), multiplier, l.RequestsPerUnit, l.ShadowMode, l.QuotaMode, record)
 	}
 	for _, child := range n.order {
 		child.dump(b)

@@ -190,6 +190,8 @@ func statKey(domain string, entries []Entry, steps []step, rule *RateLimit, shar
 // any other, nothing applies. A unit Envoy leaves unknown is returned as UnitUnknown, for the
 // caller to handle (the service ignores such an override, and applies Match's rule). Unlike a
 // rule, requestsPerUnit may be above MaxRequestsPerUnit: a request cannot be refused at load.
+// The Limit is made for this call alone, shared with no other Match: the caller may set its
+// UnitMultiplier (the override's unit_multiplier, of Envoy's newer API).
 func (c *Config) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
 	if !c.HasDomain(domain) {
 		return Match{}

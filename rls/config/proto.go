@@ -11,7 +11,9 @@ import (
 
 // FromProto builds a Config from xDS RateLimitConfig resources (as Envoy Gateway sends them),
 // checked as files are, each resource named by its name in messages. The resources carry no
-// value_to_metric or share_threshold, which stay off; quota_mode and metadata are read as the
+// value_to_metric or share_threshold, which stay off, no unit_multiplier (a window of one
+// unit) and no record_over_limit (rls.WithRecordOverLimit names such rules by their stats
+// names); quota_mode and metadata are read as the
 // reference's newer versions read them. A unit is read by its number, so week, month and
 // year are accepted whether or not the sender's proto names them.
 func FromProto(cfgs []*rlsconfv3.RateLimitConfig, opts ...Option) (*Config, error) {

@@ -34,6 +34,8 @@ type WatchOptions struct {
 	IgnoreDotFiles bool
 	// MergeDomains is MERGE_DOMAIN_CONFIG (see WithMergeDomains).
 	MergeDomains bool
+	// Calendar is STRICTRATE_CALENDAR (see WithCalendar).
+	Calendar bool
 	// Debounce is the wait after a change before reloading; DefaultDebounce when 0.
 	Debounce time.Duration
 }
@@ -79,6 +81,9 @@ func Watch(ctx context.Context, w WatchOptions, onLoad func(*Config), onError fu
 	var opts []Option
 	if w.MergeDomains {
 		opts = append(opts, WithMergeDomains(true))
+	}
+	if w.Calendar {
+		opts = append(opts, WithCalendar(true))
 	}
 	load := func() {
 		if !w.WatchRoot {

@@ -27,6 +27,11 @@ type rawDescriptor struct {
 	valueToMetric  bool
 	shareThreshold bool
 	metadata       *structpb.Struct
+
+	// record_over_limit, this service's key (the reference has none): the rule records hits
+	// over its limit (RateLimit.RecordOverLimit); recordLine is its line, for a refusal.
+	recordOverLimit bool
+	recordLine      int
 }
 
 type rawRateLimit struct {
@@ -37,16 +42,30 @@ type rawRateLimit struct {
 	unlimited       bool
 	name            string
 	replaces        []string
+	// unit_multiplier, this service's key (the reference has none): the number of units in
+	// the rule's window, 0 when absent or null; whether the key was given, its line and its
+	// value as written; and badMultiplier when that is not an integer of 0 or more, for the
+	// rule to refuse by its name.
+	multiplier     uint32
+	multiplierSet  bool
+	multiplierLine int
+	multiplierText string
+	badMultiplier  bool
 }
 
 // knownKeys are the keys the reference accepts (metadata since its newer versions), at any
 // depth of a file: it checks every key against one set, so a key in the wrong place ("unit"
-// beside "key", say) is accepted and ignored, as it is here.
+// beside "key", say) is accepted and ignored, as it is here. unit_multiplier is this
+// service's own, and belongs in a rate_limit: anywhere else it is refused, since a window
+// silently left one unit long would admit many times what the rule says. record_over_limit is
+// this service's too, and belongs beside a descriptor's key, as shadow_mode: in a rate_limit
+// or beside the domain it is refused, since reports silently refused would go uncounted.
 var knownKeys = map[string]bool{
 	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
 	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
 	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
 	"value_to_metric": true, "share_threshold": true, "metadata": true,
+	"unit_multiplier": true, "record_over_limit": true,
 }
 
 // maxNodes bounds the nodes a file may expand to through aliases, so that a small file of
@@ -190,6 +209,9 @@ func (r *yamlReader) checkKeys(m *yaml.Node, depth int) error {
 		if p.key.Value == "metadata" {
 			continue // free-form, as the newer reference leaves it: read with its descriptor
 		}
+		if p.key.Value == "unit_multiplier" {
+			continue // checked with its rule, so that a refusal names the rule
+		}
 		v, err := r.deref(p.value)
 		if err != nil {
 			return err
@@ -275,6 +297,10 @@ func (r *yamlReader) root(m *yaml.Node) (*rawRoot, error) {
 			if root.descriptors, err = r.descriptors(p.value); err != nil {
 				return nil, err
 			}
+		case "unit_multiplier":
+			return nil, misplacedMultiplier(r.file, p.key.Line, "beside the domain")
+		case "record_over_limit":
+			return nil, misplacedRecord(r.file, p.key.Line, "beside the domain")
 		}
 	}
 	return root, nil
@@ -329,6 +355,9 @@ func (r *yamlReader) descriptor(m *yaml.Node) (rawDescriptor, error) {
 			d.shadowMode, err = r.boolean(p.value)
 		case "quota_mode":
 			d.quotaMode, err = r.boolean(p.value)
+		case "record_over_limit":
+			d.recordOverLimit, err = r.boolean(p.value)
+			d.recordLine = p.key.Line
 		case "detailed_metric":
 			d.detailedMetric, err = r.boolean(p.value)
 		case "value_to_metric":
@@ -337,6 +366,8 @@ func (r *yamlReader) descriptor(m *yaml.Node) (rawDescriptor, error) {
 			d.shareThreshold, err = r.boolean(p.value)
 		case "metadata":
 			d.metadata, err = r.metadata(p.value)
+		case "unit_multiplier":
+			err = misplacedMultiplier(r.file, p.key.Line, "beside the descriptor's key")
 		}
 		if err != nil {
 			return d, err
@@ -374,12 +405,58 @@ func (r *yamlReader) rateLimit(n *yaml.Node) (*rawRateLimit, error) {
 			rl.name, err = r.str(p.value)
 		case "replaces":
 			rl.replaces, err = r.replaces(p.value)
+		case "unit_multiplier":
+			rl.multiplierSet, rl.multiplierLine = true, p.value.Line
+			var ok bool
+			rl.multiplier, rl.multiplierText, ok, err = r.multiplier(p.value)
+			rl.badMultiplier = !ok
+		case "record_over_limit":
+			err = misplacedRecord(r.file, p.key.Line, "inside the rate_limit")
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	return rl, nil
+}
+
+// misplacedMultiplier refuses a unit_multiplier outside a rate_limit.
+func misplacedMultiplier(file string, line int, where string) *Error {
+	return invalid(file, line, "unit_multiplier is %s: it belongs in the rule's rate_limit, beside its unit", where)
+}
+
+// misplacedRecord refuses a record_over_limit anywhere but beside a descriptor's key.
+func misplacedRecord(file string, line int, where string) *Error {
+	return invalid(file, line, "record_over_limit is %s: it belongs beside the descriptor's key, as shadow_mode does", where)
+}
+
+// multiplier reads a unit_multiplier: an integer of 0 or more (null is 0); one above the
+// largest uint32 (the proto's) is read as that, which is longer than any window can be. It
+// returns the value as written, for messages, and whether it is such an integer: anything
+// else is for the rule to refuse with its name.
+func (r *yamlReader) multiplier(n *yaml.Node) (value uint32, text string, ok bool, err error) {
+	n, err = r.deref(n)
+	if err != nil {
+		return 0, "", false, err
+	}
+	switch {
+	case isNull(n):
+		return 0, "", true, nil
+	case n.Kind != yaml.ScalarNode:
+		return 0, show(n), false, nil
+	case n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0:
+		return 0, "'" + n.Value + "'", false, nil
+	case n.ShortTag() == "!!int":
+		var i int64
+		var u uint64
+		switch {
+		case n.Decode(&i) == nil && i >= 0:
+			return uint32(min(i, math.MaxUint32)), n.Value, true, nil
+		case n.Decode(&u) == nil:
+			return math.MaxUint32, n.Value, true, nil
+		}
+	}
+	return 0, n.Value, false, nil
 }
 
 // replaces reads the list of {name: ...}; a name left empty is kept, for the rules to refuse.

@@ -172,6 +172,22 @@ func (r *reader) stringMap(name string) map[string]string {
 	return m
 }
 
+// list reads name as a comma-separated list, each item trimmed of spaces; an empty item
+// (a trailing comma) is left out. Unset or empty, the list is nil.
+func (r *reader) list(name string) []string {
+	v, ok := r.typed(name)
+	if !ok {
+		return nil
+	}
+	var items []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			items = append(items, item)
+		}
+	}
+	return items
+}
+
 // location loads name as an IANA time zone ("UTC", "Europe/Paris").
 func (r *reader) location(name, def string) *time.Location {
 	v := def

@@ -83,8 +83,6 @@ var ignoredVariables = []ignored{
 	{name: "MEMCACHE_TLS_CLIENT_KEY", kind: text, noop: "", why: whyMemcache},
 	{name: "MEMCACHE_TLS_CACERT", kind: text, noop: "", why: whyMemcache},
 	{name: "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", kind: flag, noop: "false", why: whyMemcache},
-
-	{name: "RESPONSE_DYNAMIC_METADATA", kind: flag, noop: "false", why: "responses carry no dynamic metadata"},
 }
 
 // warnIgnored names in a warning every ignored variable set to something other than its noop.

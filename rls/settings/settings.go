@@ -118,6 +118,7 @@ type Settings struct {
 	NearLimitRatio                    float64 // NEAR_LIMIT_RATIO: 0.8
 	ShadowMode                        bool    // SHADOW_MODE: decide and count, always answer OK
 	QuotaMode                         bool    // QUOTA_MODE: every rule in quota mode (rls.WithQuotaMode)
+	ResponseDynamicMetadata           bool    // RESPONSE_DYNAMIC_METADATA: responses carry dynamic_metadata (rls.WithDynamicMetadata)
 	MergeDomainConfig                 bool    // MERGE_DOMAIN_CONFIG: files naming one domain are merged (config.WithMergeDomains)
 	HealthyWithAtLeastOneConfigLoaded bool    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
 	LimitResponseHeadersEnabled       bool    // LIMIT_RESPONSE_HEADERS_ENABLED
@@ -205,6 +206,12 @@ type Settings struct {
 	// DrainTimeout (STRICTRATE_DRAIN_TIMEOUT, 10s) is how long shutdown lets requests in
 	// flight finish.
 	DrainTimeout time.Duration
+	// RecordOverLimit (STRICTRATE_RECORD_OVER_LIMIT, none) names the rules that record usage
+	// reported after the fact, as record_over_limit: true does in a file: a comma-separated
+	// list of rules' stats names ("domain.key_value.key", as /rlconfig lists them), each
+	// exact or, ending in '*', a prefix (rls.WithRecordOverLimit). For configurations served
+	// over xDS, whose rules cannot carry the key.
+	RecordOverLimit []string
 }
 
 // FromEnv reads the settings through lookup (os.LookupEnv, in the command). It returns a
@@ -351,6 +358,7 @@ func (s *Settings) readLimits(r *reader) {
 	}
 	s.ShadowMode = r.boolean("SHADOW_MODE", false)
 	s.QuotaMode = r.boolean("QUOTA_MODE", false)
+	s.ResponseDynamicMetadata = r.boolean("RESPONSE_DYNAMIC_METADATA", false)
 	s.MergeDomainConfig = r.boolean("MERGE_DOMAIN_CONFIG", false)
 	s.HealthyWithAtLeastOneConfigLoaded = r.boolean("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
 	// Both are what this service always does: a denied request is never counted, and
@@ -456,6 +464,7 @@ func (s *Settings) readOwn(r *reader) {
 		r.invalid("STRICTRATE_REQUEST_TIMEOUT=0: a decision must have a deadline")
 	}
 	s.DrainTimeout = r.duration("STRICTRATE_DRAIN_TIMEOUT", 10*time.Second)
+	s.RecordOverLimit = r.list("STRICTRATE_RECORD_OVER_LIMIT")
 }
 
 // ConfigDir is the directory of the configuration files:

@@ -202,6 +202,20 @@ func TestQuotaMode(t *testing.T) {
 	}
 }
 
+// RESPONSE_DYNAMIC_METADATA, ignored with a warning before dynamic metadata was implemented,
+// now turns it on, without a warning.
+func TestResponseDynamicMetadata(t *testing.T) {
+	for value, want := range map[string]bool{"true": true, "1": true, "false": false, "": false} {
+		s, warnings, err := FromEnv(env("RESPONSE_DYNAMIC_METADATA", value))
+		if err != nil || s.ResponseDynamicMetadata != want || len(warnings) != 0 {
+			t.Errorf("RESPONSE_DYNAMIC_METADATA=%q: %v, %v, %q; want %v and no warning", value, s.ResponseDynamicMetadata, err, warnings, want)
+		}
+	}
+	if _, _, err := FromEnv(env("RESPONSE_DYNAMIC_METADATA", "sometimes")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("RESPONSE_DYNAMIC_METADATA=sometimes: %v, want an error wrapping ErrInvalid", err)
+	}
+}
+
 // The start's retries of an unreachable Valkey: the reference's newer settings, with a
 // bounded total by default.
 func TestRedisStartup(t *testing.T) {
@@ -328,7 +342,6 @@ func TestWarnings(t *testing.T) {
 		{[]string{"REDIS_PERSECOND_URL", "valkey-ps:6379"}, "REDIS_PERSECOND_URL"},
 		{[]string{"EXPIRATION_JITTER_MAX_SECONDS", "60"}, "EXPIRATION_JITTER_MAX_SECONDS"},
 		{[]string{"MEMCACHE_HOST_PORT", "memcached:11211"}, "MEMCACHE_HOST_PORT"},
-		{[]string{"RESPONSE_DYNAMIC_METADATA", "true"}, "RESPONSE_DYNAMIC_METADATA"},
 		{[]string{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "1s"}, "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"},
 		{[]string{"XDS_CLIENT_BACKOFF_JITTER", "false"}, "XDS_CLIENT_BACKOFF_JITTER"},
 		{[]string{"CONFIG_GRPC_XDS_NODE_METADATA", "cluster=edge,zone:eu"}, "CONFIG_GRPC_XDS_NODE_METADATA"},
@@ -497,6 +510,25 @@ func TestDocumentedVariables(t *testing.T) {
 	for _, name := range []string{"REDIS_PERSECOND"} {
 		if row := rows[name]; !strings.Contains(row, "| refused |") {
 			t.Errorf("%s's row does not say it is refused: %s", name, row)
+		}
+	}
+}
+
+// STRICTRATE_RECORD_OVER_LIMIT is a comma-separated list of rules' stats names, each trimmed,
+// an empty item left out; unset or empty, none.
+func TestRecordOverLimitNames(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  []string
+	}{
+		{"", nil},
+		{" , ", nil},
+		{"ai.tokens", []string{"ai.tokens"}},
+		{"ai.tokens, default/eg/http.httproute/default/llm/*,", []string{"ai.tokens", "default/eg/http.httproute/default/llm/*"}},
+	} {
+		s := mustSettings(t, "STRICTRATE_RECORD_OVER_LIMIT", tc.value)
+		if !reflect.DeepEqual(s.RecordOverLimit, tc.want) {
+			t.Errorf("STRICTRATE_RECORD_OVER_LIMIT=%q: %q, want %q", tc.value, s.RecordOverLimit, tc.want)
 		}
 	}
 }

@@ -227,6 +227,8 @@ func serviceOptions(s settings.Settings, logger *slog.Logger, registry prometheu
 		rls.WithNearLimitRatio(s.NearLimitRatio),
 		rls.WithShadowMode(s.ShadowMode),
 		rls.WithQuotaMode(s.QuotaMode),
+		rls.WithDynamicMetadata(s.ResponseDynamicMetadata),
+		rls.WithRecordOverLimit(s.RecordOverLimit...),
 		rls.WithCalendar(s.Calendar),
 		rls.WithSlotsPerWindow(s.SlotsPerWindow),
 		rls.WithRequestTimeout(s.RequestTimeout),
@@ -266,7 +268,8 @@ func loadConfig(ctx context.Context, s settings.Settings, svc *rls.Service, logg
 // last good one stays.
 func watchFiles(ctx context.Context, s settings.Settings, svc *rls.Service, logger *slog.Logger) error {
 	w := config.WatchOptions{Root: s.RuntimeRoot, Subdirectory: s.RuntimeSubdirectory, AppDirectory: s.RuntimeAppDirectory,
-		WatchRoot: s.RuntimeWatchRoot, IgnoreDotFiles: s.RuntimeIgnoreDotFiles, MergeDomains: s.MergeDomainConfig}
+		WatchRoot: s.RuntimeWatchRoot, IgnoreDotFiles: s.RuntimeIgnoreDotFiles, MergeDomains: s.MergeDomainConfig,
+		Calendar: s.Calendar != nil}
 	first := make(chan error, 1)
 	firstDone := false // set by Watch's goroutine alone: its callbacks are called one at a time
 	onLoad := func(c *config.Config) {
@@ -305,7 +308,7 @@ func watchFiles(ctx context.Context, s settings.Settings, svc *rls.Service, logg
 		cancel()
 		logger.Error("the rate limit configuration cannot be watched; changes to it are not loaded", "dir", w.Dir(), "err", werr)
 		var c *config.Config
-		if c, err = config.LoadDir(w.Dir(), w.IgnoreDotFiles, config.WithMergeDomains(w.MergeDomains)); err == nil {
+		if c, err = config.LoadDir(w.Dir(), w.IgnoreDotFiles, config.WithMergeDomains(w.MergeDomains), config.WithCalendar(w.Calendar)); err == nil {
 			svc.SetConfig(c)
 		}
 	case <-ctx.Done():
@@ -347,7 +350,7 @@ func watchXDS(ctx context.Context, s settings.Settings, svc *rls.Service, logger
 	var once sync.Once
 	go func() {
 		err := xds.Watch(ctx, o, func(cfgs []*rlsconfv3.RateLimitConfig) error {
-			cfg, err := config.FromProto(cfgs, config.WithMergeDomains(s.MergeDomainConfig))
+			cfg, err := config.FromProto(cfgs, config.WithMergeDomains(s.MergeDomainConfig), config.WithCalendar(s.Calendar != nil))
 			if err != nil {
 				svc.ConfigError(err)
 				return err
